@@ -1,0 +1,78 @@
+"""Command packets the command processor executes (the PM4 of the emulated GPU).
+
+A packet is a little-endian dword stream: a header dword `opcode | (body_dwords << 8)`
+followed by `body_dwords` dwords. The KMD writes packets into an engine's ring (and into
+indirect buffers); the command processor of that engine decodes them. Packets in the ring
+run in VMID 0 (physical VRAM addresses); an INDIRECT_BUFFER names the VMID its packets
+run in, so every address inside an IB is a GPU virtual address of that VMID.
+
+  NOP             body: any (padding)
+  INDIRECT_BUFFER addr_lo addr_hi length_dw vmid      IB at VRAM physical addr (KMD-owned);
+                                                      an IB may not contain IB/FENCE/TLB_FLUSH
+  COPY            src_lo src_hi dst_lo dst_hi size_lo size_hi       copy engine only
+  LAUNCH          kernel_id gx gy gz bx by bz nargs (arg_lo arg_hi)*nargs   compute only
+  FENCE           addr_lo addr_hi seq_lo seq_hi flags  write u64 seq at VRAM physical addr;
+                                                      FENCE_IRQ raises IRQ_FENCE(seq)
+  WAIT            addr_lo addr_hi value_lo value_hi    stall until u64 at addr >= value
+  TLB_FLUSH       vmid                                 drop the TLB entries of vmid
+"""
+
+import struct
+
+PKT_NOP = 0x00
+PKT_INDIRECT_BUFFER = 0x01
+PKT_COPY = 0x02
+PKT_LAUNCH = 0x03
+PKT_FENCE = 0x04
+PKT_WAIT = 0x05
+PKT_TLB_FLUSH = 0x06
+PKT_NAMES = {PKT_NOP: "NOP", PKT_INDIRECT_BUFFER: "INDIRECT_BUFFER", PKT_COPY: "COPY",
+             PKT_LAUNCH: "LAUNCH", PKT_FENCE: "FENCE", PKT_WAIT: "WAIT", PKT_TLB_FLUSH: "TLB_FLUSH"}
+FENCE_IRQ = 1
+MAX_BODY_DW = 0xFFFF
+
+
+def header(opcode: int, body_dw: int) -> int:
+    assert 0 <= body_dw <= MAX_BODY_DW
+    return opcode | (body_dw << 8)
+
+
+def split_header(hdr: int) -> tuple:
+    """-> (opcode, body_dw)"""
+    return hdr & 0xFF, (hdr >> 8) & 0xFFFF
+
+
+def _lo_hi(v: int) -> tuple:
+    return v & 0xFFFFFFFF, (v >> 32) & 0xFFFFFFFF
+
+
+def nop(total_dw: int = 1) -> bytes:
+    """A NOP that occupies exactly total_dw dwords (used for padding)."""
+    assert total_dw >= 1
+    return struct.pack("<I", header(PKT_NOP, total_dw - 1)) + bytes(4 * (total_dw - 1))
+
+
+def indirect_buffer(addr: int, length_dw: int, vmid: int) -> bytes:
+    return struct.pack("<5I", header(PKT_INDIRECT_BUFFER, 4), *_lo_hi(addr), length_dw, vmid)
+
+
+def copy(src: int, dst: int, size: int) -> bytes:
+    return struct.pack("<7I", header(PKT_COPY, 6), *_lo_hi(src), *_lo_hi(dst), *_lo_hi(size))
+
+
+def launch(kernel_id: int, grid, block, args) -> bytes:
+    body = struct.pack("<8I", kernel_id, *grid, *block, len(args))
+    body += b"".join(struct.pack("<Q", a & 0xFFFFFFFFFFFFFFFF) for a in args)
+    return struct.pack("<I", header(PKT_LAUNCH, len(body) // 4)) + body
+
+
+def fence(addr: int, seq: int, flags: int = FENCE_IRQ) -> bytes:
+    return struct.pack("<6I", header(PKT_FENCE, 5), *_lo_hi(addr), *_lo_hi(seq), flags)
+
+
+def wait(addr: int, value: int) -> bytes:
+    return struct.pack("<5I", header(PKT_WAIT, 4), *_lo_hi(addr), *_lo_hi(value))
+
+
+def tlb_flush(vmid: int) -> bytes:
+    return struct.pack("<2I", header(PKT_TLB_FLUSH, 1), vmid)

@@ -1,0 +1,321 @@
+"""pvgpu wire constants, version 0.1 — the single source of every number on the wire.
+
+Both sides import from here; no wire number is written anywhere else. Each group
+names the clause of spec/pvgpu.md that defines it:
+
+  CTL   control channel (ZeroMQ + msgpack)          spec/pvgpu.md §2
+  MEM   guest memory models                         spec/pvgpu.md §3
+  VQ    split virtqueue (virtio 1.x §2.7)           spec/pvgpu.md §4
+  DEV   device status, features, config, queues     spec/pvgpu.md §5
+  CMD   device commands and responses               spec/pvgpu.md §6
+  KRN   built-in kernel library                     spec/pvgpu.md §7
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+# --------------------------------------------------------------------------- CTL
+PROTOCOL_VERSION = (0, 1)
+
+# Control operations (frame 0 `op`). Requests carry `seq`; notifications do not.
+OP_HELLO = "hello"
+OP_GET_FEATURES = "get_features"
+OP_SET_FEATURES = "set_features"
+OP_GET_STATUS = "get_status"
+OP_SET_STATUS = "set_status"
+OP_GET_CONFIG = "get_config"
+OP_SET_MEM_TABLE = "set_mem_table"
+OP_SET_VRING = "set_vring"
+OP_ENABLE_VRING = "enable_vring"
+OP_PING = "ping"
+OP_BYE = "bye"
+OP_REPLY = "reply"
+# notifications (no seq, no reply)
+OP_KICK = "kick"  # driver -> device: available-buffer notification
+OP_CALL = "call"  # device -> driver: used-buffer notification
+OP_CONFIG_CHANGED = "config_changed"  # device -> driver
+
+REQUEST_OPS = frozenset({
+    OP_HELLO, OP_GET_FEATURES, OP_SET_FEATURES, OP_GET_STATUS, OP_SET_STATUS,
+    OP_GET_CONFIG, OP_SET_MEM_TABLE, OP_SET_VRING, OP_ENABLE_VRING, OP_PING, OP_BYE,
+})
+NOTIFY_OPS = frozenset({OP_KICK, OP_CALL, OP_CONFIG_CHANGED})
+
+# Control-channel error names (reply `error`).
+CTL_ERR_MALFORMED = "malformed"  # frame 0 not a map, wrong field types, bad frame index
+CTL_ERR_UNKNOWN_OP = "unknown_op"
+CTL_ERR_MISSING_FIELD = "missing_field"
+CTL_ERR_BAD_VERSION = "bad_version"
+CTL_ERR_NO_SESSION = "no_session"  # request before hello
+CTL_ERR_BAD_DEVICE = "bad_device"
+CTL_ERR_BAD_QUEUE = "bad_queue"
+CTL_ERR_BAD_STATE = "bad_state"  # op not allowed in the device's current status
+CTL_ERR_BAD_FEATURES = "bad_features"
+CTL_ERR_BAD_MEMORY = "bad_memory"  # mem table / vring addresses outside guest memory
+CTL_ERR_LIMIT = "limit"  # a host limit (guest memory size, sessions) exceeded
+
+# Required fields of each message and their msgpack types (bool is not an int here).
+# Optional fields: hello `vgpu` (str); kick/call `patches` (list of [gpa, frame_index]).
+CTL_FIELDS = {
+    OP_HELLO: (("version", list), ("name", str), ("memory", str), ("mem_size", int)),
+    OP_GET_FEATURES: (("dev", int),),
+    OP_SET_FEATURES: (("dev", int), ("features", int)),
+    OP_GET_STATUS: (("dev", int),),
+    OP_SET_STATUS: (("dev", int), ("status", int)),
+    OP_GET_CONFIG: (("dev", int),),
+    OP_SET_MEM_TABLE: (("regions", list),),  # each region: {gpa, size, name}
+    OP_SET_VRING: (("dev", int), ("queue", int), ("size", int), ("desc", int), ("avail", int),
+                   ("used", int)),
+    OP_ENABLE_VRING: (("dev", int), ("queue", int), ("enable", bool)),
+    OP_PING: (),
+    OP_BYE: (),
+    OP_KICK: (("dev", int), ("queue", int)),
+    OP_CALL: (("dev", int), ("queue", int)),
+    OP_CONFIG_CHANGED: (("dev", int),),
+    OP_REPLY: (("ok", bool),),
+}
+
+MEMORY_SHARED = "shared"
+MEMORY_INLINE = "inline"
+MEMORY_MODELS = (MEMORY_SHARED, MEMORY_INLINE)
+
+DEFAULT_HEARTBEAT_MS = 1000
+HEARTBEAT_MISSES = 3  # a peer silent for this many periods is gone
+DEFAULT_GUEST_MEM_SIZE = 192 << 20
+MAX_GUEST_MEM_SIZE = 4 << 30
+DEFAULT_ENDPOINT_NAME = "pvgpu.sock"  # under $XDG_RUNTIME_DIR (or the temp dir)
+
+# --------------------------------------------------------------------------- VQ
+VIRTQ_DESC_SIZE = 16  # le64 addr, le32 len, le16 flags, le16 next
+VIRTQ_DESC_FORMAT = "<QIHH"
+VIRTQ_DESC_F_NEXT = 1
+VIRTQ_DESC_F_WRITE = 2
+VIRTQ_DESC_F_INDIRECT = 4
+VIRTQ_AVAIL_F_NO_INTERRUPT = 1
+VIRTQ_USED_F_NO_NOTIFY = 1
+VIRTQ_USED_ELEM_SIZE = 8  # le32 id, le32 len
+VIRTQ_DESC_ALIGN = 16
+VIRTQ_AVAIL_ALIGN = 2
+VIRTQ_USED_ALIGN = 4
+VIRTQ_MAX_SIZE = 32768
+VIRTQ_MAX_INDIRECT = 65536  # entries in one indirect table
+VIRTQ_MAX_CHAIN_BYTES = 1 << 32
+
+
+def virtq_desc_table_size(qsize: int) -> int:
+    return VIRTQ_DESC_SIZE * qsize
+
+
+def virtq_avail_size(qsize: int) -> int:
+    return 6 + 2 * qsize  # flags, idx, ring[Q], used_event
+
+
+def virtq_used_size(qsize: int) -> int:
+    return 6 + VIRTQ_USED_ELEM_SIZE * qsize  # flags, idx, ring[Q], avail_event
+
+
+# --------------------------------------------------------------------------- DEV
+# Device status (virtio §2.1)
+STATUS_ACKNOWLEDGE = 1
+STATUS_DRIVER = 2
+STATUS_DRIVER_OK = 4
+STATUS_FEATURES_OK = 8
+STATUS_DEVICE_NEEDS_RESET = 64
+STATUS_FAILED = 128
+
+# Feature bits (virtio §6 reserved bits; device-specific bits 0..23)
+VIRTIO_F_INDIRECT_DESC = 28
+VIRTIO_F_EVENT_IDX = 29
+VIRTIO_F_VERSION_1 = 32
+PVGPU_F_COMPUTE = 0  # built-in kernel library and LAUNCH
+PVGPU_F_CONTEXT_INIT = 1  # ring_idx names a timeline (virtio-gpu CONTEXT_INIT)
+
+DEVICE_FEATURES = (
+    (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_F_INDIRECT_DESC) | (1 << VIRTIO_F_EVENT_IDX)
+    | (1 << PVGPU_F_COMPUTE) | (1 << PVGPU_F_CONTEXT_INIT)
+)
+REQUIRED_FEATURES = (1 << VIRTIO_F_VERSION_1)
+
+FEATURE_NAMES = {
+    VIRTIO_F_INDIRECT_DESC: "INDIRECT_DESC",
+    VIRTIO_F_EVENT_IDX: "EVENT_IDX",
+    VIRTIO_F_VERSION_1: "VERSION_1",
+    PVGPU_F_COMPUTE: "COMPUTE",
+    PVGPU_F_CONTEXT_INIT: "CONTEXT_INIT",
+}
+
+VIRTIO_ID_GPU = 16
+CONTROLQ = 0
+NUM_QUEUES = 1
+MAX_QUEUE_SIZE = 1024  # the device's limit for set_vring `size`
+MAX_RING_IDX = 63
+
+# Device configuration space (get_config `config`, little-endian)
+#   le64 vram_size; le32 num_queues; le32 max_queue_size; le32 page_size;
+#   le32 max_kernel_args; le32 device_index; le32 reserved; u8 name[32]
+CONFIG_FORMAT = "<QIIIIII32s"
+CONFIG_SIZE = struct.calcsize(CONFIG_FORMAT)
+
+# --------------------------------------------------------------------------- CMD
+CTRL_HDR_FORMAT = "<IIQIB3x"  # type, flags, fence_id, ctx_id, ring_idx, pad[3]
+CTRL_HDR_SIZE = 24
+FLAG_FENCE = 1
+FLAG_INFO_RING_IDX = 2
+
+# Commands: 0x04xx, clear of virtio-gpu's 0x01xx-0x03xx.
+CMD_NOP = 0x0400
+CMD_GET_DEVICE_INFO = 0x0401
+CMD_CTX_CREATE = 0x0410
+CMD_CTX_DESTROY = 0x0411
+CMD_MEM_ALLOC = 0x0420
+CMD_MEM_FREE = 0x0421
+CMD_COPY_H2D = 0x0430
+CMD_COPY_D2H = 0x0431
+CMD_COPY_D2D = 0x0432
+CMD_LAUNCH = 0x0440
+
+# Responses: OK 0x11xx, errors 0x12xx (virtio-gpu codes kept, compute from 0x1180/0x1280)
+RESP_OK_NODATA = 0x1100
+RESP_OK_DEVICE_INFO = 0x1180
+RESP_OK_MEM_ALLOC = 0x1181
+RESP_ERR_UNSPEC = 0x1200
+RESP_ERR_OUT_OF_MEMORY = 0x1201
+RESP_ERR_INVALID_RESOURCE_ID = 0x1203
+RESP_ERR_INVALID_CONTEXT_ID = 0x1204
+RESP_ERR_INVALID_PARAMETER = 0x1205
+RESP_ERR_UNKNOWN_COMMAND = 0x1280
+RESP_ERR_SHORT_COMMAND = 0x1281
+RESP_ERR_PAGE_FAULT = 0x1282
+RESP_ERR_INVALID_KERNEL = 0x1283
+RESP_ERR_INVALID_ADDRESS = 0x1284  # a VA range not inside one of the context's buffers
+RESP_ERR_DEVICE_LOST = 0x1285  # reserved for recovery (later versions)
+
+RESP_NAMES = {
+    RESP_OK_NODATA: "OK_NODATA",
+    RESP_OK_DEVICE_INFO: "OK_DEVICE_INFO",
+    RESP_OK_MEM_ALLOC: "OK_MEM_ALLOC",
+    RESP_ERR_UNSPEC: "ERR_UNSPEC",
+    RESP_ERR_OUT_OF_MEMORY: "ERR_OUT_OF_MEMORY",
+    RESP_ERR_INVALID_RESOURCE_ID: "ERR_INVALID_RESOURCE_ID",
+    RESP_ERR_INVALID_CONTEXT_ID: "ERR_INVALID_CONTEXT_ID",
+    RESP_ERR_INVALID_PARAMETER: "ERR_INVALID_PARAMETER",
+    RESP_ERR_UNKNOWN_COMMAND: "ERR_UNKNOWN_COMMAND",
+    RESP_ERR_SHORT_COMMAND: "ERR_SHORT_COMMAND",
+    RESP_ERR_PAGE_FAULT: "ERR_PAGE_FAULT",
+    RESP_ERR_INVALID_KERNEL: "ERR_INVALID_KERNEL",
+    RESP_ERR_INVALID_ADDRESS: "ERR_INVALID_ADDRESS",
+    RESP_ERR_DEVICE_LOST: "ERR_DEVICE_LOST",
+}
+
+
+def is_error_response(resp_type: int) -> bool:
+    return 0x1200 <= resp_type <= 0x12FF
+
+
+# Command bodies (after the 24-byte header). Field names in the spec tables.
+CMD_BODY_FORMATS = {
+    CMD_NOP: "<",
+    CMD_GET_DEVICE_INFO: "<",
+    CMD_CTX_CREATE: "<I32s",  # flags (0), debug name
+    CMD_CTX_DESTROY: "<",
+    CMD_MEM_ALLOC: "<IIQ",  # resource_id, flags (0), size
+    CMD_MEM_FREE: "<I4x",  # resource_id
+    CMD_COPY_H2D: "<QQ",  # dst_va, size; data: the rest of the readable part
+    CMD_COPY_D2H: "<QQ",  # src_va, size; data: the writable part after the response
+    CMD_COPY_D2D: "<QQQ",  # src_va, dst_va, size
+    CMD_LAUNCH: "<I3I3II",  # kernel_id, grid[3], block[3], nargs; then nargs x le64 args
+}
+CMD_BODY_SIZES = {k: struct.calcsize(v) for k, v in CMD_BODY_FORMATS.items()}
+CMD_NAMES = {
+    CMD_NOP: "NOP",
+    CMD_GET_DEVICE_INFO: "GET_DEVICE_INFO",
+    CMD_CTX_CREATE: "CTX_CREATE",
+    CMD_CTX_DESTROY: "CTX_DESTROY",
+    CMD_MEM_ALLOC: "MEM_ALLOC",
+    CMD_MEM_FREE: "MEM_FREE",
+    CMD_COPY_H2D: "COPY_H2D",
+    CMD_COPY_D2H: "COPY_D2H",
+    CMD_COPY_D2D: "COPY_D2D",
+    CMD_LAUNCH: "LAUNCH",
+}
+LAUNCH_ARG_SIZE = 8
+MAX_KERNEL_ARGS = 16
+MAX_GRID_DIM = 1 << 31
+MAX_BLOCK_THREADS = 1024
+
+# Response bodies (after the 24-byte header).
+RESP_DEVICE_INFO_FORMAT = "<QQQI4x32s"  # vram_size, vram_free, max_alloc, num_contexts, name
+RESP_MEM_ALLOC_FORMAT = "<QQ"  # va, size (rounded to pages)
+RESP_ERROR_FORMAT = "<QII"  # info0 (e.g. fault address), info1 (e.g. access), message_len
+RESP_ERROR_SIZE = struct.calcsize(RESP_ERROR_FORMAT)
+MAX_ERROR_MESSAGE = 200
+# Every request chain offers at least this many writable bytes for its response.
+MIN_RESPONSE_SIZE = CTRL_HDR_SIZE + RESP_ERROR_SIZE + MAX_ERROR_MESSAGE
+
+# Page-fault access kinds (RESP_ERR_PAGE_FAULT info1)
+ACCESS_READ = 1
+ACCESS_WRITE = 2
+ACCESS_EXEC = 4
+ACCESS_NAMES = {ACCESS_READ: "read", ACCESS_WRITE: "write", ACCESS_EXEC: "exec"}
+
+PAGE_SIZE = 4096
+
+# --------------------------------------------------------------------------- KRN
+# Argument kinds of built-in kernels; each argument occupies one le64 slot.
+ARG_PTR = "ptr"  # a GPU virtual address
+ARG_U32 = "u32"  # low 32 bits of the slot
+ARG_F32 = "f32"  # IEEE binary32 in the low 32 bits of the slot
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    kernel_id: int
+    name: str
+    args: tuple  # of (name, kind)
+
+
+KERNEL_FILL = 1
+KERNEL_VECTOR_ADD = 2
+KERNEL_SAXPY = 3
+KERNEL_SCALE = 4
+KERNEL_REDUCE_SUM = 5
+KERNEL_GEMM = 6
+KERNEL_RELU = 7
+KERNEL_SOFTMAX = 8
+KERNEL_BURN = 9
+
+BUILTIN_KERNELS = {k.kernel_id: k for k in (
+    KernelSignature(KERNEL_FILL, "fill", (("dst", ARG_PTR), ("value", ARG_F32), ("n", ARG_U32))),
+    KernelSignature(KERNEL_VECTOR_ADD, "vector_add",
+                    (("a", ARG_PTR), ("b", ARG_PTR), ("c", ARG_PTR), ("n", ARG_U32))),
+    KernelSignature(KERNEL_SAXPY, "saxpy",
+                    (("alpha", ARG_F32), ("x", ARG_PTR), ("y", ARG_PTR), ("n", ARG_U32))),
+    KernelSignature(KERNEL_SCALE, "scale",
+                    (("dst", ARG_PTR), ("src", ARG_PTR), ("alpha", ARG_F32), ("n", ARG_U32))),
+    KernelSignature(KERNEL_REDUCE_SUM, "reduce_sum",
+                    (("src", ARG_PTR), ("dst", ARG_PTR), ("n", ARG_U32))),
+    KernelSignature(KERNEL_GEMM, "gemm",
+                    (("a", ARG_PTR), ("b", ARG_PTR), ("c", ARG_PTR),
+                     ("m", ARG_U32), ("n", ARG_U32), ("k", ARG_U32))),
+    KernelSignature(KERNEL_RELU, "relu", (("dst", ARG_PTR), ("src", ARG_PTR), ("n", ARG_U32))),
+    KernelSignature(KERNEL_SOFTMAX, "softmax",
+                    (("dst", ARG_PTR), ("src", ARG_PTR), ("rows", ARG_U32), ("cols", ARG_U32))),
+    KernelSignature(KERNEL_BURN, "burn", (("microseconds", ARG_U32),)),
+)}
+KERNELS_BY_NAME = {k.name: k for k in BUILTIN_KERNELS.values()}
+
+
+def pack_ctrl_hdr(type_: int, flags: int = 0, fence_id: int = 0, ctx_id: int = 0,
+                  ring_idx: int = 0) -> bytes:
+    return struct.pack(CTRL_HDR_FORMAT, type_, flags, fence_id, ctx_id, ring_idx)
+
+
+def unpack_ctrl_hdr(buf) -> tuple:
+    """-> (type, flags, fence_id, ctx_id, ring_idx)"""
+    return struct.unpack_from(CTRL_HDR_FORMAT, buf, 0)
+
+
+assert struct.calcsize(CTRL_HDR_FORMAT) == CTRL_HDR_SIZE
+assert struct.calcsize(VIRTQ_DESC_FORMAT) == VIRTQ_DESC_SIZE
