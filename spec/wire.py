@@ -261,6 +261,13 @@ ACCESS_EXEC = 4
 ACCESS_NAMES = {ACCESS_READ: "read", ACCESS_WRITE: "write", ACCESS_EXEC: "exec"}
 
 PAGE_SIZE = 4096
+# Device virtual address layout of every context (spec §6.3).
+VA_USER_BASE = 1 << 32  # MEM_ALLOC addresses start here; VA 0 is never mapped
+VA_USER_LIMIT = 0x7F00_0000_0000
+# The session's whole guest memory is mapped read/write at GUEST_WINDOW_VA + gpa in every
+# context ("mapped host memory"): the copy engine DMAs to and from guest buffers through
+# it, and a kernel may take a pointer into it.
+GUEST_WINDOW_VA = 0x7F00_0000_0000
 
 # --------------------------------------------------------------------------- KRN
 # Argument kinds of built-in kernels; each argument occupies one le64 slot.
