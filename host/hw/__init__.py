@@ -1,0 +1,18 @@
+"""The emulated GPU hardware (DESIGN.md "The emulated GPU").
+
+Driven only the way a real driver drives a device: VRAM writes through the BAR, MMIO
+registers and doorbells, and interrupts. It knows VMIDs, addresses, packets and
+registers, never guests, sessions or virtio.
+
+  regs.py               register map, page-table format, interrupt sources (the "header")
+  packets.py            command packet format and encoders
+  sysmem.py             SystemMemory: host memory behind the IOMMU (dma_map -> bus address)
+  vram.py               Vram: device memory
+  mmio.py               RegisterFile: the MMIO aperture and its side-effect hooks
+  interrupts.py         Interrupt, InterruptController
+  mmu.py                Mmu: page-table walks, extents, TLB; MmuFault
+  kernels.py            the built-in kernel library and KernelMemory
+  command_processor.py  CommandProcessor: packet decoding and execution
+  engine.py             Engine: one ring and its thread
+  gpu.py                Gpu and Platform builders
+"""

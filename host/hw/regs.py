@@ -43,7 +43,8 @@ NUM_ENGINES = 2
 ENGINE_NAMES = {ENGINE_COMPUTE: "compute", ENGINE_COPY: "copy"}
 
 # MMIO registers: byte offsets of 64-bit registers.
-REG_DEVICE_ID = 0x0000  # RO
+REG_DEVICE_ID = 0x0000  # RO: reads DEVICE_ID_PVGPU_EMU
+DEVICE_ID_PVGPU_EMU = 0x50564750  # "PVGP"
 REG_VRAM_SIZE = 0x0008  # RO
 REG_IRQ_ENABLE = 0x0010  # RW: 1 = deliver interrupts
 REG_VM_INVALIDATE = 0x0020  # WO: vmid -> drop that VMID's TLB entries; VM_INVALIDATE_ALL drops all

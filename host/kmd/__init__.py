@@ -1,0 +1,17 @@
+"""The kernel-mode driver: buddy allocator, buffer objects, VMs, rings, fences, devices."""
+
+from host.kmd.bo import BufferObject, GpuFault
+from host.kmd.buddy import CONTIGUOUS, RANGE, TOPDOWN, Block, BuddyAllocator
+from host.kmd.device import Context, DmaMapping, KmdDevice
+from host.kmd.errors import (Busy, DeviceLost, InvalidAddress, InvalidArgument, InvalidContext,
+                             KmdError, NoVmid, OutOfMemory, RingFull)
+from host.kmd.fence import Fence, FenceDriver
+from host.kmd.ring import Ring
+from host.kmd.vm import GpuVm, VaAllocator
+
+__all__ = [
+    "Block", "BufferObject", "BuddyAllocator", "Busy", "CONTIGUOUS", "Context", "DeviceLost",
+    "DmaMapping", "Fence", "FenceDriver", "GpuFault", "GpuVm", "InvalidAddress",
+    "InvalidArgument", "InvalidContext", "KmdDevice", "KmdError", "NoVmid", "OutOfMemory",
+    "RANGE", "Ring", "RingFull", "TOPDOWN", "VaAllocator",
+]

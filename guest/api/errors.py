@@ -1,0 +1,109 @@
+"""Python exceptions of the compute API, one per device error (spec §9).
+
+A device error response becomes the exception named after it (ERR_PAGE_FAULT ->
+PageFaultError, ...); a control refusal becomes ControlError; a silent host becomes
+HostLost; DEVICE_NEEDS_RESET becomes DeviceNeedsReset.
+"""
+
+from spec import wire
+from guest.frontend.driver import DeviceNeedsReset as _FrontendNeedsReset
+from guest.frontend.driver import DeviceResponseError
+from guest.frontend.session import ControlRequestError
+from transport.channel import HostLost as _TransportHostLost
+
+
+class PvgpuError(Exception):
+    """Base of every pvgpu API error."""
+
+
+class DeviceError(PvgpuError):
+    """A device command failed. `code` is the wire response type, `name` its spec name."""
+
+    code = wire.RESP_ERR_UNSPEC
+
+    def __init__(self, message: str, *, code: int | None = None, info0: int = 0, info1: int = 0):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.info0, self.info1 = info0, info1
+
+    @property
+    def name(self) -> str:
+        return wire.RESP_NAMES.get(self.code, hex(self.code))
+
+
+class OutOfMemoryError(DeviceError):
+    code = wire.RESP_ERR_OUT_OF_MEMORY
+
+
+class InvalidResourceError(DeviceError):
+    code = wire.RESP_ERR_INVALID_RESOURCE_ID
+
+
+class InvalidContextError(DeviceError):
+    code = wire.RESP_ERR_INVALID_CONTEXT_ID
+
+
+class InvalidParameterError(DeviceError):
+    code = wire.RESP_ERR_INVALID_PARAMETER
+
+
+class UnknownCommandError(DeviceError):
+    code = wire.RESP_ERR_UNKNOWN_COMMAND
+
+
+class ShortCommandError(DeviceError):
+    code = wire.RESP_ERR_SHORT_COMMAND
+
+
+class InvalidKernelError(DeviceError):
+    code = wire.RESP_ERR_INVALID_KERNEL
+
+
+class InvalidAddressError(DeviceError):
+    code = wire.RESP_ERR_INVALID_ADDRESS
+
+
+class PageFaultError(DeviceError):
+    """The GPU faulted: `address` is the faulting device VA, `access` 'read'/'write'/'exec'."""
+
+    code = wire.RESP_ERR_PAGE_FAULT
+
+    @property
+    def address(self) -> int:
+        return self.info0
+
+    @property
+    def access(self) -> str:
+        return wire.ACCESS_NAMES.get(self.info1, str(self.info1))
+
+
+class DeviceNeedsReset(PvgpuError):
+    """The device rejected a malformed request and must be reset (Device.reset())."""
+
+
+class HostLost(PvgpuError):
+    """The host stopped answering (heartbeats missed) or went away."""
+
+
+class ControlError(PvgpuError):
+    """The host refused a control-channel request."""
+
+
+_BY_CODE = {cls.code: cls for cls in (
+    OutOfMemoryError, InvalidResourceError, InvalidContextError, InvalidParameterError,
+    UnknownCommandError, ShortCommandError, InvalidKernelError, InvalidAddressError, PageFaultError)}
+
+
+def translate(exc: BaseException) -> BaseException:
+    """Map a frontend/transport exception onto the API's exception."""
+    if isinstance(exc, DeviceResponseError):
+        cls = _BY_CODE.get(exc.resp, DeviceError)
+        return cls(str(exc), code=exc.resp, info0=exc.info0, info1=exc.info1)
+    if isinstance(exc, _FrontendNeedsReset):
+        return DeviceNeedsReset(str(exc))
+    if isinstance(exc, _TransportHostLost):
+        return HostLost(str(exc))
+    if isinstance(exc, ControlRequestError):
+        return ControlError(str(exc))
+    return exc

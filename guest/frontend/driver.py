@@ -1,0 +1,257 @@
+"""The virtio driver for one pvgpu device (spec §5 device init, §4 virtqueue driver rules, §6).
+
+Runs the virtio initialisation sequence (reset, ACKNOWLEDGE, DRIVER, features,
+FEATURES_OK and its re-read, queue setup, DRIVER_OK), owns the driver side of the
+control virtqueue and turns device commands into descriptor chains: one ring slot per
+request through an indirect table when VIRTIO_F_INDIRECT_DESC is negotiated, a direct
+chain otherwise. Every request has a slot of guest memory for its command, its
+response and its indirect table, so the hot path allocates nothing.
+
+Requests are asynchronous: `submit` returns a `Request` that completes when the device
+returns the chain on the used ring; `wait` blocks on the session for it.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from spec import wire
+from transport.virtqueue import DriverQueue, VirtqLayout
+
+QUEUE_SIZE = 256
+SLOT_CMD = 256  # header + body + launch args
+SLOT_RESP = wire.MIN_RESPONSE_SIZE
+SLOT_TABLE_ENTRIES = 16
+SLOT_SIZE = 1024  # cmd 256 | resp 256 | table 256 | spare
+_HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
+_ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
+WANTED_FEATURES = wire.DEVICE_FEATURES
+
+
+class DeviceNeedsReset(RuntimeError):
+    """The device reported DEVICE_NEEDS_RESET; pending and new requests fail until reset."""
+
+
+class DeviceResponseError(RuntimeError):
+    """A device command answered with an error response (RESP_ERR_*)."""
+
+    def __init__(self, resp: int, message: str, info0: int = 0, info1: int = 0, command: int = 0):
+        self.resp, self.message, self.info0, self.info1, self.command = resp, message, info0, info1, command
+        name = wire.RESP_NAMES.get(resp, hex(resp))
+        cmd = wire.CMD_NAMES.get(command, hex(command))
+        super().__init__(f"{cmd}: {name}: {message}")
+
+    @property
+    def name(self) -> str:
+        return wire.RESP_NAMES.get(self.resp, hex(self.resp))
+
+
+class Request:
+    __slots__ = ("driver", "slot", "head", "command", "done", "used_len", "writable",
+                 "failed", "on_done", "bounce")
+
+    def __init__(self, driver, slot, command, writable):
+        self.driver, self.slot, self.command, self.writable = driver, slot, command, writable
+        self.head = None
+        self.done = False
+        self.failed = None
+        self.used_len = 0
+        self.on_done = None
+        self.bounce = None
+
+    def response(self):
+        """-> (resp_type, body bytes); raises DeviceResponseError for an error response."""
+        if self.failed is not None:
+            raise self.failed
+        mem = self.driver.mem
+        n = self.used_len
+        if n < wire.CTRL_HDR_SIZE:
+            raise DeviceResponseError(wire.RESP_ERR_UNSPEC, f"device returned {n} response bytes",
+                                      command=self.command)
+        want = min(n, SLOT_RESP)
+        parts = []
+        for gpa, length in self.writable:  # the response may spill past its first descriptor
+            take = min(length, want)
+            parts.append(mem.read(gpa, take))
+            want -= take
+            if not want:
+                break
+        raw = b"".join(parts)
+        rtype = _HDR.unpack_from(raw)[0]
+        if wire.is_error_response(rtype):
+            if len(raw) >= wire.CTRL_HDR_SIZE + _ERR.size:
+                info0, info1, mlen = _ERR.unpack_from(raw, wire.CTRL_HDR_SIZE)
+                start = wire.CTRL_HDR_SIZE + _ERR.size
+                msg = raw[start:start + mlen].decode("utf-8", "replace")
+            else:
+                info0 = info1 = 0
+                msg = ""
+            raise DeviceResponseError(rtype, msg, info0, info1, command=self.command)
+        return rtype, raw[wire.CTRL_HDR_SIZE:]
+
+
+class VirtioGpuDriver:
+    def __init__(self, session, index: int, info: dict, base: int):
+        """`base`: guest-physical address of this device's area (see `area_size`)."""
+        self.session = session
+        self.index = index
+        self.info = info
+        self.base = base
+        self.mem = session.mem
+        self.features = 0
+        self.queue: DriverQueue | None = None
+        self.needs_reset = False
+        self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
+        self._by_head = {}
+        self._unkicked = 0
+        self.config = None
+
+    @staticmethod
+    def area_size() -> int:
+        ring = VirtqLayout.at(0, QUEUE_SIZE).end
+        return -(-ring // 4096) * 4096 + QUEUE_SIZE * SLOT_SIZE
+
+    def slot_gpa(self, slot: int) -> int:
+        return self._slots_base + slot * SLOT_SIZE
+
+    # ------------------------------------------------------------------ init (virtio §3.1.1)
+    def initialize(self) -> None:
+        s = self.session
+        dev = self.index
+        s.control(wire.OP_SET_STATUS, dev=dev, status=0)
+        status = wire.STATUS_ACKNOWLEDGE
+        s.control(wire.OP_SET_STATUS, dev=dev, status=status)
+        status |= wire.STATUS_DRIVER
+        s.control(wire.OP_SET_STATUS, dev=dev, status=status)
+        offered = s.control(wire.OP_GET_FEATURES, dev=dev)["features"]
+        self.features = offered & WANTED_FEATURES
+        if not self.features & (1 << wire.VIRTIO_F_VERSION_1):
+            s.control(wire.OP_SET_STATUS, dev=dev, status=status | wire.STATUS_FAILED)
+            raise RuntimeError(f"device {dev} does not offer VIRTIO_F_VERSION_1")
+        s.control(wire.OP_SET_FEATURES, dev=dev, features=self.features)
+        status |= wire.STATUS_FEATURES_OK
+        s.control(wire.OP_SET_STATUS, dev=dev, status=status)
+        if not s.control(wire.OP_GET_STATUS, dev=dev)["status"] & wire.STATUS_FEATURES_OK:
+            s.control(wire.OP_SET_STATUS, dev=dev, status=status | wire.STATUS_FAILED)
+            raise RuntimeError(f"device {dev} refused features {self.features:#x}")
+        self.config = struct.unpack(wire.CONFIG_FORMAT, s.control(wire.OP_GET_CONFIG, dev=dev)["config"])
+        layout = VirtqLayout.at(self.base, QUEUE_SIZE)
+        self._slots_base = -(-layout.end // 4096) * 4096
+        self.queue = DriverQueue(self.mem, layout,
+                                 event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
+                                 indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC))
+        self.queue.enable_interrupts()
+        s.control(wire.OP_SET_VRING, dev=dev, queue=wire.CONTROLQ, size=layout.size,
+                  desc=layout.desc, avail=layout.avail, used=layout.used)
+        s.control(wire.OP_ENABLE_VRING, dev=dev, queue=wire.CONTROLQ, enable=True)
+        status |= wire.STATUS_DRIVER_OK
+        s.control(wire.OP_SET_STATUS, dev=dev, status=status)
+        self.needs_reset = False
+        self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
+        self._by_head = {}
+
+    def has(self, bit: int) -> bool:
+        return bool(self.features & (1 << bit))
+
+    @property
+    def vram_size(self) -> int:
+        return self.config[0]
+
+    @property
+    def name(self) -> str:
+        return self.config[7].split(b"\0", 1)[0].decode()
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, command: bytes, readable=(), writable=(), kick: bool = True) -> Request:
+        """Queue one request: `command` (header + body [+ args]) then `readable` data
+        extents; the response then `writable` data extents. -> Request."""
+        if self.needs_reset:
+            raise DeviceNeedsReset(f"device {self.index} needs a reset")
+        while not self._free_slots or self.queue.num_free < 1:
+            self.session.wait_for(lambda: self._free_slots and self.queue.num_free >= 1)
+        slot = self._free_slots.pop()
+        base = self.slot_gpa(slot)
+        mem = self.mem
+        assert len(command) <= SLOT_CMD
+        mem.write(base, command)
+        rd = [(base, len(command))]
+        rd.extend(readable)
+        wr = list(writable)
+        if wr:
+            data = sum(n for _, n in wr)
+            wr.insert(0, (base + SLOT_CMD, wire.CTRL_HDR_SIZE))
+            pad = wire.MIN_RESPONSE_SIZE - wire.CTRL_HDR_SIZE - data
+            if pad > 0:
+                wr.append((base + SLOT_CMD + wire.CTRL_HDR_SIZE, pad))
+        else:
+            wr = [(base + SLOT_CMD, SLOT_RESP)]
+        req = Request(self, slot, _HDR.unpack_from(command)[0] if len(command) >= _HDR.size else 0, wr)
+        if self.queue.indirect and len(rd) + len(wr) <= SLOT_TABLE_ENTRIES:
+            head = self.queue.add_chain(rd, wr, indirect_table=base + SLOT_CMD + SLOT_RESP)
+        else:
+            while self.queue.num_free < len(rd) + len(wr):
+                self.session.wait_for(lambda: self.queue.num_free >= len(rd) + len(wr))
+            head = self.queue.add_chain(rd, wr)
+        req.head = head
+        self._by_head[head] = req
+        self._unkicked += 1
+        if kick:
+            self.kick()
+        return req
+
+    def kick(self) -> None:
+        if not self._unkicked:
+            return
+        self._unkicked = 0
+        if self.queue.should_kick() or self.session.inline:
+            self.session.kick(self.index)
+
+    def reap(self) -> int:
+        """Collect used entries; -> how many requests completed."""
+        if self.queue is None:
+            return 0
+        done = self.queue.pop_used()
+        for head, length in done:
+            req = self._by_head.pop(head, None)
+            if req is None:
+                continue
+            req.used_len = length
+            req.done = True
+            self._free_slots.append(req.slot)
+            if req.on_done is not None:
+                req.on_done(req)
+        if done:
+            self.queue.enable_interrupts()
+        return len(done)
+
+    def fail_all(self, exc: Exception) -> None:
+        """DEVICE_NEEDS_RESET: every pending request fails with `exc`."""
+        self.needs_reset = True
+        for req in self._by_head.values():
+            req.failed = exc
+            req.done = True
+            if req.on_done is not None:
+                req.on_done(req)
+        self._by_head.clear()
+
+    def wait(self, req: Request, timeout: float | None = None):
+        if not req.done:
+            self.session.wait_for(lambda: req.done, timeout)
+        return req.response()
+
+    def call(self, command: bytes, readable=(), writable=(), timeout: float | None = None):
+        """Submit and wait; -> (resp_type, body)."""
+        return self.wait(self.submit(command, readable, writable), timeout)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._by_head)
+
+
+def command(type_: int, body=(), *, ctx_id: int = 0, ring_idx: int = 0, fence_id: int = 0,
+            flags: int = 0, extra: bytes = b"") -> bytes:
+    """Encode header + body of a device command."""
+    if fence_id:
+        flags |= wire.FLAG_FENCE
+    return (_HDR.pack(type_, flags, fence_id, ctx_id, ring_idx)
+            + struct.pack(wire.CMD_BODY_FORMATS[type_], *body) + extra)

@@ -1,0 +1,151 @@
+"""The guest side of one session: connection, guest memory, devices, notifications (spec §2, §3).
+
+`FrontendSession` says hello, creates the guest's "physical memory" in the chosen
+model (a POSIX shared-memory segment announced with set_mem_table, or a local buffer
+whose changes travel as kick patches), lays it out (per device: virtqueue and request
+slots; the rest: a heap for bounce buffers) and brings every device up.
+
+It is the only place the guest blocks: `wait_for(cond)` reaps used rings and, while the
+condition is false, receives notifications from the host (`call` applies inline patches
+and wakes waiters; `config_changed` fails that device's pending requests with
+DeviceNeedsReset). The channel underneath sends heartbeats and turns a silent host into
+HostLost.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from spec import wire
+from guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
+from guest.frontend.heap import GuestHeap
+from transport import codec
+from transport.channel import GuestChannel, HostLost, default_endpoint
+from transport.memory import InlineGuestMemory, SharedGuestMemory
+
+
+class ControlRequestError(RuntimeError):
+    """The host refused a control message (`ok: false`)."""
+
+    def __init__(self, op: str, error: str, message: str):
+        self.op, self.error, self.message = op, error, message
+        super().__init__(f"{op}: {error}: {message}")
+
+
+class FrontendSession:
+    def __init__(self, endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
+                 mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
+                 heartbeat_ms: int | None = None, timeout: float = 10.0):
+        if memory not in wire.MEMORY_MODELS:
+            raise ValueError(f"memory model must be one of {wire.MEMORY_MODELS}, not {memory!r}")
+        self.endpoint = endpoint or default_endpoint()
+        self.memory = memory
+        self.inline = memory == wire.MEMORY_INLINE
+        self.mem_size = mem_size
+        self.timeout = timeout
+        self.name = name or f"guest-{os.getpid()}"
+        self.mem = None
+        self.devices: list[VirtioGpuDriver] = []
+        self.closed = False
+        self.channel = GuestChannel(self.endpoint, heartbeat_ms=heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS)
+        self.channel.set_notification_handler(self._on_notification)
+        try:
+            self._open()
+        except BaseException:
+            self._close_quietly()
+            raise
+
+    # ------------------------------------------------------------------ setup
+    def _open(self) -> None:
+        hello = self.control(wire.OP_HELLO, version=list(wire.PROTOCOL_VERSION), name=self.name,
+                             memory=self.memory, mem_size=self.mem_size)
+        self.session_id = hello["session"]
+        self.heartbeat_ms = hello["heartbeat_ms"]
+        self.channel.heartbeat_ms = self.heartbeat_ms
+        if self.inline:
+            self.mem = InlineGuestMemory(self.mem_size)
+        else:
+            self.mem = SharedGuestMemory.create(self.mem_size)
+            self.control(wire.OP_SET_MEM_TABLE,
+                         regions=[{"gpa": 0, "size": self.mem_size, "name": self.mem.name}])
+        area = VirtioGpuDriver.area_size()
+        infos = hello["devices"]
+        heap_base = area * len(infos)
+        if heap_base >= self.mem_size:
+            raise ValueError(f"guest memory of {self.mem_size} bytes is too small for {len(infos)} devices")
+        self.heap = GuestHeap(heap_base, self.mem_size - heap_base, align=4096)
+        for i, info in enumerate(infos):
+            drv = VirtioGpuDriver(self, info["index"], info, base=i * area)
+            drv.initialize()
+            self.devices.append(drv)
+
+    # ------------------------------------------------------------------ control channel
+    def control(self, op: str, **fields) -> dict:
+        reply, _frames = self.channel.request({"op": op, **fields}, timeout=self.timeout)
+        if not reply.get("ok"):
+            raise ControlRequestError(op, reply.get("error", "?"), reply.get("message", ""))
+        return reply
+
+    def kick(self, dev: int) -> None:
+        msg = {"op": wire.OP_KICK, "dev": dev, "queue": wire.CONTROLQ}
+        frames = ()
+        if self.inline:
+            dirty = self.mem.take_dirty()
+            if dirty:
+                buf = self.mem.buf
+                msg["patches"] = [[gpa, i] for i, (gpa, _n) in enumerate(dirty)]
+                frames = [buf[gpa:gpa + n] for gpa, n in dirty]
+        self.channel.send(msg, frames)
+
+    def _on_notification(self, msg, frames) -> None:
+        op = msg.get("op")
+        if op == wire.OP_CALL:
+            if self.inline and msg.get("patches"):
+                self.mem.apply_patches(msg["patches"], frames)
+        elif op == wire.OP_CONFIG_CHANGED:
+            dev = msg.get("dev")
+            if isinstance(dev, int) and 0 <= dev < len(self.devices):
+                self.devices[dev].reap()
+                self.devices[dev].fail_all(DeviceNeedsReset(
+                    f"device {dev} reported DEVICE_NEEDS_RESET (a malformed request was rejected); "
+                    "reset it to continue"))
+
+    def wait_for(self, cond, timeout: float | None = None) -> None:
+        """Block until cond() is true, processing used rings and host notifications."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            for d in self.devices:
+                d.reap()
+            if cond():
+                return
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise TimeoutError("timed out waiting for the device")
+            msg, frames = self.channel.recv_until(
+                lambda m: m.get("op") in (wire.OP_CALL, wire.OP_CONFIG_CHANGED),
+                timeout=remaining)
+            self._on_notification(msg, frames)
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self.control(wire.OP_BYE)
+        except (HostLost, ControlRequestError, TimeoutError, OSError):
+            pass
+        finally:
+            self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        self.closed = True
+        try:
+            self.channel.close()
+        finally:
+            if self.mem is not None and hasattr(self.mem, "close"):
+                try:
+                    self.mem.close()
+                except BufferError:
+                    pass

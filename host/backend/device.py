@@ -1,0 +1,251 @@
+"""The virtio device of one guest session on one GPU (spec §4 virtqueue, §5 device).
+
+Owns what virtio says a device owns: the status byte and its state machine (virtio
+§2.1, §3.1), feature negotiation, the queue configuration and the device side of the
+control virtqueue. Chains popped from the queue are decoded here (the 24-byte ctrl
+header) and handed to `ComputeDevice`; responses are written back into the chain's
+writable part and the chain is returned on the used ring.
+
+A malformed chain (a VirtqError with its spec clause) puts this device of this session
+into DEVICE_NEEDS_RESET: held chains are dropped, the queue stops until the driver
+resets the device, and the session sends `config_changed` (spec VQ-* clauses, DEV-*).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+
+from spec import wire
+from host.backend.commands import ComputeDevice, Pending, Request, Response
+from host.backend.errors import CommandError, ControlError
+from transport.errors import VirtqError
+from transport.virtqueue import DeviceQueue, VirtqLayout
+
+log = logging.getLogger("pvgpu.backend")
+
+_HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
+_ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
+_ADDABLE = (wire.STATUS_ACKNOWLEDGE | wire.STATUS_DRIVER | wire.STATUS_FEATURES_OK
+            | wire.STATUS_DRIVER_OK | wire.STATUS_FAILED)
+
+
+class VirtioGpuDevice:
+    """Device `index` as seen by one session."""
+
+    def __init__(self, session, index: int, kmd):
+        self.session = session
+        self.index = index
+        self.kmd = kmd
+        self.status = 0
+        self.driver_features = 0
+        self.generation = 0  # bumped by reset: completions of an older generation are dropped
+        self.queue_layout = None
+        self.queue_enabled = False
+        self.queue: DeviceQueue | None = None
+        self.compute: ComputeDevice | None = None
+        self.held = 0  # chains held for a fence
+        self.reset_announced = False  # config_changed sent for the current NEEDS_RESET
+        self.stats = {"chains": 0, "bad_chains": 0, "unanswerable": 0, "ignored_kicks": 0}
+
+    # ------------------------------------------------------------------ control ops
+    def get_config(self) -> bytes:
+        return struct.pack(wire.CONFIG_FORMAT, self.kmd.vram_size, wire.NUM_QUEUES,
+                           wire.MAX_QUEUE_SIZE, wire.PAGE_SIZE, wire.MAX_KERNEL_ARGS,
+                           self.index, 0, self.kmd.name.encode()[:32])
+
+    def set_features(self, features: int) -> None:
+        if not (self.status & wire.STATUS_DRIVER) or self.status & wire.STATUS_FEATURES_OK:
+            raise ControlError(wire.CTL_ERR_BAD_STATE,
+                               "set_features is allowed only after DRIVER and before FEATURES_OK")
+        if features < 0 or features & ~wire.DEVICE_FEATURES:
+            raise ControlError(wire.CTL_ERR_BAD_FEATURES,
+                               f"features {features:#x} include bits the device does not offer")
+        self.driver_features = features
+
+    def has(self, bit: int) -> bool:
+        return bool(self.driver_features & (1 << bit))
+
+    def set_status(self, status: int) -> None:
+        if status == 0:
+            self.reset()
+            return
+        if status & ~0xFF or status & ~(self.status | _ADDABLE) or (self.status & ~status):
+            raise ControlError(wire.CTL_ERR_BAD_STATE,
+                               f"status {status:#x} would clear bits of {self.status:#x} "
+                               "(only a reset, status 0, clears bits)")
+        new = status & ~self.status
+        if new & wire.STATUS_FEATURES_OK:
+            ok = (self.driver_features & wire.REQUIRED_FEATURES) == wire.REQUIRED_FEATURES
+            if not ok:  # virtio §3.1.1: the device does not keep FEATURES_OK
+                status &= ~wire.STATUS_FEATURES_OK
+        if new & wire.STATUS_DRIVER_OK:
+            if not status & wire.STATUS_FEATURES_OK:
+                raise ControlError(wire.CTL_ERR_BAD_STATE, "DRIVER_OK before FEATURES_OK")
+            if self.queue_layout is None or not self.queue_enabled:
+                raise ControlError(wire.CTL_ERR_BAD_STATE,
+                                   "DRIVER_OK before the control queue is set up and enabled")
+            if not self.session.memory_ready():
+                raise ControlError(wire.CTL_ERR_BAD_STATE, "DRIVER_OK before set_mem_table")
+            self._go_live()
+        self.status = status
+
+    def set_vring(self, queue: int, size: int, desc: int, avail: int, used: int) -> None:
+        self._check_queue(queue)
+        if not self.status & wire.STATUS_FEATURES_OK or self.status & wire.STATUS_DRIVER_OK:
+            raise ControlError(wire.CTL_ERR_BAD_STATE,
+                               "set_vring is allowed after FEATURES_OK and before DRIVER_OK")
+        if size <= 0 or size & (size - 1) or size > wire.MAX_QUEUE_SIZE:
+            raise ControlError(wire.CTL_ERR_BAD_MEMORY,
+                               f"queue size {size} must be a power of two <= {wire.MAX_QUEUE_SIZE}")
+        layout = VirtqLayout(size, desc, avail, used)
+        mem_size = self.session.mem_size
+        for name, addr, n, align in (
+                ("desc", desc, wire.virtq_desc_table_size(size), wire.VIRTQ_DESC_ALIGN),
+                ("avail", avail, wire.virtq_avail_size(size), wire.VIRTQ_AVAIL_ALIGN),
+                ("used", used, wire.virtq_used_size(size), wire.VIRTQ_USED_ALIGN)):
+            if addr < 0 or addr % align or addr + n > mem_size:
+                raise ControlError(wire.CTL_ERR_BAD_MEMORY,
+                                   f"{name} ring at {addr:#x} (+{n}) is misaligned or outside guest memory")
+        self.queue_layout = layout
+
+    def enable_vring(self, queue: int, enable: bool) -> None:
+        self._check_queue(queue)
+        if enable and self.queue_layout is None:
+            raise ControlError(wire.CTL_ERR_BAD_STATE, "enable_vring before set_vring")
+        self.queue_enabled = enable
+
+    def _check_queue(self, queue: int) -> None:
+        if not 0 <= queue < wire.NUM_QUEUES:
+            raise ControlError(wire.CTL_ERR_BAD_QUEUE, f"queue {queue} does not exist")
+
+    def _go_live(self) -> None:
+        mem = self.session.mem
+        self.queue = DeviceQueue(mem, self.queue_layout,
+                                 event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
+                                 indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC))
+        self.compute = ComputeDevice(self.kmd, self.session.dma_mapping(self.index),
+                                     self.session.mem_size, self.driver_features)
+
+    def reset(self) -> list:
+        """Device reset (status 0): -> fences still in flight for what was torn down."""
+        pending = self.compute.reset() if self.compute is not None else []
+        self.generation += 1
+        self.status = 0
+        self.driver_features = 0
+        self.queue_layout = None
+        self.queue_enabled = False
+        self.queue = None
+        self.compute = None
+        self.held = 0
+        self.reset_announced = False
+        return pending
+
+    def live(self) -> bool:
+        return (self.status & wire.STATUS_DRIVER_OK and not self.status & wire.STATUS_DEVICE_NEEDS_RESET
+                and self.queue is not None and self.queue_enabled)
+
+    def needs_reset(self, reason: str) -> None:
+        log.warning("session %s device %d: DEVICE_NEEDS_RESET: %s", self.session.name, self.index, reason)
+        if self.compute is not None:
+            self.session.retire_fences(self.compute.reset())
+        self.generation += 1
+        self.held = 0
+        self.reset_announced = False
+        self.status |= wire.STATUS_DEVICE_NEEDS_RESET
+
+    # ------------------------------------------------------------------ queue processing
+    def process_queue(self) -> bool:
+        """Pop and execute every available chain. -> whether used entries were added."""
+        if not self.live():
+            self.stats["ignored_kicks"] += 1
+            return False
+        added = False
+        mem = self.session.mem
+        while True:
+            try:
+                chain = self.queue.pop()
+            except VirtqError as e:
+                self.stats["bad_chains"] += 1
+                self.needs_reset(f"[{e.clause}] {e.message}")
+                return added
+            if chain is None:
+                return added
+            self.stats["chains"] += 1
+            added |= self._execute(chain, mem)
+
+    def _execute(self, chain, mem) -> bool:
+        if chain.writable_len < wire.MIN_RESPONSE_SIZE:
+            self.stats["unanswerable"] += 1
+            self.queue.add_used(chain.head, 0)
+            return True
+        if chain.readable_len < wire.CTRL_HDR_SIZE:
+            req = Request(0, 0, 0, 0, 0)
+            return self._complete(chain, req, error=CommandError(
+                wire.RESP_ERR_SHORT_COMMAND,
+                f"request of {chain.readable_len} bytes is shorter than the 24-byte header"))
+        req = Request(*_HDR.unpack(chain.read(mem, 0, wire.CTRL_HDR_SIZE)))
+        try:
+            size = wire.CMD_BODY_SIZES.get(req.type)
+            if size is None:
+                raise CommandError(wire.RESP_ERR_UNKNOWN_COMMAND, f"unknown command type {req.type:#06x}")
+            if chain.readable_len < wire.CTRL_HDR_SIZE + size:
+                raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
+                                   f"{wire.CMD_NAMES[req.type]} needs {size} body bytes, "
+                                   f"got {chain.readable_len - wire.CTRL_HDR_SIZE}")
+            body = chain.read(mem, wire.CTRL_HDR_SIZE, size) if size else b""
+            result = self.compute.execute(req, body, chain, mem)
+        except CommandError as e:
+            return self._complete(chain, req, error=e)
+        if isinstance(result, Pending):
+            self._hold(chain, req, result)
+            return False
+        return self._complete(chain, req, response=result)
+
+    def _hold(self, chain, req: Request, pending: Pending) -> None:
+        self.held += 1
+        generation = self.generation
+        remaining = [len(pending.fences)]
+        lock = self.session.lock
+
+        def on_signal(_fence):  # runs on an engine (interrupt) thread
+            with lock:
+                remaining[0] -= 1
+                done = remaining[0] == 0
+            if done:
+                self.session.post_completion(self._finish_held, generation, chain, req, pending)
+
+        for f in pending.fences:
+            f.add_done_callback(on_signal)
+
+    def _finish_held(self, generation: int, chain, req: Request, pending: Pending) -> bool:
+        """On the backend thread, after the fences of a held chain signalled."""
+        if generation != self.generation:
+            return False  # the device was reset meanwhile: the chain is dropped
+        self.held -= 1
+        try:
+            resp = pending.finish()
+        except CommandError as e:
+            return self._complete(chain, req, error=e)
+        return self._complete(chain, req, response=resp)
+
+    def _complete(self, chain, req: Request, response: Response | None = None,
+                  error: CommandError | None = None) -> bool:
+        flags = req.flags & (wire.FLAG_FENCE | wire.FLAG_INFO_RING_IDX)
+        fence_id = req.fence_id if req.flags & wire.FLAG_FENCE else 0
+        if error is not None:
+            msg = error.message.encode("utf-8", "replace")[:wire.MAX_ERROR_MESSAGE]
+            out = (_HDR.pack(error.resp, flags, fence_id, req.ctx_id, req.ring_idx)
+                   + _ERR.pack(error.info0 & (2**64 - 1), error.info1 & 0xFFFFFFFF, len(msg)) + msg)
+            data_len = 0
+        else:
+            out = _HDR.pack(response.type, flags, fence_id, req.ctx_id, req.ring_idx) + response.body
+            data_len = response.data_len
+        mem = self.session.mem
+        chain.write(mem, 0, out)
+        used = len(out) + data_len
+        if data_len and self.session.tracks_dirty:
+            for gpa, n in chain.writable_extents(len(out), data_len):
+                mem.mark_dirty(gpa, n)
+        self.queue.add_used(chain.head, used)
+        return True

@@ -1,0 +1,329 @@
+"""Guest sessions and the control channel's device side (spec §2 control, §3 memory, §10 reclaim).
+
+`Backend` is sans-IO: the host main loop hands it each decoded-or-not multipart message
+with `handle(peer, frames, now)` and sends whatever `(peer, frames)` it returns. It never
+imports zmq (DESIGN.md rule 3). Engine threads reach it only through `post_completion`,
+which queues work for the backend thread and calls the `wakeup` function the main loop
+gave it; the main loop then calls `run_completions()`.
+
+One peer = one `GuestSession` ("a VM"). A session owns its guest memory (a shared
+POSIX segment or an inline mirror), one DMA mapping of that memory per GPU, and one
+`VirtioGpuDevice` per GPU. A session ends with `bye`, with heartbeat loss, or with host
+shutdown; everything it owned is reclaimed, and its guest memory is unmapped only after
+the engines have finished every job that might still touch it.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import logging
+import threading
+
+from spec import wire
+from host.backend.device import VirtioGpuDevice
+from host.backend.errors import ControlError
+from transport import codec
+from transport.errors import GuestMemoryError
+from transport.memory import InlineGuestMemory, SharedGuestMemory
+
+log = logging.getLogger("pvgpu.backend")
+
+
+class GuestSession:
+    def __init__(self, backend, peer, sid: str, name: str, memory: str, mem_size: int, now: float):
+        self.backend = backend
+        self.peer = peer
+        self.sid = sid
+        self.name = name
+        self.memory = memory
+        self.mem_size = mem_size
+        self.last_heard = now
+        self.lock = backend.lock
+        self.mem = InlineGuestMemory(mem_size) if memory == wire.MEMORY_INLINE else None
+        self._dma = {}  # device index -> DmaMapping of self.mem
+        self.devices = [VirtioGpuDevice(self, i, kmd) for i, kmd in enumerate(backend.kmds)]
+
+    @property
+    def tracks_dirty(self) -> bool:
+        return self.memory == wire.MEMORY_INLINE
+
+    def memory_ready(self) -> bool:
+        return self.mem is not None
+
+    def dma_mapping(self, index: int):
+        m = self._dma.get(index)
+        if m is None:
+            m = self._dma[index] = self.backend.kmds[index].dma_map(self.mem.buf)
+        return m
+
+    def post_completion(self, fn, *args) -> None:
+        self.backend.post_completion(self, fn, *args)
+
+    def retire_fences(self, fences) -> None:
+        """Nothing to do now; kept for symmetry with teardown, which waits for them."""
+        self.backend.track_inflight(fences)
+
+    def set_mem_table(self, regions) -> None:
+        if self.memory != wire.MEMORY_SHARED:
+            raise ControlError(wire.CTL_ERR_BAD_STATE, "set_mem_table is for the shared memory model only")
+        if self.mem is not None:
+            raise ControlError(wire.CTL_ERR_BAD_STATE, "set_mem_table was already done")
+        if (len(regions) != 1 or not isinstance(regions[0], dict)
+                or regions[0].get("gpa") != 0 or regions[0].get("size") != self.mem_size
+                or not isinstance(regions[0].get("name"), str)):
+            raise ControlError(wire.CTL_ERR_BAD_MEMORY,
+                               f"expected one region {{gpa: 0, size: {self.mem_size}, name: str}}")
+        name = regions[0]["name"]
+        if not name or len(name) > 200 or "/" in name.lstrip("/"):
+            raise ControlError(wire.CTL_ERR_BAD_MEMORY, f"bad shared memory name {name!r}")
+        try:
+            self.mem = SharedGuestMemory.attach(name, self.mem_size)
+        except (OSError, ValueError, GuestMemoryError) as e:
+            raise ControlError(wire.CTL_ERR_BAD_MEMORY, f"cannot map shared memory {name!r}: {e}") from None
+
+    def teardown(self) -> list:
+        """Reset every device; -> fences that must signal before memory is released."""
+        pending = []
+        for dev in self.devices:
+            pending += dev.reset()
+        return pending
+
+    def release_memory(self) -> None:
+        for index, m in self._dma.items():
+            self.backend.kmds[index].dma_unmap(m)
+        self._dma.clear()
+        if isinstance(self.mem, SharedGuestMemory):
+            try:
+                self.mem.close()
+            except BufferError:
+                log.warning("session %s: guest memory still referenced at close", self.name)
+        self.mem = None
+
+
+class Backend:
+    def __init__(self, kmds, *, heartbeat_ms: int = wire.DEFAULT_HEARTBEAT_MS,
+                 max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, wakeup=lambda: None):
+        self.kmds = list(kmds)
+        self.heartbeat_ms = heartbeat_ms
+        self.max_mem_size = max_mem_size
+        self.wakeup = wakeup
+        self.lock = threading.Lock()
+        self.sessions: dict = {}  # peer -> GuestSession
+        self._completions = collections.deque()
+        self._ids = itertools.count(1)
+        self._inflight = []  # fences of torn-down work, kept until they signal
+        self._releases = []  # (session, fences) waiting to release guest memory
+        self.stats = collections.Counter()
+
+    # ------------------------------------------------------------------ engine side
+    def post_completion(self, session, fn, *args) -> None:
+        self._completions.append((session, fn, args))
+        self.wakeup()
+
+    def track_inflight(self, fences) -> None:
+        self._inflight.extend(f for f in fences if not f.signaled)
+
+    # ------------------------------------------------------------------ backend thread
+    def handle(self, peer, frames, now: float) -> list:
+        """One incoming multipart message -> messages to send."""
+        try:
+            msg, extra = codec.decode(frames)
+        except codec.CodecError as e:
+            self.stats["bad_messages"] += 1
+            session = self.sessions.get(peer)
+            if session is not None:
+                session.last_heard = now
+            if e.seq is None:
+                log.info("dropped an undecodable message from %r: %s", peer, e.message)
+                return []
+            return [(peer, codec.encode(codec.reply_error(e.seq, e.error, e.message)))]
+        op = msg["op"]
+        session = self.sessions.get(peer)
+        if session is not None:
+            session.last_heard = now
+        if op in wire.NOTIFY_OPS:
+            if session is None:
+                self.stats["orphan_notifications"] += 1
+                return []
+            if op == wire.OP_KICK:
+                return self._kick(session, msg, extra)
+            self.stats["unexpected_notifications"] += 1
+            return []
+        if op == wire.OP_REPLY:
+            return []
+        seq = msg["seq"]
+        try:
+            if op == wire.OP_HELLO:
+                reply = self._hello(peer, msg, now)
+                return [(peer, codec.encode(codec.reply_ok(seq, **reply)))]
+            if session is None:
+                raise ControlError(wire.CTL_ERR_NO_SESSION, f"{op} before hello")
+            out = []
+            reply = self._request(session, op, msg, out)
+            return [(peer, codec.encode(codec.reply_ok(seq, **reply)))] + out
+        except ControlError as e:
+            self.stats["control_errors"] += 1
+            return [(peer, codec.encode(codec.reply_error(seq, e.error, e.message)))]
+
+    def _hello(self, peer, msg, now) -> dict:
+        if peer in self.sessions:
+            raise ControlError(wire.CTL_ERR_BAD_STATE, "this connection already said hello")
+        version = msg["version"]
+        if not version or version[0] != wire.PROTOCOL_VERSION[0]:
+            raise ControlError(wire.CTL_ERR_BAD_VERSION,
+                               f"protocol version {version} is not {list(wire.PROTOCOL_VERSION)}")
+        memory, mem_size = msg["memory"], msg["mem_size"]
+        if memory not in wire.MEMORY_MODELS:
+            raise ControlError(wire.CTL_ERR_MALFORMED, f"memory model {memory!r} is not one of {wire.MEMORY_MODELS}")
+        if mem_size <= 0 or mem_size % wire.PAGE_SIZE:
+            raise ControlError(wire.CTL_ERR_MALFORMED, f"mem_size {mem_size} must be a positive multiple of 4096")
+        if mem_size > self.max_mem_size:
+            raise ControlError(wire.CTL_ERR_LIMIT, f"mem_size {mem_size} exceeds the host limit {self.max_mem_size}")
+        sid = f"s{next(self._ids)}"
+        name = str(msg["name"])[:64] or sid
+        session = GuestSession(self, peer, sid, name, memory, mem_size, now)
+        self.sessions[peer] = session
+        log.info("session %s (%s) opened: %s memory, %d MiB", sid, name, memory, mem_size >> 20)
+        return {
+            "session": sid,
+            "devices": [{"index": k.index, "name": k.name, "vram_size": k.vram_size,
+                         "device_id": wire.VIRTIO_ID_GPU} for k in self.kmds],
+            "heartbeat_ms": self.heartbeat_ms,
+            "max_mem_size": self.max_mem_size,
+        }
+
+    def _device(self, session, msg) -> VirtioGpuDevice:
+        dev = msg["dev"]
+        if not 0 <= dev < len(session.devices):
+            raise ControlError(wire.CTL_ERR_BAD_DEVICE, f"no device {dev}")
+        return session.devices[dev]
+
+    def _request(self, session, op, msg, out) -> dict:
+        if op == wire.OP_PING:
+            return {}
+        if op == wire.OP_BYE:
+            self.close_session(session, "bye")
+            return {}
+        if op == wire.OP_SET_MEM_TABLE:
+            session.set_mem_table(msg["regions"])
+            return {}
+        dev = self._device(session, msg)
+        if op == wire.OP_GET_FEATURES:
+            return {"features": wire.DEVICE_FEATURES}
+        if op == wire.OP_SET_FEATURES:
+            dev.set_features(msg["features"])
+            return {}
+        if op == wire.OP_GET_STATUS:
+            return {"status": dev.status}
+        if op == wire.OP_SET_STATUS:
+            if msg["status"] == 0:
+                self.track_inflight(dev.reset())
+            else:
+                dev.set_status(msg["status"])
+            return {}
+        if op == wire.OP_GET_CONFIG:
+            return {"config": dev.get_config()}
+        if op == wire.OP_SET_VRING:
+            dev.set_vring(msg["queue"], msg["size"], msg["desc"], msg["avail"], msg["used"])
+            return {}
+        if op == wire.OP_ENABLE_VRING:
+            dev.enable_vring(msg["queue"], msg["enable"])
+            if msg["enable"] and dev.live():
+                self._after_processing(session, dev, dev.process_queue(), out)
+            return {}
+        raise ControlError(wire.CTL_ERR_UNKNOWN_OP, f"unknown op {op!r}")
+
+    def _kick(self, session, msg, extra) -> list:
+        dev_index, queue = msg["dev"], msg["queue"]
+        if not 0 <= dev_index < len(session.devices) or queue != wire.CONTROLQ:
+            self.stats["bad_kicks"] += 1
+            return []
+        dev = session.devices[dev_index]
+        patches = msg.get("patches")
+        if patches:
+            if session.memory != wire.MEMORY_INLINE or session.mem is None:
+                self.stats["bad_kicks"] += 1
+                return []
+            try:
+                session.mem.apply_patches(patches, extra)
+            except GuestMemoryError as e:
+                self.stats["bad_kicks"] += 1
+                dev.needs_reset(f"bad kick patch: {e}")
+                out = []
+                self._after_processing(session, dev, False, out)
+                return out
+        out = []
+        self._after_processing(session, dev, dev.process_queue(), out)
+        return out
+
+    def _after_processing(self, session, dev, added: bool, out: list) -> None:
+        """Queue the `call` (and `config_changed`) the device owes the driver."""
+        if dev.status & wire.STATUS_DEVICE_NEEDS_RESET and not dev.reset_announced:
+            dev.reset_announced = True
+            out.append((session.peer, codec.encode({"op": wire.OP_CONFIG_CHANGED, "dev": dev.index})))
+        if session.tracks_dirty:
+            dirty = session.mem.take_dirty() if session.mem is not None else []
+            if not dirty and not added:
+                return
+            notify = bool(added and dev.queue is not None and dev.queue.should_notify())
+            buf = session.mem.buf
+            msg = {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.CONTROLQ, "notify": notify,
+                   "patches": [[gpa, i] for i, (gpa, _n) in enumerate(dirty)]}
+            out.append((session.peer, codec.encode(msg, [buf[gpa:gpa + n] for gpa, n in dirty])))
+        elif added and dev.queue is not None and dev.queue.should_notify():
+            out.append((session.peer, codec.encode(
+                {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.CONTROLQ, "notify": True})))
+
+    def run_completions(self) -> list:
+        """Finish held chains whose fences signalled; -> the calls to send."""
+        out = []
+        touched = {}
+        while self._completions:
+            session, fn, args = self._completions.popleft()
+            if self.sessions.get(session.peer) is not session:
+                continue
+            added = fn(*args)
+            device = fn.__self__
+            touched[(id(session), device.index)] = (session, device, touched.get(
+                (id(session), device.index), (None, None, False))[2] or added)
+        for session, dev, added in touched.values():
+            self._after_processing(session, dev, added, out)
+        self._reap_releases()
+        return out
+
+    # ------------------------------------------------------------------ lifetime
+    def close_session(self, session, reason: str) -> None:
+        if self.sessions.get(session.peer) is not session:
+            return
+        del self.sessions[session.peer]
+        pending = session.teardown() + [f for f in self._inflight if not f.signaled]
+        self._releases.append((session, pending))
+        self._reap_releases()
+        log.info("session %s (%s) closed: %s", session.sid, session.name, reason)
+
+    def _reap_releases(self) -> None:
+        keep = []
+        for session, fences in self._releases:
+            if all(f.signaled for f in fences):
+                session.release_memory()
+            else:
+                keep.append((session, fences))
+        self._releases = keep
+        self._inflight = [f for f in self._inflight if not f.signaled]
+
+    def expire(self, now: float) -> None:
+        """Reclaim sessions silent for HEARTBEAT_MISSES periods (spec CTL heartbeat)."""
+        limit = wire.HEARTBEAT_MISSES * self.heartbeat_ms / 1000.0
+        for session in list(self.sessions.values()):
+            if now - session.last_heard > limit:
+                self.stats["expired_sessions"] += 1
+                self.close_session(session, f"no message for {now - session.last_heard:.1f}s")
+        self._reap_releases()
+
+    def pending_releases(self) -> int:
+        return len(self._releases)
+
+    def shutdown(self) -> None:
+        for session in list(self.sessions.values()):
+            self.close_session(session, "host shutdown")

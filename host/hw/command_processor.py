@@ -1,0 +1,259 @@
+"""The command processor: decodes and executes packets (host/hw/packets.py) for one engine.
+
+Where packets come from. The ring is RB_SIZE bytes of VRAM at RB_BASE, read as dwords
+modulo RB_SIZE: a packet may straddle the end of the ring. Ring packets run in VMID 0
+(VRAM physical addresses). An INDIRECT_BUFFER packet makes the CP fetch `length_dw`
+dwords at a VRAM physical address and execute them in the IB's VMID, then return to the
+ring; the RB_RPTR moves past the IB packet only when the whole IB is done.
+
+What each packet does:
+  NOP              nothing (any body length)
+  INDIRECT_BUFFER  ring only; see above (vmid < NUM_VMIDS, IB inside VRAM, dword aligned)
+  COPY             copy engine only: translate src with READ and dst with WRITE, then copy
+                   extent by extent with np.copyto (memcpy speed; numpy drops the GIL).
+                   As on real DMA engines, overlapping src and dst give undefined results.
+  LAUNCH           compute engine only: run a built-in kernel (host/hw/kernels.py)
+  FENCE            ring only: write the u64 seq at a VRAM physical address (8-aligned),
+                   wake every WAIT of the GPU, then with FENCE_IRQ raise
+                   IRQ_FENCE(engine, address=addr, data=seq)
+  WAIT             ring only: stall until the u64 at the VRAM physical address >= value;
+                   sleeps on the GPU's fence condition (woken by every FENCE, re-checked
+                   every WAIT_POLL seconds for CPU writes), stoppable by reset/shutdown
+  TLB_FLUSH        ring only: flush the TLB of vmid (VM_INVALIDATE_ALL: every VMID)
+
+Errors. A packet that cannot be executed as written — unknown opcode, wrong body length,
+a body running past WPTR or past the end of its IB, a packet on the wrong engine or a
+ring-only packet inside an IB, an unknown kernel or a wrong argument count, an address
+outside VRAM — raises IRQ_ILLEGAL_PACKET(engine, vmid, address = byte offset of the
+packet in the ring or IB, data = header dword). A page fault during COPY or LAUNCH raises
+IRQ_PAGE_FAULT(engine, vmid, address, access). Either way, inside an IB the rest of the IB
+is skipped; in the ring only that packet is (a packet running past WPTR drops everything
+up to WPTR). Execution then goes on with the next ring packet, so a FENCE after a faulting
+IB still signals. Interrupts of work that was stopped by a reset are not raised.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from host.hw import kernels
+from host.hw.interrupts import Interrupt
+from host.hw.mmu import MmuFault
+from host.hw.packets import (FENCE_IRQ, PKT_COPY, PKT_FENCE, PKT_INDIRECT_BUFFER, PKT_LAUNCH,
+                             PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT, split_header)
+from host.hw.regs import (ENGINE_COMPUTE, ENGINE_COPY, ENGINE_NAMES, IRQ_FENCE,
+                          IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_VMIDS, VM_INVALIDATE_ALL)
+from spec.wire import ACCESS_READ, ACCESS_WRITE
+
+log = logging.getLogger("pvgpu.hw.cp")
+
+COPY_CHUNK = 32 << 20  # a COPY checks for reset between chunks of this size
+WAIT_POLL = 0.002  # seconds between re-checks of a WAIT (CPU writes do not notify)
+RING_ONLY = frozenset({PKT_INDIRECT_BUFFER, PKT_FENCE, PKT_WAIT, PKT_TLB_FLUSH})
+BODY_DW = {PKT_INDIRECT_BUFFER: 4, PKT_COPY: 6, PKT_FENCE: 5, PKT_WAIT: 4, PKT_TLB_FLUSH: 1}
+LAUNCH_FIXED_DW = 8  # kernel_id, grid[3], block[3], nargs
+
+
+class _Illegal(Exception):
+    pass
+
+
+def _u64(lo: int, hi: int) -> int:
+    return lo | (hi << 32)
+
+
+class CommandProcessor:
+    def __init__(self, engine: int, vram, mmu, irq, fence_cond, name: str = "gpu"):
+        self.engine = engine
+        self.vram = vram
+        self.mmu = mmu
+        self.irq = irq
+        self.fence_cond = fence_cond
+        self.name = f"{name}.{ENGINE_NAMES.get(engine, engine)}"
+        self._handlers = {
+            PKT_NOP: self._nop,
+            PKT_INDIRECT_BUFFER: self._indirect_buffer,
+            PKT_COPY: self._copy,
+            PKT_LAUNCH: self._launch,
+            PKT_FENCE: self._fence,
+            PKT_WAIT: self._wait,
+            PKT_TLB_FLUSH: self._tlb_flush,
+        }
+        self.packets = 0
+        self.ibs = 0
+        self.copies = 0
+        self.bytes_copied = 0
+        self.launches = 0
+        self.fences = 0
+        self.waits = 0
+        self.page_faults = 0
+        self.illegal_packets = 0
+        self.internal_errors = 0
+
+    def stats(self) -> dict:
+        return {k: getattr(self, k) for k in (
+            "packets", "ibs", "copies", "bytes_copied", "launches", "fences", "waits",
+            "page_faults", "illegal_packets", "internal_errors")}
+
+    # ----------------------------------------------------------------- the ring
+    def _ring_dwords(self, base: int, size: int, off: int, ndw: int) -> list:
+        mem = self.vram.mem
+        nbytes = 4 * ndw
+        if off + nbytes <= size:
+            raw = mem[base + off:base + off + nbytes]
+        else:
+            first = size - off
+            raw = np.concatenate((mem[base + off:base + size], mem[base:base + nbytes - first]))
+        return raw.view("<u4").tolist()
+
+    def run_ring_packet(self, base: int, size: int, rptr: int, wptr: int,
+                        ctl: kernels.StopToken) -> int:
+        """Execute the packet at rptr (rptr != wptr); -> the new rptr."""
+        avail = ((wptr - rptr) % size) // 4
+        hdr = self._ring_dwords(base, size, rptr, 1)[0]
+        opcode, ndw = split_header(hdr)
+        if 1 + ndw > avail:
+            self._illegal(ctl, 0, rptr, hdr, f"packet of {1 + ndw} dwords runs past WPTR")
+            return wptr
+        body = self._ring_dwords(base, size, (rptr + 4) % size, ndw) if ndw else []
+        self._execute(opcode, body, 0, False, ctl, rptr, hdr)
+        return (rptr + 4 * (1 + ndw)) % size
+
+    def ring_error(self, ctl, base: int, size: int) -> None:
+        self._illegal(ctl, 0, base, 0, f"bad ring configuration base={base:#x} size={size:#x}")
+
+    # ----------------------------------------------------------- dispatch
+    def _execute(self, opcode, body, vmid, in_ib, ctl, offset, hdr) -> bool:
+        """Run one packet; -> False when the rest of an IB must be skipped."""
+        self.packets += 1
+        try:
+            handler = self._handlers.get(opcode)
+            if handler is None:
+                raise _Illegal(f"unknown opcode {opcode:#x}")
+            if in_ib and opcode in RING_ONLY:
+                raise _Illegal(f"{PKT_NAMES[opcode]} is not allowed in an indirect buffer")
+            expected = BODY_DW.get(opcode)
+            if expected is not None and len(body) != expected:
+                raise _Illegal(f"{PKT_NAMES[opcode]} body of {len(body)} dwords, want {expected}")
+            handler(body, vmid, ctl)
+            return True
+        except _Illegal as e:
+            self._illegal(ctl, vmid, offset, hdr, str(e))
+        except MmuFault as f:
+            self.page_faults += 1
+            log.info("%s: %s", self.name, f)
+            self._raise(ctl, Interrupt(IRQ_PAGE_FAULT, self.engine, f.vmid, f.address, f.access))
+        except Exception:  # noqa: BLE001 - a hardware bug must not kill the engine
+            self.internal_errors += 1
+            log.exception("%s: internal error executing %s", self.name,
+                          PKT_NAMES.get(opcode, opcode))
+            self._illegal(ctl, vmid, offset, hdr, "internal error")
+        return False
+
+    def _raise(self, ctl, irq: Interrupt) -> None:
+        if not ctl.stopped():
+            self.irq.raise_irq(irq)
+
+    def _illegal(self, ctl, vmid, offset, hdr, reason) -> None:
+        self.illegal_packets += 1
+        log.info("%s: illegal packet %#010x at %#x (vmid %d): %s", self.name, hdr, offset,
+                 vmid, reason)
+        self._raise(ctl, Interrupt(IRQ_ILLEGAL_PACKET, self.engine, vmid, offset, 0, hdr))
+
+    def _vram_addr(self, addr: int, nbytes: int, align: int) -> int:
+        if addr % align or addr + nbytes > self.vram.size:
+            raise _Illegal(f"VRAM address {addr:#x} (+{nbytes}) misaligned or out of range")
+        return addr
+
+    # ------------------------------------------------------------- packets
+    def _nop(self, body, vmid, ctl):
+        pass
+
+    def _indirect_buffer(self, body, vmid, ctl):
+        addr = _u64(body[0], body[1])
+        length, ib_vmid = body[2], body[3]
+        if ib_vmid >= NUM_VMIDS:
+            raise _Illegal(f"IB vmid {ib_vmid}")
+        self._vram_addr(addr, 4 * length, 4)
+        self.ibs += 1
+        dws = self.vram.mem[addr:addr + 4 * length].view("<u4").tolist()
+        i = 0
+        while i < length and not ctl.stopped():
+            hdr = dws[i]
+            opcode, ndw = split_header(hdr)
+            if i + 1 + ndw > length:
+                self._illegal(ctl, ib_vmid, 4 * i, hdr, "packet runs past the end of the IB")
+                return
+            if not self._execute(opcode, dws[i + 1:i + 1 + ndw], ib_vmid, True, ctl, 4 * i, hdr):
+                return
+            i += 1 + ndw
+
+    def _copy(self, body, vmid, ctl):
+        if self.engine != ENGINE_COPY:
+            raise _Illegal("COPY on a non-copy engine")
+        src = _u64(body[0], body[1])
+        dst = _u64(body[2], body[3])
+        size = _u64(body[4], body[5])
+        src_ext = self.mmu.translate(vmid, src, size, ACCESS_READ)
+        dst_ext = self.mmu.translate(vmid, dst, size, ACCESS_WRITE)
+        self.copies += 1
+        si = di = so = do = 0
+        while si < len(src_ext):
+            s, d = src_ext[si], dst_ext[di]
+            n = min(s.shape[0] - so, d.shape[0] - do, COPY_CHUNK)
+            np.copyto(d[do:do + n], s[so:so + n])
+            self.bytes_copied += n
+            so += n
+            do += n
+            if so == s.shape[0]:
+                si, so = si + 1, 0
+            if do == d.shape[0]:
+                di, do = di + 1, 0
+            if ctl.stopped():
+                return
+
+    def _launch(self, body, vmid, ctl):
+        if self.engine != ENGINE_COMPUTE:
+            raise _Illegal("LAUNCH on a non-compute engine")
+        if len(body) < LAUNCH_FIXED_DW:
+            raise _Illegal("LAUNCH body too short")
+        kernel_id = body[0]
+        grid, block, nargs = body[1:4], body[4:7], body[7]
+        if len(body) != LAUNCH_FIXED_DW + 2 * nargs:
+            raise _Illegal(f"LAUNCH body of {len(body)} dwords for {nargs} arguments")
+        args = [_u64(body[j], body[j + 1]) for j in range(LAUNCH_FIXED_DW, len(body), 2)]
+        self.launches += 1
+        try:
+            kernels.launch(kernel_id, grid, block, args, kernels.KernelMemory(self.mmu, vmid), ctl)
+        except kernels.InvalidLaunch as e:
+            raise _Illegal(str(e)) from None
+
+    def _fence(self, body, vmid, ctl):
+        addr = self._vram_addr(_u64(body[0], body[1]), 8, 8)
+        seq = _u64(body[2], body[3])
+        with self.fence_cond:
+            self.vram.qwords[addr >> 3] = seq
+            self.fence_cond.notify_all()
+        self.fences += 1
+        if body[4] & FENCE_IRQ:
+            self._raise(ctl, Interrupt(IRQ_FENCE, self.engine, 0, addr, 0, seq))
+
+    def _wait(self, body, vmid, ctl):
+        addr = self._vram_addr(_u64(body[0], body[1]), 8, 8)
+        value = _u64(body[2], body[3])
+        self.waits += 1
+        q = self.vram.qwords
+        with self.fence_cond:
+            while int(q[addr >> 3]) < value and not ctl.stopped():
+                self.fence_cond.wait(WAIT_POLL)
+
+    def _tlb_flush(self, body, vmid, ctl):
+        target = body[0]
+        if target == VM_INVALIDATE_ALL:
+            self.mmu.flush_all()
+        elif target < NUM_VMIDS:
+            self.mmu.flush(target)
+        else:
+            raise _Illegal(f"TLB_FLUSH vmid {target}")

@@ -1,0 +1,125 @@
+"""Builders: one emulated GPU from its blocks, and the platform that holds the GPUs.
+
+Gpu wires VRAM, the MMIO register file, the interrupt controller, the MMU and one Engine
+(ring + command processor + thread) per regs.ENGINE_*. The KMD drives it only through:
+  gpu.vram        CPU access through the BAR: read/write/view/read_u64/... (physical)
+  gpu.mmio        read(offset) / write(offset, value)  (host/hw/regs.py)
+  gpu.irq         set_handler(fn(Interrupt))
+  gpu.sysmem      dma_map(buf) -> bus address / dma_unmap(bus address)
+  gpu.index, gpu.name, gpu.vram.size
+Everything else (gpu.mmu, gpu.engines, stats()) is for tests and benchmarks.
+
+Platform builds one SystemMemory shared by all devices and `num_gpus` GPUs (the PCIe
+topology and P2P come later).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from host.hw.engine import Engine
+from host.hw.interrupts import InterruptController
+from host.hw.mmio import RO, RW, WO, RegisterFile
+from host.hw.mmu import Mmu
+from host.hw.regs import (DEVICE_ID_PVGPU_EMU, NUM_ENGINES, NUM_VMIDS, REG_DEVICE_ID,
+                          REG_IRQ_ENABLE, REG_VM_INVALIDATE, REG_VM_PT_BASE, REG_VRAM_SIZE,
+                          VM_INVALIDATE_ALL)
+from host.hw.sysmem import SystemMemory
+from host.hw.vram import Vram
+
+DEFAULT_VRAM_SIZE = 1 << 30
+
+
+class Gpu:
+    def __init__(self, index: int, vram_size: int, sysmem: SystemMemory,
+                 name: str = "pvgpu-emu"):
+        self.index = index
+        self.name = name
+        tag = f"gpu{index}"
+        self.sysmem = sysmem
+        self.vram = Vram(vram_size)
+        self.mmio = RegisterFile(tag)
+        self.irq = InterruptController(tag)
+        self.mmu = Mmu(self.vram, sysmem, tag)
+        self.fence_cond = threading.Condition()  # every FENCE write notifies it
+        self.engines = [Engine(e, self.vram, self.mmu, self.irq, self.fence_cond, tag)
+                        for e in range(NUM_ENGINES)]
+        self._started = False
+
+        m = self.mmio
+        m.define(REG_DEVICE_ID, "DEVICE_ID", RO, DEVICE_ID_PVGPU_EMU)
+        m.define(REG_VRAM_SIZE, "VRAM_SIZE", RO, vram_size)
+        m.define(REG_IRQ_ENABLE, "IRQ_ENABLE", RW,
+                 on_write=lambda v: self.irq.set_enabled(v & 1))
+        m.define(REG_VM_INVALIDATE, "VM_INVALIDATE", WO, on_write=self._vm_invalidate)
+        for vmid in range(NUM_VMIDS):
+            m.define(REG_VM_PT_BASE(vmid), f"VM_PT_BASE{vmid}", RW,
+                     on_write=lambda v, vmid=vmid: self.mmu.set_root(vmid, v))
+        for engine in self.engines:
+            engine.attach(m)
+
+    def _vm_invalidate(self, value: int) -> None:
+        if value == VM_INVALIDATE_ALL:
+            self.mmu.flush_all()
+        else:
+            self.mmu.flush(value)  # out-of-range vmids are ignored
+
+    def start(self) -> None:
+        """Start the engine threads (once: a stopped Gpu is not restarted)."""
+        if not self._started:
+            self._started = True
+            for engine in self.engines:
+                engine.start()
+
+    def stop(self, timeout: float = 1.0) -> bool:
+        """Stop and join every engine thread; -> True if all ended within timeout."""
+        for engine in self.engines:
+            engine.request_stop()
+        deadline = time.monotonic() + timeout
+        return all([e.join(max(0.0, deadline - time.monotonic())) for e in self.engines])
+
+    def stats(self) -> dict:
+        return {"mmu": self.mmu.stats(),
+                "engines": {e.name: e.stats() for e in self.engines},
+                "irq": {"raised": self.irq.raised, "delivered": self.irq.delivered,
+                        "latched": self.irq.latched, "dropped": self.irq.dropped,
+                        "handler_errors": self.irq.handler_errors},
+                "mmio": {"unknown_reads": self.mmio.unknown_reads,
+                         "unknown_writes": self.mmio.unknown_writes,
+                         "ignored_writes": self.mmio.ignored_writes}}
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def __repr__(self):
+        return f"Gpu({self.index}, {self.name!r}, vram={self.vram.size:#x})"
+
+
+class Platform:
+    def __init__(self, num_gpus: int = 2, vram_size: int = DEFAULT_VRAM_SIZE,
+                 name: str = "pvgpu-emu"):
+        self.sysmem = SystemMemory()
+        self.gpus = [Gpu(i, vram_size, self.sysmem, name) for i in range(num_gpus)]
+
+    def start(self) -> None:
+        for gpu in self.gpus:
+            gpu.start()
+
+    def stop(self, timeout: float = 1.0) -> bool:
+        for gpu in self.gpus:
+            for engine in gpu.engines:
+                engine.request_stop()
+        deadline = time.monotonic() + timeout
+        return all([gpu.stop(max(0.0, deadline - time.monotonic())) for gpu in self.gpus])
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()

@@ -1,0 +1,338 @@
+"""The GPU MMU: per-VMID 4-level page-table walks and a TLB (amdgpu GMC/VM style).
+
+Page-table format (host/hw/regs.py): 48-bit VA = PD2[9] PD1[9] PD0[9] PT[9] offset[12].
+Every table is a 4 KiB VRAM page of 512 little-endian u64 entries; REG_VM_PT_BASE(vmid)
+holds the root (PD2) and reaches the MMU through set_root(). A PDE is the next table's
+VRAM address | PDE_VALID. A PTE is a page address | PTE_VALID | permissions, with
+PTE_SYSTEM meaning "system bus address" (SystemMemory, i.e. DMA-mapped host memory).
+VMID 0 is the kernel's physical address space: identity, VRAM only, no permission checks.
+
+translate(vmid, va, size, access) returns the range as a list of numpy uint8 views
+("extents"), in VA order, with physically contiguous pages merged, so copies and kernels
+work on a few large views instead of pages. It is vectorized: the directories are walked
+once per 2 MiB leaf table and the leaf's PTE slice is checked with numpy masks; page
+runs are found with np.diff on the addresses. Python work is per leaf table and per
+extent, never per page.
+
+Faults. A missing PDE/PTE, a missing permission, a PTE outside VRAM, a SYSTEM address
+outside every DMA mapping (or a write to a read-only mapping) and, for now, any PTE_PEER
+page (P2P comes later) raise MmuFault(vmid, address, access): `address` is the first
+faulting page's address (or `va` itself if that is the first page); `access` is the
+ACCESS_* bits that were missing for a permission fault, else the requested access.
+MmuFault is internal to host/hw: the engines turn it into an IRQ_PAGE_FAULT interrupt.
+Nothing is written by translate, so a fault leaves memory untouched.
+
+TLB. A TLB entry caches one leaf table's PTEs (a 4 KiB copy) under (vmid, va >> 21);
+a page-walk cache keeps the PD0 table address under (vmid, va >> 30). Like a real TLB,
+translations of valid entries are used until invalidated: after changing or removing a
+valid PTE the driver must flush (TLB_FLUSH packet, REG_VM_INVALIDATE, or writing the
+VMID's root). Like a real TLB, invalid translations are not trusted: a fault on a cached
+leaf re-reads it from VRAM once before faulting, so newly mapped pages work without a
+flush. A walk that raced with a flush does not refill the TLB. The fragment bits are a
+hint and are ignored (extents already merge contiguous pages).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import numpy as np
+
+from host.hw.regs import (NUM_VMIDS, PAGE_SHIFT, PAGE_SIZE, PDE_VALID, PT_ENTRIES,
+                          PT_ENTRY_BITS, PTE_ADDR_MASK, PTE_EXEC, PTE_PEER, PTE_READ,
+                          PTE_SYSTEM, PTE_VALID, PTE_WRITE, VA_BITS, VMID_KERNEL)
+from host.hw.sysmem import SysmemFault
+from spec.wire import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
+
+log = logging.getLogger("pvgpu.hw.mmu")
+
+VA_LIMIT = 1 << VA_BITS
+LEAF_SHIFT = PAGE_SHIFT + PT_ENTRY_BITS  # 21: VA bytes covered by one leaf table
+PD_SHIFT = LEAF_SHIFT + PT_ENTRY_BITS  # 30: VA bytes covered by one PD0 table
+_IDX = PT_ENTRIES - 1
+_PAGE_MASK = PAGE_SIZE - 1
+BATCH_LEAVES = 64  # leaf tables checked at once (128 MiB of VA)
+
+_PERM = ((ACCESS_READ, PTE_READ), (ACCESS_WRITE, PTE_WRITE), (ACCESS_EXEC, PTE_EXEC))
+
+
+def _pte_perms(access: int) -> int:
+    return sum(pte for acc, pte in _PERM if access & acc)
+
+
+def _missing_access(pte: int, access: int) -> int:
+    return sum(acc for acc, bit in _PERM if access & acc and not pte & bit)
+
+
+class MmuFault(Exception):
+    """A GPU page fault (internal to host/hw; engines convert it into IRQ_PAGE_FAULT)."""
+
+    def __init__(self, vmid: int, address: int, access: int, reason: str = ""):
+        super().__init__(f"GPU page fault vmid={vmid} address={address:#x} access={access}"
+                         f"{': ' + reason if reason else ''}")
+        self.vmid = vmid
+        self.address = address
+        self.access = access
+        self.reason = reason
+
+
+class Mmu:
+    TLB_CAPACITY = 2048  # leaf tables (each caches 2 MiB of VA; 8 MiB of PTE copies)
+
+    def __init__(self, vram, sysmem, name: str = "gpu"):
+        self.vram = vram
+        self.sysmem = sysmem
+        self.name = name
+        self._roots = [0] * NUM_VMIDS
+        self._lock = threading.Lock()
+        self._tlb = [{} for _ in range(NUM_VMIDS)]  # va >> 21 -> read-only PTE array
+        self._pwc = [{} for _ in range(NUM_VMIDS)]  # va >> 30 -> PD0 table address
+        self._gen = [0] * NUM_VMIDS  # bumped by every flush of the VMID
+        self._tlb_entries = 0
+        self.tlb_hits = 0
+        self.tlb_misses = 0
+        self.pwc_hits = 0
+        self.pwc_misses = 0
+        self.flushes = 0
+        self.faults = 0
+
+    # --------------------------------------------------------------- registers
+    def set_root(self, vmid: int, table: int) -> None:
+        """REG_VM_PT_BASE(vmid) written: new root page directory; flushes the VMID."""
+        if 0 < vmid < NUM_VMIDS:
+            self._roots[vmid] = table & PTE_ADDR_MASK
+            self.flush(vmid)
+
+    def root(self, vmid: int) -> int:
+        return self._roots[vmid]
+
+    def flush(self, vmid: int) -> None:
+        if not 0 <= vmid < NUM_VMIDS:
+            return
+        with self._lock:
+            self._tlb_entries -= len(self._tlb[vmid])
+            self._tlb[vmid] = {}
+            self._pwc[vmid] = {}
+            self._gen[vmid] += 1
+            self.flushes += 1
+
+    def flush_all(self) -> None:
+        for vmid in range(NUM_VMIDS):
+            self.flush(vmid)
+
+    def stats(self) -> dict:
+        return {"tlb_hits": self.tlb_hits, "tlb_misses": self.tlb_misses,
+                "pwc_hits": self.pwc_hits, "pwc_misses": self.pwc_misses,
+                "tlb_entries": self._tlb_entries, "flushes": self.flushes,
+                "faults": self.faults}
+
+    # --------------------------------------------------------------- the walk
+    def _pde(self, table: int, index: int):
+        """Address of the next-level table, or None."""
+        if table + PAGE_SIZE > self.vram.size:
+            return None
+        entry = int(self.vram.qwords[(table >> 3) + index])
+        if not entry & PDE_VALID:
+            return None
+        nxt = entry & PTE_ADDR_MASK
+        return nxt if nxt + PAGE_SIZE <= self.vram.size else None
+
+    def _leaf(self, vmid: int, chunk: int, use_tlb: bool):
+        """PTEs of the leaf table covering VA chunk (va >> 21) -> (array or None, cached)."""
+        with self._lock:
+            if use_tlb:
+                ptes = self._tlb[vmid].get(chunk)
+                if ptes is not None:
+                    self.tlb_hits += 1
+                    return ptes, True
+            self.tlb_misses += 1
+            gen = self._gen[vmid]
+            pd0 = self._pwc[vmid].get(chunk >> PT_ENTRY_BITS)
+            if pd0 is None:
+                self.pwc_misses += 1
+            else:
+                self.pwc_hits += 1
+        if pd0 is None:
+            table = self._roots[vmid]
+            if table == 0:
+                return None, False
+            for shift in (2 * PT_ENTRY_BITS, PT_ENTRY_BITS):  # PD2, PD1
+                table = self._pde(table, (chunk >> shift) & _IDX)
+                if table is None:
+                    return None, False
+            pd0 = table
+        leaf = self._pde(pd0, chunk & _IDX)
+        if leaf is None:
+            return None, False
+        ptes = self.vram.qwords[leaf >> 3:(leaf >> 3) + PT_ENTRIES].copy()
+        ptes.flags.writeable = False
+        with self._lock:
+            if gen == self._gen[vmid]:  # no flush since the walk began
+                self._pwc[vmid][chunk >> PT_ENTRY_BITS] = pd0
+                tlb = self._tlb[vmid]
+                if chunk not in tlb:
+                    if self._tlb_entries >= self.TLB_CAPACITY:
+                        self._evict(tlb)
+                    self._tlb_entries += 1
+                tlb[chunk] = ptes
+        return ptes, False
+
+    def _evict(self, prefer: dict) -> None:
+        victim = prefer if prefer else next(t for t in self._tlb if t)
+        del victim[next(iter(victim))]  # FIFO within the VMID
+        self._tlb_entries -= 1
+
+    # --------------------------------------------------------------- translate
+    def translate(self, vmid: int, va: int, size: int, access: int) -> list:
+        """[va, va + size) -> list of np.uint8 views in VA order; raises MmuFault."""
+        if size <= 0:
+            if size == 0:
+                return []
+            raise ValueError("negative size")
+        end = va + size
+        if vmid == VMID_KERNEL:
+            if va < 0 or end > self.vram.size:
+                self._fault(vmid, max(va, self.vram.size), access, "outside VRAM")
+            return [self.vram.mem[va:end]]
+        if not 0 < vmid < NUM_VMIDS or va < 0 or va >= VA_LIMIT:
+            self._fault(vmid, va, access, "bad vmid or address")
+        need = PTE_VALID | _pte_perms(access)
+        first = va >> PAGE_SHIFT
+        last = (min(end, VA_LIMIT) - 1) >> PAGE_SHIFT
+        if first == last:
+            views = self._translate_page(vmid, va, end, access, need)
+        else:
+            views = self._translate_range(vmid, va, end, access, need, first, last)
+        if end > VA_LIMIT:
+            self._fault(vmid, VA_LIMIT, access, "beyond the VA space")
+        return views
+
+    def _translate_page(self, vmid, va, end, access, need) -> list:
+        """The common small case: a range inside one page, with plain ints."""
+        chunk = va >> LEAF_SHIFT
+        index = (va >> PAGE_SHIFT) & _IDX
+        for use_tlb in (True, False):
+            ptes, cached = self._leaf(vmid, chunk, use_tlb)
+            if ptes is None:
+                self._fault(vmid, va, access, "no page table")
+            pte = int(ptes[index])
+            addr = pte & PTE_ADDR_MASK
+            system = bool(pte & PTE_SYSTEM)
+            if (pte & (need | PTE_PEER)) == need and (system or addr + PAGE_SIZE <= self.vram.size):
+                runs = [(system, addr, va & ~_PAGE_MASK, 1)]
+                return self._views(vmid, runs, va, end, access)
+            if not cached:
+                break
+        self._bad_pte(vmid, va, pte, access)
+
+    def _translate_range(self, vmid, va, end, access, need, first, last) -> list:
+        runs: list = []  # (is_system, phys, page_va, npages), physically contiguous
+        page = first
+        while page <= last:
+            page, bad_at, bad_pte, missing = self._batch(vmid, need, page, last, runs)
+            if bad_at is not None or missing is not None:
+                self._views(vmid, runs, va, end, access)  # an earlier fault wins
+                if bad_at is not None:
+                    self._bad_pte(vmid, max(va, bad_at << PAGE_SHIFT), bad_pte, access)
+                self._fault(vmid, max(va, missing << PAGE_SHIFT), access, "no page table")
+        return self._views(vmid, runs, va, end, access)
+
+    def _batch(self, vmid, need, page, last, runs):
+        """Check up to BATCH_LEAVES leaf tables from `page` and append their runs.
+
+        -> (next page, first bad page or None, its PTE, first page without a leaf table
+        or None). Batching bounds the memory a huge, mostly invalid range can cost."""
+        # 1. the leaf tables' PTE slices, one per 2 MiB of VA (TLB first)
+        first = page
+        slices, cached = [], []
+        missing = None
+        while page <= last and len(slices) < BATCH_LEAVES:
+            chunk = page >> PT_ENTRY_BITS
+            lo = page & _IDX
+            hi = min(PT_ENTRIES, last - (chunk << PT_ENTRY_BITS) + 1)
+            ptes, hit = self._leaf(vmid, chunk, True)
+            if ptes is None:
+                missing = page
+                break
+            slices.append(ptes[lo:hi])
+            cached.append(hit)
+            page = (chunk + 1) << PT_ENTRY_BITS
+        # 2. check them at once; a bad PTE that came from the TLB is re-read from VRAM once
+        while True:
+            if not slices:
+                return page, None, 0, missing
+            sl = slices[0] if len(slices) == 1 else np.concatenate(slices)
+            addr = sl & PTE_ADDR_MASK
+            system = (sl & PTE_SYSTEM) != 0
+            bad = (sl & (need | PTE_PEER)) != need
+            bad |= (addr > self.vram.size - PAGE_SIZE) & ~system
+            bad_at = int(bad.argmax())
+            if not bad[bad_at]:
+                bad_at = -1
+                break
+            k, off = 0, bad_at  # which slice holds the bad PTE
+            while off >= slices[k].shape[0]:
+                off -= slices[k].shape[0]
+                k += 1
+            if not cached[k]:
+                break
+            slice_page = first + bad_at - off
+            ptes, _ = self._leaf(vmid, slice_page >> PT_ENTRY_BITS, False)
+            if ptes is None:
+                del slices[k:], cached[k:]
+                missing = slice_page
+            else:
+                lo = slice_page & _IDX
+                slices[k] = ptes[lo:lo + slices[k].shape[0]]
+                cached[k] = False
+        # 3. physically contiguous runs of the good prefix
+        n = bad_at if bad_at >= 0 else sl.shape[0]
+        if n:
+            addr, system = addr[:n], system[:n]
+            brk = np.diff(addr) != PAGE_SIZE
+            brk |= system[1:] != system[:-1]
+            idx = np.flatnonzero(brk) + 1
+            starts = [0] + idx.tolist() + [n]
+            phys = [int(addr[0])] + addr[idx].tolist()
+            kinds = [bool(system[0])] + system[idx].tolist()
+            if runs:  # join the previous batch's last run?
+                kind, p, run_va, npages = runs[-1]
+                if kind == kinds[0] and p + (npages << PAGE_SHIFT) == phys[0]:
+                    runs[-1] = (kind, p, run_va, npages + starts[1])
+                    starts, phys, kinds = starts[1:], phys[1:], kinds[1:]
+            base_va = first << PAGE_SHIFT
+            runs.extend((kinds[i], phys[i], base_va + (starts[i] << PAGE_SHIFT),
+                         starts[i + 1] - starts[i]) for i in range(len(phys)))
+        if bad_at >= 0:
+            return page, first + bad_at, int(sl[bad_at]), None
+        return page, None, 0, missing
+
+    def _bad_pte(self, vmid, address, pte, access):
+        if pte & PTE_VALID and not pte & PTE_PEER and _missing_access(pte, access):
+            self._fault(vmid, address, _missing_access(pte, access), "permission")
+        reason = "peer access not supported" if pte & PTE_PEER else f"bad PTE {pte:#x}"
+        self._fault(vmid, address, access, reason)
+
+    def _fault(self, vmid, address, access, reason):
+        self.faults += 1
+        raise MmuFault(vmid, address, access, reason)
+
+    def _views(self, vmid: int, runs, va: int, end: int, access: int) -> list:
+        """Runs (is_system, phys, page_va, npages) -> views clipped to [va, end)."""
+        views = []
+        write = bool(access & ACCESS_WRITE)
+        mem = self.vram.mem
+        for system, phys, run_va, npages in runs:
+            s = max(va, run_va)
+            e = min(end, run_va + (npages << PAGE_SHIFT))
+            p = phys + (s - run_va)
+            if system:
+                try:
+                    views.append(self.sysmem.view(p, e - s, write))
+                except SysmemFault as f:
+                    bad_va = (s + (f.address - p)) & ~_PAGE_MASK
+                    self._fault(vmid, max(va, bad_va), access, "system address not mapped")
+            else:
+                views.append(mem[p:p + e - s])
+        return views

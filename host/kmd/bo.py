@@ -1,0 +1,90 @@
+"""Buffer objects and GPU fault records.
+
+A BufferObject is the driver's handle on a piece of VRAM (amdgpu_bo / drm_gem_object):
+the buddy blocks that back it, the same memory as a short list of physically contiguous
+extents (adjacent blocks coalesced — what the page-table code maps), the GPU virtual
+address it is mapped at in its context, and a reference count. The last reference going
+away frees the memory, but only once the GPU can no longer touch it (see device.py).
+
+A GpuFault is what a page-fault interrupt reports; it becomes the error of the fence of
+the job that faulted.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from spec import wire
+
+_handles = itertools.count(1)
+
+
+def blocks_to_extents(blocks) -> list:
+    """Buddy blocks -> [(phys, size)] in address order, adjacent blocks coalesced."""
+    extents = []
+    for b in sorted(blocks, key=lambda b: b.offset):
+        if extents and extents[-1][0] + extents[-1][1] == b.offset:
+            extents[-1] = (extents[-1][0], extents[-1][1] + b.size)
+        else:
+            extents.append((b.offset, b.size))
+    return extents
+
+
+class BufferObject:
+    """VRAM memory owned by one context and mapped at `va` in its address space."""
+
+    __slots__ = ("handle", "size", "blocks", "extents", "va", "context", "refcount", "freed",
+                 "__weakref__")
+
+    def __init__(self, size: int, blocks: list, context=None, va: int = 0):
+        self.handle = next(_handles)
+        self.size = size  # page rounded; == sum of the block sizes
+        self.blocks = blocks
+        self.extents = blocks_to_extents(blocks)
+        self.va = va
+        self.context = context
+        self.refcount = 1
+        self.freed = False
+
+    @property
+    def phys(self) -> int:
+        """Physical address of the first byte (the whole BO when len(extents) == 1)."""
+        return self.extents[0][0]
+
+    @property
+    def contiguous(self) -> bool:
+        return len(self.extents) == 1
+
+    def get(self) -> "BufferObject":
+        assert self.refcount > 0, "get() on a released buffer object"
+        self.refcount += 1
+        return self
+
+    def put(self) -> bool:
+        """Drop a reference; True when it was the last one."""
+        assert self.refcount > 0, "put() on a released buffer object"
+        self.refcount -= 1
+        return self.refcount == 0
+
+    def contains(self, va: int, size: int = 1) -> bool:
+        return self.va <= va and va + size <= self.va + self.size
+
+    def __repr__(self) -> str:
+        return (f"BufferObject(handle={self.handle}, va={self.va:#x}, size={self.size:#x}, "
+                f"extents={len(self.extents)}, refcount={self.refcount})")
+
+
+@dataclass(frozen=True)
+class GpuFault:
+    """A GPU page fault: `address` (VA) of `vmid` could not be accessed for `access`."""
+
+    vmid: int
+    address: int
+    access: int  # spec.wire ACCESS_*
+    engine: int
+
+    def __str__(self) -> str:
+        kind = wire.ACCESS_NAMES.get(self.access, f"access {self.access}")
+        return (f"GPU page fault: {kind} at {self.address:#x} "
+                f"(vmid {self.vmid}, engine {self.engine})")

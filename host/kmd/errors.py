@@ -1,0 +1,61 @@
+"""Errors the kernel-mode driver returns to its callers.
+
+Like a DRM driver returning -ENOMEM / -EINVAL / -ENOSPC, every caller mistake or resource
+shortage is a KmdError carrying a short machine-readable `code`; the backend maps codes
+onto wire response types. Broken internal invariants are assertions, not KmdErrors.
+"""
+
+from __future__ import annotations
+
+OUT_OF_MEMORY = "out_of_memory"
+INVALID_ARGUMENT = "invalid_argument"
+INVALID_ADDRESS = "invalid_address"
+INVALID_CONTEXT = "invalid_context"
+NO_VMID = "no_vmid"
+RING_FULL = "ring_full"
+BUSY = "busy"
+DEVICE_LOST = "device_lost"
+NO_DEVICE = "no_device"
+
+
+class KmdError(Exception):
+    """Base of every driver error; `code` is one of the strings above."""
+
+    code = "error"
+
+    def __init__(self, message: str = "", code: str | None = None):
+        if code is not None:
+            self.code = code
+        super().__init__(message or self.code)
+
+
+class OutOfMemory(KmdError):
+    code = OUT_OF_MEMORY
+
+
+class InvalidArgument(KmdError):
+    code = INVALID_ARGUMENT
+
+
+class InvalidAddress(KmdError):
+    code = INVALID_ADDRESS
+
+
+class InvalidContext(KmdError):
+    code = INVALID_CONTEXT
+
+
+class NoVmid(KmdError):
+    code = NO_VMID
+
+
+class RingFull(KmdError):
+    code = RING_FULL
+
+
+class Busy(KmdError):
+    code = BUSY
+
+
+class DeviceLost(KmdError):
+    code = DEVICE_LOST

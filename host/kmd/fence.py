@@ -1,0 +1,216 @@
+"""Hardware fences (amdgpu_fence.c / dma_fence).
+
+Each engine ring has a FenceDriver: a u64 write-back slot in a KMD-owned VRAM page and a
+sequence counter. Emitting a fence appends a FENCE packet to the ring that tells the
+command processor to write the next sequence number to the slot once everything before
+it in the ring has completed, and (FENCE_IRQ) to raise IRQ_FENCE. The interrupt handler
+calls process(): it reads the slot and signals, in order, every pending fence whose
+sequence number is <= the value there — sequence numbers on one ring complete in order,
+so one write-back value retires a whole prefix of the pending list, and a lost or merged
+interrupt costs nothing.
+
+A Fence signals exactly once. Its error (None, a GpuFault or a string) is set before it
+signals. add_done_callback(fn) calls fn(fence) exactly once: on the signalling thread
+(the engine's interrupt thread) after the fence is marked signalled, or at once on the
+caller's thread if the fence has already signalled. Callbacks never run with the
+driver's lock held. A callback that raises is logged and does not stop the others.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+
+from host.hw import packets
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()  # guards every Fence's state; held only for a few statements
+FENCE_DW = 6  # dwords of one FENCE packet
+
+
+class Fence:
+    """A point on one engine's timeline: `seq` on `engine`."""
+
+    __slots__ = ("engine", "seq", "driver", "error", "_signaled", "_callbacks", "_event",
+                 "__weakref__")
+
+    def __init__(self, engine: int, seq: int, driver: "FenceDriver | None" = None):
+        self.engine = engine
+        self.seq = seq
+        self.driver = driver
+        self.error = None
+        self._signaled = False
+        self._callbacks = []
+        self._event = None
+
+    @classmethod
+    def signaled_fence(cls, engine: int = -1, error=None) -> "Fence":
+        f = cls(engine, 0)
+        f.error = error
+        f._signaled = True
+        return f
+
+    @property
+    def signaled(self) -> bool:
+        return self._signaled
+
+    def done(self) -> bool:
+        return self._signaled
+
+    @property
+    def wb_addr(self) -> int:
+        """VRAM physical address where the hardware writes this fence's sequence."""
+        return self.driver.wb_addr
+
+    @property
+    def device(self):
+        return self.driver.device if self.driver is not None else None
+
+    def set_error(self, error) -> bool:
+        """Attach an error to a fence that has not signalled yet (the first one wins)."""
+        with _lock:
+            if self._signaled or self.error is not None:
+                return False
+            self.error = error
+            return True
+
+    def add_done_callback(self, fn) -> None:
+        with _lock:
+            if not self._signaled:
+                self._callbacks.append(fn)
+                return
+        _run(self, (fn,))
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Block until signalled; False on timeout."""
+        with _lock:
+            if self._signaled:
+                return True
+            if self._event is None:
+                self._event = threading.Event()
+            event = self._event
+        return event.wait(timeout)
+
+    def _mark(self, error=None):
+        """Mark signalled (under _lock); -> the callbacks to run, or None if it already was."""
+        if self._signaled:
+            return None
+        if error is not None and self.error is None:
+            self.error = error
+        self._signaled = True
+        callbacks, self._callbacks = self._callbacks, []
+        if self._event is not None:
+            self._event.set()
+        return callbacks
+
+    def signal(self, error=None) -> bool:
+        """Signal now (software signalling, e.g. on device stop); False if already done."""
+        with _lock:
+            callbacks = self._mark(error)
+        if callbacks is None:
+            return False
+        _run(self, callbacks)
+        return True
+
+    def __repr__(self) -> str:
+        state = "signaled" if self._signaled else "pending"
+        err = f", error={self.error!s}" if self.error is not None else ""
+        return f"Fence(engine={self.engine}, seq={self.seq}, {state}{err})"
+
+
+def _run(fence: Fence, callbacks) -> None:
+    for fn in callbacks:
+        try:
+            fn(fence)
+        except Exception:  # a broken callback must not kill the interrupt thread
+            log.exception("fence callback %r failed for %r", fn, fence)
+
+
+def signal_all(fences, error=None) -> None:
+    """Signal fences in order: all are marked first, then callbacks run in the same order."""
+    marked = []
+    with _lock:
+        for f in fences:
+            callbacks = f._mark(error)
+            if callbacks is not None:
+                marked.append((f, callbacks))
+    for f, callbacks in marked:
+        _run(f, callbacks)
+
+
+class FenceDriver:
+    """The fence state of one engine ring."""
+
+    def __init__(self, engine: int, vram, wb_addr: int, lock=None, device=None):
+        self.engine = engine
+        self.vram = vram
+        self.wb_addr = wb_addr
+        self.lock = lock if lock is not None else threading.RLock()
+        self.device = device
+        self.next_seq = 1
+        self.last_seq = 0  # highest sequence seen written back
+        self.pending = collections.deque()
+        vram.write_u64(wb_addr, 0)
+
+    @property
+    def emitted_seq(self) -> int:
+        return self.next_seq - 1
+
+    def emit(self, ring, flags: int = packets.FENCE_IRQ) -> Fence:
+        """Write a FENCE packet into the ring's open transaction; -> the new pending fence.
+
+        The fence is pending before the doorbell rings, so its interrupt cannot be missed.
+        Call with the lock held; cancel() it if the ring transaction is undone."""
+        seq = self.next_seq
+        ring.write(packets.fence(self.wb_addr, seq, flags))
+        self.next_seq = seq + 1
+        fence = Fence(self.engine, seq, self)
+        self.pending.append(fence)
+        return fence
+
+    def cancel(self, fence: Fence) -> None:
+        """Forget the fence just emitted (its ring transaction was undone)."""
+        assert self.pending and self.pending[-1] is fence and fence.seq == self.next_seq - 1
+        self.pending.pop()
+        self.next_seq -= 1
+
+    def read_wb(self) -> int:
+        return self.vram.read_u64(self.wb_addr)
+
+    def retire(self, seq: int | None = None) -> list:
+        """Pop every pending fence the hardware has completed; -> them, in order."""
+        with self.lock:
+            value = self.read_wb()
+            if seq is not None and seq <= self.emitted_seq:
+                value = max(value, seq)
+            self.last_seq = max(self.last_seq, value)
+            done = []
+            pending = self.pending
+            while pending and pending[0].seq <= self.last_seq:
+                done.append(pending.popleft())
+            return done
+
+    def process(self, seq: int | None = None) -> int:
+        """Interrupt-time fence processing; -> number of fences signalled."""
+        done = self.retire(seq)
+        if done:
+            signal_all(done)
+        return len(done)
+
+    def oldest_pending(self) -> Fence | None:
+        with self.lock:
+            return self.pending[0] if self.pending else None
+
+    def last_emitted(self) -> Fence | None:
+        with self.lock:
+            return self.pending[-1] if self.pending else None
+
+    def fail_all(self, error) -> int:
+        """Signal every pending fence with `error` (device stop / loss)."""
+        with self.lock:
+            done = list(self.pending)
+            self.pending.clear()
+        signal_all(done, error)
+        return len(done)

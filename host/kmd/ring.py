@@ -1,0 +1,146 @@
+"""The driver side of an engine's command ring (amdgpu_ring.c).
+
+A ring is a power-of-two sized buffer in VRAM that the driver fills with packets and the
+engine's command processor drains. Two byte offsets describe it: the write pointer
+(wptr), one past the last packet the driver has published, and the read pointer (rptr),
+the next byte the command processor will fetch. When the pointers are equal, the ring
+is idle. The driver writes at wptr and publishes new work by writing the new wptr to the
+engine's doorbell (RB_DOORBELL); the hardware advances rptr (readable as RB_RPTR) as it
+fetches. The driver never lets wptr catch up with rptr from behind — a full ring would
+look idle — so at most size - 32 bytes are ever outstanding.
+
+The API is transactional, as in amdgpu:
+  alloc(ndw)  remember the old wptr and reserve room for ndw dwords plus alignment
+              padding. If the ring is too full, wait (re-reading RB_RPTR) up to
+              `timeout` seconds, then raise RingFull: the caller gets a clear error
+              instead of a hang if the engine is stuck. The wait calls `sleep(interval)`,
+              which the device binds to a condition wait that releases its lock, so the
+              interrupt handler (on the engine thread) is never blocked by a full ring.
+  write(data) copy packet bytes at the reserved position (wrapping at the end).
+  commit()    pad with a NOP to the 8-dword fetch alignment and ring the doorbell.
+  undo()      drop everything written since alloc(): wptr goes back.
+A packet never straddles the end of the ring: when the reservation would cross it,
+alloc() first fills the rest of the ring with one NOP and starts again at offset 0, so
+the command processor never has to reassemble a packet.
+"""
+
+from __future__ import annotations
+
+import time
+
+from host.hw import packets, regs
+from host.kmd.errors import InvalidArgument, RingFull
+
+ALIGN_DW = 8  # fetch alignment: commit() pads wptr to a multiple of 8 dwords
+DEFAULT_RING_SIZE = 64 << 10
+DEFAULT_TIMEOUT = 5.0
+
+
+class Ring:
+    """One engine ring: `size` bytes of VRAM at physical address `base`."""
+
+    def __init__(self, mmio, vram, engine: int, base: int, size: int = DEFAULT_RING_SIZE,
+                 *, timeout: float = DEFAULT_TIMEOUT, sleep=None, name: str = ""):
+        if size & (size - 1) or size < 4096 or base % regs.PAGE_SIZE:
+            raise InvalidArgument("ring size must be a power of two >= 4 KiB, base page aligned")
+        self.mmio = mmio
+        self.vram = vram
+        self.engine = engine
+        self.base = base
+        self.size = size
+        self.timeout = timeout
+        self.sleep = sleep or time.sleep
+        self.name = name or regs.ENGINE_NAMES.get(engine, f"engine{engine}")
+        self.wptr = 0  # published write pointer (bytes)
+        self._rptr = 0  # last RB_RPTR value read
+        self._wptr_old = None  # set between alloc() and commit()/undo()
+        self._pos = 0  # where write() puts the next byte
+        self._reserved = 0  # bytes reserved by alloc()
+        self._written = 0  # bytes written since alloc()
+        self.packets_committed = 0
+        self.full_waits = 0
+
+    def _reg(self, reg: int) -> int:
+        return regs.REG_ENGINE(self.engine, reg)
+
+    def init(self) -> None:
+        """Program the ring registers (the engine must be stopped or idle)."""
+        self.mmio.write(self._reg(regs.RB_RESET), 1)
+        self.mmio.write(self._reg(regs.RB_BASE), self.base)
+        self.mmio.write(self._reg(regs.RB_SIZE), self.size)
+        self.wptr = self._rptr = 0
+        self._wptr_old = None
+
+    @property
+    def max_dw(self) -> int:
+        """The largest alloc() that can ever succeed."""
+        return (self.size - 4 * ALIGN_DW) // 4 - ALIGN_DW
+
+    def read_rptr(self) -> int:
+        self._rptr = self.mmio.read(self._reg(regs.RB_RPTR)) % self.size
+        return self._rptr
+
+    def _free_bytes(self, rptr: int) -> int:
+        return (rptr - self.wptr) % self.size or self.size
+
+    @property
+    def idle(self) -> bool:
+        return self.read_rptr() == self.wptr
+
+    def alloc(self, ndw: int) -> None:
+        assert self._wptr_old is None, "ring alloc() while a transaction is open"
+        if ndw <= 0 or ndw > self.max_dw:
+            raise InvalidArgument(f"ring alloc of {ndw} dwords (max {self.max_dw})")
+        nbytes = 4 * (-(-ndw // ALIGN_DW) * ALIGN_DW)
+        skip = self.size - self.wptr if self.wptr + nbytes > self.size else 0
+        need = skip + nbytes
+        # need < free: the pointers must never become equal through the driver writing
+        if need >= self._free_bytes(self._rptr) and need >= self._free_bytes(self.read_rptr()):
+            self.full_waits += 1
+            deadline = time.monotonic() + self.timeout
+            while need >= self._free_bytes(self.read_rptr()):
+                if time.monotonic() >= deadline:
+                    raise RingFull(f"{self.name} ring full: {need} bytes needed, wptr "
+                                   f"{self.wptr:#x} rptr {self._rptr:#x}")
+                self.sleep(0.0005)
+        self._wptr_old = self.wptr
+        self._pos = self.wptr
+        while skip:  # one NOP to the end of the ring (several if it is huge)
+            dw = min(skip // 4, packets.MAX_BODY_DW + 1)
+            self._write_raw(packets.nop(dw))
+            skip -= 4 * dw
+        assert self._pos == self.wptr or self._pos == 0
+        self._reserved = nbytes
+        self._written = 0
+
+    def _write_raw(self, data: bytes) -> None:
+        pos = self._pos
+        first = min(len(data), self.size - pos)
+        self.vram.write(self.base + pos, data[:first])
+        if first < len(data):
+            self.vram.write(self.base, data[first:])
+        self._pos = (pos + len(data)) % self.size
+
+    def write(self, data: bytes) -> None:
+        assert self._wptr_old is not None, "ring write() outside alloc()/commit()"
+        assert len(data) % 4 == 0
+        assert self._written + len(data) <= self._reserved, "ring write() beyond the reservation"
+        self._written += len(data)
+        self._write_raw(data)
+
+    def commit(self) -> int:
+        """Pad, publish the new wptr through the doorbell; -> the new wptr."""
+        assert self._wptr_old is not None, "ring commit() without alloc()"
+        pad_dw = (-(self._pos // 4)) % ALIGN_DW
+        if pad_dw:
+            self._write_raw(packets.nop(pad_dw))
+        self.wptr = self._pos
+        self._wptr_old = None
+        self.packets_committed += 1
+        self.mmio.write(self._reg(regs.RB_DOORBELL), self.wptr)
+        return self.wptr
+
+    def undo(self) -> None:
+        assert self._wptr_old is not None, "ring undo() without alloc()"
+        self.wptr = self._wptr_old
+        self._wptr_old = None

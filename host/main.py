@@ -1,0 +1,139 @@
+"""The host backend process: emulated GPUs, their KMDs, the virtio backend and the I/O loop.
+
+The loop is single-threaded and thin: it waits on the ROUTER sockets and on a wakeup
+pipe that engine threads write when a fence signals, hands messages to the sans-IO
+`Backend`, and sends what it returns. Heartbeat expiry runs on a timer. SIGINT/SIGTERM
+stop it cleanly: sessions are reclaimed, engines stopped, sockets closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+
+from spec import wire
+from host.backend.session import Backend
+from host.hw.gpu import Platform
+from host.kmd.device import KmdDevice
+from transport.channel import HostChannel, default_endpoint
+
+log = logging.getLogger("pvgpu.host")
+
+DEFAULT_VRAM = 1 << 30
+
+
+class HostServer:
+    def __init__(self, endpoints=None, *, vram_size: int = DEFAULT_VRAM, num_gpus: int = 2,
+                 heartbeat_ms: int = wire.DEFAULT_HEARTBEAT_MS,
+                 max_mem_size: int = wire.MAX_GUEST_MEM_SIZE):
+        self.platform = Platform(num_gpus=num_gpus, vram_size=vram_size)
+        self.kmds = [KmdDevice(gpu) for gpu in self.platform.gpus]
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._woken = False
+        self.backend = Backend(self.kmds, heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size,
+                               wakeup=self._wakeup)
+        self.channel = HostChannel(list(endpoints or [default_endpoint()]))
+        self._stop = False
+
+    @property
+    def endpoints(self):
+        return self.channel.endpoints
+
+    def _wakeup(self) -> None:
+        # Called from engine threads; one byte per batch is enough.
+        if not self._woken:
+            self._woken = True
+            try:
+                os.write(self._wake_w, b"\0")
+            except BlockingIOError:
+                pass
+
+    def start(self) -> None:
+        for kmd in self.kmds:
+            kmd.start()
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def serve(self) -> None:
+        backend = self.backend
+        period = backend.heartbeat_ms / 1000.0
+        next_expiry = time.monotonic() + period
+        while not self._stop:
+            timeout = max(0.0, next_expiry - time.monotonic())
+            messages, ready = self.channel.poll(int(timeout * 1000) + 1, extra_fds=(self._wake_r,))
+            now = time.monotonic()
+            out = []
+            for peer, frames in messages:
+                try:
+                    out += backend.handle(peer, frames, now)
+                except Exception:  # a bug must not take the host down for every guest
+                    log.exception("internal error handling a message from %r", peer)
+                    backend.stats["internal_errors"] += 1
+            if ready:
+                self._woken = False
+                try:
+                    os.read(self._wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            if backend._completions:
+                try:
+                    out += backend.run_completions()
+                except Exception:
+                    log.exception("internal error completing held requests")
+                    backend.stats["internal_errors"] += 1
+            for peer, frames in out:
+                self.channel.send(peer, frames)
+            if now >= next_expiry:
+                backend.expire(now)
+                next_expiry = now + period
+
+    def close(self) -> None:
+        self.backend.shutdown()
+        for kmd in self.kmds:
+            kmd.stop()
+        deadline = time.monotonic() + 2
+        while self.backend.pending_releases() and time.monotonic() < deadline:
+            self.backend.run_completions()
+            time.sleep(0.01)
+        self.channel.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+
+def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
+             max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, ready_file: str | None = None) -> int:
+    server = HostServer(endpoints, vram_size=vram_size, num_gpus=num_gpus,
+                        heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size)
+
+    def on_signal(signum, _frame):
+        log.info("received %s, shutting down", signal.Signals(signum).name)
+        server.stop()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    server.start()
+    try:
+        for ep in server.endpoints:
+            log.info("listening on %s", ep)
+        print("pvgpu host: %d GPU(s), %d MiB VRAM each; listening on %s" % (
+            len(server.kmds), vram_size >> 20, " ".join(server.endpoints)), flush=True)
+        if ready_file:
+            with open(ready_file + ".tmp", "w") as f:
+                f.write("\n".join(server.endpoints))
+            os.replace(ready_file + ".tmp", ready_file)
+        server.serve()
+    finally:
+        server.close()
+        print("pvgpu host: stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)
+    sys.exit(run_host(None, vram_size=DEFAULT_VRAM, heartbeat_ms=wire.DEFAULT_HEARTBEAT_MS))

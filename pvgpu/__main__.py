@@ -1,0 +1,5 @@
+import sys
+
+from pvgpu.cli import main
+
+sys.exit(main())

@@ -1,0 +1,188 @@
+"""`pvgpu`: the command line — host, info, run, demo, bench.
+
+  pvgpu host [--listen EP]... [--vram SIZE]     start the backend with two emulated GPUs
+  pvgpu info [--connect EP]                       list the devices as a guest sees them
+  pvgpu run WORKLOAD... [--connect EP] [--memory shared|inline] [--size N]
+  pvgpu demo                                      host + two guests, every result verified
+  pvgpu bench [--json FILE]                       hot paths against this machine's limits
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+import time
+
+from spec import wire
+
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.I)
+
+
+def parse_size(text: str) -> int:
+    m = _SIZE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 512M, 1G, 1048576)")
+    return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[m.group(2).upper()]
+
+
+def _add_guest_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connect", metavar="ENDPOINT", default=None,
+                   help="host endpoint (default: the local ipc endpoint, %s)" % _default_ep())
+    p.add_argument("--memory", choices=wire.MEMORY_MODELS, default=wire.MEMORY_SHARED,
+                   help="guest memory model: shared (zero copy, same machine) or inline (remote)")
+    p.add_argument("--mem-size", type=parse_size, default=wire.DEFAULT_GUEST_MEM_SIZE,
+                   help="guest memory size (default %(default)s bytes)")
+
+
+def _default_ep() -> str:
+    from transport.channel import default_endpoint
+    return default_endpoint()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="pvgpu", description="A paravirtualized GPU for compute.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("host", help="run the host backend with emulated GPUs")
+    p.add_argument("--listen", action="append", metavar="ENDPOINT",
+                   help="endpoint to bind (repeatable): ipc://PATH or tcp://HOST:PORT; "
+                        "default: the local ipc endpoint")
+    p.add_argument("--vram", type=parse_size, default=parse_size("1G"), help="VRAM per device (default 1G)")
+    p.add_argument("--gpus", type=int, default=2, help="number of emulated GPUs (default 2)")
+    p.add_argument("--heartbeat-ms", type=int, default=wire.DEFAULT_HEARTBEAT_MS,
+                   help="heartbeat period; a guest silent for %d periods is reclaimed" % wire.HEARTBEAT_MISSES)
+    p.add_argument("--max-guest-mem", type=parse_size, default=wire.MAX_GUEST_MEM_SIZE,
+                   help="largest guest memory a session may announce")
+    p.add_argument("--ready-file", help=argparse.SUPPRESS)
+    p.add_argument("-v", "--verbose", action="store_true")
+
+    p = sub.add_parser("info", help="connect as a guest and list the devices")
+    _add_guest_options(p)
+
+    p = sub.add_parser("run", help="run workloads as a guest and check them against numpy")
+    p.add_argument("workloads", nargs="+", choices=("vector-add", "saxpy", "gemm"), metavar="WORKLOAD",
+                   help="vector-add, saxpy or gemm (several allowed)")
+    _add_guest_options(p)
+    p.add_argument("--size", type=int, default=None,
+                   help="elements (vector-add, saxpy) or matrix dimension (gemm)")
+    p.add_argument("--device", type=int, default=0, help="device index (default 0)")
+    p.add_argument("--repeat", type=int, default=1, help="run each workload this many times")
+    p.add_argument("--json", action="store_true", help="print one JSON object per result")
+
+    p = sub.add_parser("demo", help="start a host and two guests, run and verify workloads")
+    p.add_argument("--vram", default="512M", help="VRAM per device for the demo host")
+
+    p = sub.add_parser("bench", help="measure hot paths against this machine's limits")
+    p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"host": cmd_host, "info": cmd_info, "run": cmd_run, "demo": cmd_demo,
+                "bench": cmd_bench}[args.command](args)
+    except KeyboardInterrupt:
+        return 130
+
+
+def cmd_host(args) -> int:
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from host.main import run_host
+    return run_host(args.listen, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
+                    num_gpus=args.gpus, max_mem_size=args.max_guest_mem, ready_file=args.ready_file)
+
+
+def _connect(args):
+    import guest
+    try:
+        return guest.connect(args.connect, memory=args.memory, mem_size=args.mem_size)
+    except guest.HostLost as e:
+        print(f"pvgpu: cannot reach a host at {args.connect or _default_ep()}: {e}\n"
+              "       start one with `pvgpu host`, or pass --connect ENDPOINT", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def cmd_info(args) -> int:
+    with _connect(args) as conn:
+        print(f"host {conn.endpoint}  session {conn.session.session_id}  memory model {conn.memory_model}")
+        for dev in conn.devices:
+            info = dev.info()
+            print(f"  device {dev.index}: {dev.name}  VRAM {dev.vram_size >> 20} MiB "
+                  f"({info['vram_free'] >> 20} MiB free)  features {','.join(dev.features)}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from pvgpu.workloads import run_workload
+    failures = 0
+    with _connect(args) as conn:
+        if not 0 <= args.device < len(conn.devices):
+            print(f"pvgpu: no device {args.device} (the host has {len(conn.devices)})", file=sys.stderr)
+            return 2
+        dev = conn.devices[args.device]
+        with dev.create_context("pvgpu-run") as ctx:
+            for name in args.workloads:
+                for i in range(args.repeat):
+                    r = run_workload(ctx, name, args.size, seed=i)
+                    r.update(device=dev.index, memory=conn.memory_model)
+                    failures += not r["ok"]
+                    if args.json:
+                        print(json.dumps(r), flush=True)
+                    else:
+                        print(f"{name:<10} size {r['size']:>9}  device {dev.index}  {conn.memory_model:<6} "
+                              f"{'OK' if r['ok'] else 'MISMATCH'}  max|err| {r['max_err']:.3g}  "
+                              f"{r['seconds'] * 1e3:8.1f} ms", flush=True)
+    return 1 if failures else 0
+
+
+def cmd_demo(args) -> int:
+    from pvgpu.procs import HostProcess, private_endpoint, reap, spawn_guest
+    endpoint, tmpdir = private_endpoint("pvgpu-demo")
+    t0 = time.perf_counter()
+    print(f"pvgpu demo: starting a host with 2 GPUs on {endpoint}")
+    host = HostProcess([endpoint], vram=args.vram)
+    results, ok = [], True
+    try:
+        guests = []
+        for i, memory in enumerate(wire.MEMORY_MODELS):
+            cmd = ["run", "vector-add", "gemm", "--connect", endpoint, "--memory", memory,
+                   "--device", str(i % 2), "--json", "--mem-size", "64M"]
+            guests.append((memory, spawn_guest(cmd)))
+            print(f"pvgpu demo: guest {i + 1} ({memory} memory) runs vector-add and gemm on device {i % 2}")
+        for memory, proc in guests:
+            code, out = reap(proc, timeout=120)
+            lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
+            results += lines
+            if code != 0 or len(lines) != 2:
+                ok = False
+                print(f"pvgpu demo: guest ({memory}) failed with exit code {code}:\n{out}")
+    finally:
+        code = host.stop()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    print()
+    print(f"{'guest memory':<14}{'device':<8}{'workload':<12}{'size':>9}  {'result':<9}{'time':>9}")
+    for r in results:
+        ok &= r["ok"]
+        print(f"{r['memory']:<14}{r['device']:<8}{r['workload']:<12}{r['size']:>9}  "
+              f"{'verified' if r['ok'] else 'MISMATCH':<9}{r['seconds'] * 1e3:7.1f}ms")
+    ok &= code == 0 and len(results) == 4
+    print(f"\npvgpu demo: {'all results match numpy' if ok else 'FAILED'}; host exited {code}; "
+          f"{time.perf_counter() - t0:.1f}s")
+    return 0 if ok else 1
+
+
+def cmd_bench(args) -> int:
+    from bench.hotpaths import run_bench
+    return run_bench(json_path=args.json, quick=args.quick)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

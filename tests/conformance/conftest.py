@@ -1,0 +1,55 @@
+"""Black-box conformance fixtures: a real host and a raw DEALER that speaks the wire directly."""
+
+import msgpack
+import pytest
+import zmq
+
+
+class RawPeer:
+    """A bare DEALER socket: sends arbitrary frames, receives with a deadline."""
+
+    def __init__(self, endpoint):
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(endpoint)
+        self.seq = 0
+
+    def send_frames(self, frames):
+        self.sock.send_multipart(frames)
+
+    def recv(self, timeout_ms=3000):
+        if not self.sock.poll(timeout_ms):
+            return None
+        frames = self.sock.recv_multipart()
+        return msgpack.unpackb(frames[0], raw=False), frames[1:]
+
+    def request(self, msg, frames=(), timeout_ms=3000):
+        self.seq += 1
+        msg = dict(msg, seq=self.seq)
+        self.send_frames([msgpack.packb(msg, use_bin_type=True), *frames])
+        while True:
+            got = self.recv(timeout_ms)
+            if got is None:
+                return None
+            if got[0].get("op") == "reply" and got[0].get("seq") == self.seq:
+                return got[0]
+
+    def close(self):
+        self.sock.close()
+        self.ctx.term()
+
+
+@pytest.fixture
+def raw(shared_host):
+    peers = []
+
+    def make():
+        p = RawPeer(shared_host.endpoint)
+        peers.append(p)
+        return p
+    try:
+        yield make
+    finally:
+        for p in peers:
+            p.close()

@@ -1,0 +1,132 @@
+"""spec §2 — the control channel: message shape, errors, sessions (clauses CTL-*)."""
+
+import msgpack
+
+from spec import wire
+
+HELLO = {"op": "hello", "version": [0, 1], "name": "conformance", "memory": "inline", "mem_size": 1 << 20}
+
+
+def test_hello_reply_lists_devices_and_heartbeat(raw):
+    p = raw()
+    r = p.request(HELLO)
+    assert r["ok"] is True and isinstance(r["session"], str)
+    assert [d["index"] for d in r["devices"]] == [0, 1]
+    assert all(d["device_id"] == wire.VIRTIO_ID_GPU and d["vram_size"] > 0 for d in r["devices"])
+    assert r["heartbeat_ms"] > 0
+
+
+def test_undecodable_frame_is_dropped_and_host_carries_on(raw):
+    p = raw()
+    p.send_frames([b"\xc1\xff not msgpack"])
+    p.send_frames([msgpack.packb([1, 2, 3])])
+    p.send_frames([msgpack.packb({"op": "hello"})])  # a request without seq
+    assert p.recv(300) is None
+    assert p.request(HELLO)["ok"] is True
+
+
+def test_unknown_op_gets_an_error_reply(raw):
+    p = raw()
+    r = p.request({"op": "frobnicate"})
+    assert r["ok"] is False and r["error"] == wire.CTL_ERR_UNKNOWN_OP and r["message"]
+
+
+def test_missing_and_mistyped_fields(raw):
+    p = raw()
+    r = p.request({"op": "hello", "version": [0, 1], "name": "x", "memory": "inline"})
+    assert r["ok"] is False and r["error"] == wire.CTL_ERR_MISSING_FIELD
+    r = p.request(dict(HELLO, mem_size="big"))
+    assert r["ok"] is False and r["error"] == wire.CTL_ERR_MALFORMED
+    r = p.request(dict(HELLO, mem_size=True))  # bool is not an int on this wire
+    assert r["ok"] is False and r["error"] == wire.CTL_ERR_MALFORMED
+
+
+def test_requests_before_hello_and_second_hello(raw):
+    p = raw()
+    r = p.request({"op": "get_status", "dev": 0})
+    assert r["ok"] is False and r["error"] == wire.CTL_ERR_NO_SESSION
+    assert p.request(HELLO)["ok"]
+    r = p.request(HELLO)
+    assert r["ok"] is False and r["error"] == wire.CTL_ERR_BAD_STATE
+
+
+def test_bad_version_and_memory_limits(raw):
+    p = raw()
+    assert p.request(dict(HELLO, version=[9, 0]))["error"] == wire.CTL_ERR_BAD_VERSION
+    assert p.request(dict(HELLO, mem_size=1000))["error"] == wire.CTL_ERR_MALFORMED
+    assert p.request(dict(HELLO, mem_size=1 << 50))["error"] == wire.CTL_ERR_LIMIT
+    assert p.request(dict(HELLO, memory="telepathy"))["error"] == wire.CTL_ERR_MALFORMED
+
+
+def test_device_and_queue_checks(raw):
+    p = raw()
+    p.request(HELLO)
+    assert p.request({"op": "get_status", "dev": 7})["error"] == wire.CTL_ERR_BAD_DEVICE
+    assert p.request({"op": "get_features", "dev": 0})["features"] == wire.DEVICE_FEATURES
+    # set_features only between DRIVER and FEATURES_OK
+    assert p.request({"op": "set_features", "dev": 0, "features": 1 << 32})["error"] == wire.CTL_ERR_BAD_STATE
+    p.request({"op": "set_status", "dev": 0, "status": 1})
+    p.request({"op": "set_status", "dev": 0, "status": 3})
+    assert p.request({"op": "set_features", "dev": 0, "features": 1 << 40})["error"] == wire.CTL_ERR_BAD_FEATURES
+    # clearing a status bit other than by reset
+    assert p.request({"op": "set_status", "dev": 0, "status": 1})["error"] == wire.CTL_ERR_BAD_STATE
+
+
+def test_features_ok_not_kept_without_version_1(raw):
+    p = raw()
+    p.request(HELLO)
+    for s in (1, 3):
+        p.request({"op": "set_status", "dev": 0, "status": s})
+    assert p.request({"op": "set_features", "dev": 0, "features": 1 << wire.VIRTIO_F_INDIRECT_DESC})["ok"]
+    assert p.request({"op": "set_status", "dev": 0, "status": 11})["ok"]
+    assert not p.request({"op": "get_status", "dev": 0})["status"] & wire.STATUS_FEATURES_OK
+
+
+def test_set_vring_validation_and_driver_ok_preconditions(raw):
+    p = raw()
+    p.request(HELLO)
+    for s in (1, 3):
+        p.request({"op": "set_status", "dev": 0, "status": s})
+    p.request({"op": "set_features", "dev": 0, "features": 1 << 32})
+    p.request({"op": "set_status", "dev": 0, "status": 11})
+    vr = {"op": "set_vring", "dev": 0, "queue": 0, "size": 64, "desc": 0, "avail": 1024, "used": 2048}
+    assert p.request(dict(vr, size=100))["error"] == wire.CTL_ERR_BAD_MEMORY
+    assert p.request(dict(vr, desc=8))["error"] == wire.CTL_ERR_BAD_MEMORY
+    assert p.request(dict(vr, used=(1 << 20) - 8))["error"] == wire.CTL_ERR_BAD_MEMORY
+    assert p.request(dict(vr, queue=3))["error"] == wire.CTL_ERR_BAD_QUEUE
+    assert p.request({"op": "set_status", "dev": 0, "status": 15})["error"] == wire.CTL_ERR_BAD_STATE
+    assert p.request(vr)["ok"]
+    assert p.request({"op": "enable_vring", "dev": 0, "queue": 0, "enable": True})["ok"]
+    assert p.request({"op": "set_status", "dev": 0, "status": 15})["ok"]
+
+
+def test_set_mem_table_rules(raw):
+    p = raw()
+    p.request(HELLO)  # inline model
+    r = p.request({"op": "set_mem_table", "regions": [{"gpa": 0, "size": 1 << 20, "name": "x"}]})
+    assert r["error"] == wire.CTL_ERR_BAD_STATE
+    q = raw()
+    q.request(dict(HELLO, memory="shared"))
+    r = q.request({"op": "set_mem_table", "regions": [{"gpa": 0, "size": 1 << 20, "name": "pvgpu-does-not-exist"}]})
+    assert r["error"] == wire.CTL_ERR_BAD_MEMORY
+    r = q.request({"op": "set_mem_table", "regions": []})
+    assert r["error"] == wire.CTL_ERR_BAD_MEMORY
+
+
+def test_ping_and_bye(raw):
+    p = raw()
+    p.request(HELLO)
+    assert p.request({"op": "ping"})["ok"]
+    assert p.request({"op": "bye"})["ok"]
+    assert p.request({"op": "get_status", "dev": 0})["error"] == wire.CTL_ERR_NO_SESSION
+
+
+def test_a_bad_session_does_not_disturb_another(raw):
+    good, bad = raw(), raw()
+    good.request(HELLO)
+    bad.request(HELLO)
+    for junk in ([b"\x00"], [msgpack.packb({"op": 5, "seq": 1})], [msgpack.packb({"op": "kick", "dev": "x"})],
+                 [msgpack.packb({"op": "kick", "dev": 0, "queue": 0, "patches": [[0, 9]]})]):
+        bad.send_frames(junk)
+    assert good.request({"op": "get_status", "dev": 0})["ok"]
+    assert bad.request({"op": "ping"})["ok"]

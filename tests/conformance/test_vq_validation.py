@@ -1,0 +1,161 @@
+"""spec §4 — the device validates every chain it pops (clauses VQ-*).
+
+Each malformed chain is written byte by byte into the driver's rings, then kicked. The
+device must set DEVICE_NEEDS_RESET on that device of that session only and send
+config_changed; the session's other device, a second guest process running at the same
+time, and the same device after a reset all keep working.
+"""
+
+import struct
+
+import numpy as np
+import pytest
+
+import guest
+from pvgpu.procs import reap, spawn_guest
+from spec import wire
+
+F_NEXT, F_WRITE, F_INDIRECT = wire.VIRTQ_DESC_F_NEXT, wire.VIRTQ_DESC_F_WRITE, wire.VIRTQ_DESC_F_INDIRECT
+
+
+def _desc(mem, layout, i, addr, length, flags, nxt):
+    mem.write(layout.desc + 16 * i, struct.pack(wire.VIRTQ_DESC_FORMAT, addr, length, flags, nxt))
+
+
+def _publish(mem, q, head, advance=1):
+    layout = q.layout
+    idx = q.avail_idx
+    mem.write(layout.avail + 4 + 2 * (idx % layout.size), struct.pack("<H", head))
+    mem.write(layout.avail + 2, struct.pack("<H", (idx + advance) & 0xFFFF))
+
+
+def _buffers(conn):
+    heap = conn.session.heap
+    return heap.alloc(4096), heap.alloc(4096)
+
+
+def loop(mem, q, rd, wr):
+    Q = q.layout.size
+    _desc(mem, q.layout, Q - 2, rd, 64, F_NEXT, Q - 1)
+    _desc(mem, q.layout, Q - 1, wr, 256, F_WRITE | F_NEXT, Q - 2)
+    _publish(mem, q, Q - 2)
+
+
+def next_range(mem, q, rd, wr):
+    _desc(mem, q.layout, q.layout.size - 1, rd, 64, F_NEXT, q.layout.size + 7)
+    _publish(mem, q, q.layout.size - 1)
+
+
+def head_range(mem, q, rd, wr):
+    _publish(mem, q, q.layout.size + 1)
+
+
+def avail_jump(mem, q, rd, wr):
+    _desc(mem, q.layout, q.layout.size - 1, wr, 256, F_WRITE, 0)
+    _publish(mem, q, q.layout.size - 1, advance=q.layout.size + 1)
+
+
+def write_order(mem, q, rd, wr):
+    Q = q.layout.size
+    _desc(mem, q.layout, Q - 2, wr, 256, F_WRITE | F_NEXT, Q - 1)
+    _desc(mem, q.layout, Q - 1, rd, 24, 0, 0)
+    _publish(mem, q, Q - 2)
+
+
+def indirect_len(mem, q, rd, wr):
+    _desc(mem, q.layout, q.layout.size - 1, rd + 1024, 24, F_INDIRECT, 0)
+    _publish(mem, q, q.layout.size - 1)
+
+
+def indirect_nested(mem, q, rd, wr):
+    table = rd + 1024
+    mem.write(table, struct.pack(wire.VIRTQ_DESC_FORMAT, rd + 2048, 32, F_INDIRECT, 0))
+    _desc(mem, q.layout, q.layout.size - 1, table, 16, F_INDIRECT, 0)
+    _publish(mem, q, q.layout.size - 1)
+
+
+def indirect_next(mem, q, rd, wr):
+    Q = q.layout.size
+    table = rd + 1024
+    mem.write(table, struct.pack(wire.VIRTQ_DESC_FORMAT, wr, 256, F_WRITE, 0))
+    _desc(mem, q.layout, Q - 2, table, 16, F_INDIRECT | F_NEXT, Q - 1)
+    _desc(mem, q.layout, Q - 1, wr, 256, F_WRITE, 0)
+    _publish(mem, q, Q - 2)
+
+
+def addr_range(mem, q, rd, wr):
+    _desc(mem, q.layout, q.layout.size - 1, mem.size - 8, 64, 0, 0)
+    _publish(mem, q, q.layout.size - 1)
+
+
+def chain_len(mem, q, rd, wr):
+    Q = q.layout.size
+    _desc(mem, q.layout, Q - 3, rd, 0xFFFF_FFFF, F_NEXT, Q - 2)
+    _desc(mem, q.layout, Q - 2, rd, 0xFFFF_FFFF, F_NEXT, Q - 1)
+    _desc(mem, q.layout, Q - 1, wr, 256, F_WRITE, 0)
+    _publish(mem, q, Q - 3)
+
+
+CASES = {"VQ-LOOP": loop, "VQ-NEXT-RANGE": next_range, "VQ-HEAD-RANGE": head_range,
+         "VQ-AVAIL-JUMP": avail_jump, "VQ-WRITE-ORDER": write_order, "VQ-INDIRECT-LEN": indirect_len,
+         "VQ-INDIRECT-NESTED": indirect_nested, "VQ-INDIRECT-NEXT": indirect_next,
+         "VQ-ADDR-RANGE": addr_range, "VQ-CHAIN-LEN": chain_len}
+
+
+@pytest.mark.parametrize("memory", ["shared", "inline"])
+@pytest.mark.parametrize("clause", sorted(CASES))
+def test_malformed_chain_needs_reset_for_that_device_only(shared_host, clause, memory):
+    with guest.connect(shared_host.endpoint, memory=memory, mem_size=16 << 20) as conn:
+        dev0, dev1 = conn.devices
+        ctx1 = dev1.create_context()
+        before = ctx1.to_device(np.arange(1000, dtype=np.float32))
+        drv = dev0.driver
+        rd, wr = _buffers(conn)
+        CASES[clause](drv.mem, drv.queue, rd, wr)
+        drv.session.kick(0)
+        conn.session.wait_for(lambda: drv.needs_reset, timeout=10)
+        status = conn.session.control("get_status", dev=0)["status"]
+        assert status & wire.STATUS_DEVICE_NEEDS_RESET
+        with pytest.raises(guest.DeviceNeedsReset):
+            dev0.create_context()
+        # the session's other device is untouched
+        np.testing.assert_array_equal(before.to_host(), np.arange(1000, dtype=np.float32))
+        # and the device works again after a reset
+        dev0.reset()
+        with dev0.create_context() as ctx:
+            assert ctx.to_device(np.ones(10, np.float32)).to_host().sum() == 10
+
+
+def test_another_guest_process_is_unaffected(shared_host):
+    other = spawn_guest(["run", "vector-add", "gemm", "--repeat", "8", "--size", "200",
+                         "--connect", shared_host.endpoint, "--memory", "inline", "--mem-size", "16M"])
+    try:
+        with guest.connect(shared_host.endpoint, mem_size=16 << 20) as conn:
+            for clause in ("VQ-LOOP", "VQ-INDIRECT-NESTED", "VQ-AVAIL-JUMP"):
+                drv = conn.devices[0].driver
+                rd, wr = _buffers(conn)
+                CASES[clause](drv.mem, drv.queue, rd, wr)
+                drv.session.kick(0)
+                conn.session.wait_for(lambda: drv.needs_reset, timeout=10)
+                conn.devices[0].reset()
+            with conn.devices[0].create_context() as ctx:
+                ctx.launch("burn", 1, 1, (1000,))
+                ctx.synchronize()
+    finally:
+        code, out = reap(other, timeout=120)
+    assert code == 0, out
+    assert out.count("OK") == 16, out
+
+
+def test_chain_without_room_for_a_response_is_returned_empty(shared_host):
+    with guest.connect(shared_host.endpoint, mem_size=16 << 20) as conn:
+        drv = conn.devices[0].driver
+        rd, wr = _buffers(conn)
+        cmd = wire.pack_ctrl_hdr(wire.CMD_NOP)
+        drv.mem.write(rd, cmd)
+        head = drv.queue.add_chain([(rd, len(cmd))], [(wr, 8)])
+        drv.session.kick(0)
+        conn.session.channel.recv_until(lambda m: m.get("op") == wire.OP_CALL, timeout=10)
+        assert drv.queue.pop_used() == [(head, 0)]
+        with conn.devices[0].create_context():
+            pass

@@ -1,0 +1,102 @@
+"""End to end: a real host process, this test process as a guest, every result against numpy.
+
+Both memory models, over ipc and tcp, on both devices.
+"""
+
+import numpy as np
+import pytest
+
+import guest
+from pvgpu.workloads import run_workload
+
+MODELS = ["shared", "inline"]
+
+
+def _endpoint(host, transport):
+    return next(ep for ep in host.endpoints if ep.startswith(transport))
+
+
+@pytest.fixture(params=[("ipc", "shared"), ("ipc", "inline"), ("tcp", "shared"), ("tcp", "inline")],
+                ids=lambda p: f"{p[0]}-{p[1]}")
+def conn(request, shared_host):
+    transport, memory = request.param
+    with guest.connect(_endpoint(shared_host, transport), memory=memory, mem_size=64 << 20) as c:
+        yield c
+
+
+@pytest.mark.parametrize("workload,size", [("vector-add", 100_003), ("saxpy", 65_536), ("gemm", 96)])
+def test_workload_matches_numpy(conn, workload, size):
+    with conn.devices[1].create_context() as ctx:
+        r = run_workload(ctx, workload, size)
+    assert r["ok"], r
+
+
+def test_every_builtin_kernel(conn):
+    rng = np.random.default_rng(7)
+    n = 5000
+    x = rng.standard_normal(n).astype(np.float32)
+    with conn.devices[0].create_context() as ctx:
+        dx, dy = ctx.to_device(x), ctx.empty(n)
+        ctx.launch("fill", grid=20, block=256, args=(dy, 3.5, n))
+        assert np.all(dy.to_host() == np.float32(3.5))
+        ctx.launch("scale", grid=20, block=256, args=(dy, dx, -2.0, n))
+        np.testing.assert_array_equal(dy.to_host(), np.float32(-2.0) * x)
+        ctx.launch("relu", grid=20, block=256, args=(dy, dx, n))
+        np.testing.assert_array_equal(dy.to_host(), np.maximum(x, 0))
+        s = ctx.empty(1)
+        ctx.launch("reduce_sum", grid=1, block=256, args=(dx, s, n))
+        assert abs(float(s.to_host()[0]) - float(x.sum(dtype=np.float64))) < 1e-2
+        m = rng.standard_normal((37, 19)).astype(np.float32)
+        dm, dout = ctx.to_device(m), ctx.empty(m.shape)
+        ctx.launch("softmax", grid=37, block=32, args=(dout, dm, 37, 19))
+        e = np.exp(m - m.max(axis=1, keepdims=True))
+        np.testing.assert_allclose(dout.to_host(), e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-6)
+        ctx.launch("burn", grid=1, block=1, args=(100,))
+        ctx.synchronize()
+
+
+def test_elementwise_kernels_cover_only_the_launched_threads(conn):
+    with conn.devices[0].create_context() as ctx:
+        d = ctx.zeros(1000)
+        ctx.launch("fill", grid=2, block=100, args=(d, 1.0, 1000))  # 200 threads
+        out = d.to_host()
+        assert out[:200].sum() == 200 and out[200:].sum() == 0
+
+
+def test_large_copy_round_trip_is_byte_identical(conn):
+    data = np.random.default_rng(1).integers(0, 256, size=(20 << 20) + 12345, dtype=np.uint8)
+    with conn.devices[0].create_context() as ctx:
+        d = ctx.to_device(data)
+        np.testing.assert_array_equal(d.to_host(), data)
+
+
+def test_device_to_device_copy(conn):
+    a = np.arange(10_000, dtype=np.float32)
+    with conn.devices[0].create_context() as ctx:
+        da, db = ctx.to_device(a), ctx.empty(a.shape)
+        ctx.copy_d2d(db.ptr, da.ptr, a.nbytes)
+        np.testing.assert_array_equal(db.to_host(), a)
+
+
+def test_device_info_and_features(conn):
+    assert len(conn.devices) == 2
+    for dev in conn.devices:
+        assert dev.vram_size == 256 << 20
+        assert {"VERSION_1", "INDIRECT_DESC", "EVENT_IDX"} <= set(dev.features)
+        info = dev.info()
+        assert 0 < info["vram_free"] <= info["vram_size"]
+
+
+def test_results_identical_across_memory_models(shared_host):
+    ep = _endpoint(shared_host, "ipc")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64, 48)).astype(np.float32)
+    b = rng.standard_normal((48, 80)).astype(np.float32)
+    outs = []
+    for memory in MODELS:
+        with guest.connect(ep, memory=memory, mem_size=32 << 20) as c:
+            with c.devices[0].create_context() as ctx:
+                da, db, dc = ctx.to_device(a), ctx.to_device(b), ctx.empty((64, 80))
+                ctx.launch("gemm", grid=(1, 64), block=128, args=(da, db, dc, 64, 80, 48))
+                outs.append(dc.to_host())
+    assert outs[0].tobytes() == outs[1].tobytes()

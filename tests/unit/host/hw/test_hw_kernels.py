@@ -1,0 +1,254 @@
+"""host/hw/kernels.py: every built-in kernel against numpy, on contiguous and scattered
+memory, with aliasing, launch-shape limits, argument decoding and faults."""
+
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+from hwtest import RO, PageTables
+
+from host.hw import kernels
+from host.hw.kernels import InvalidLaunch, KernelMemory, StopToken
+from host.hw.mmu import Mmu, MmuFault
+from host.hw.regs import PAGE_SIZE
+from host.hw.sysmem import SystemMemory
+from host.hw.vram import Vram
+from spec.wire import (ACCESS_READ, ACCESS_WRITE, KERNEL_BURN, KERNEL_FILL, KERNEL_GEMM,
+                       KERNEL_REDUCE_SUM, KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE,
+                       KERNEL_SOFTMAX, KERNEL_VECTOR_ADD, KERNELS_BY_NAME)
+
+VMID = 5
+CONTIG = 1 << 32  # 4 MiB of VA on contiguous VRAM
+SCATTER = 1 << 33  # 4 MiB of VA on pages in a shuffled order: one extent per page
+NPAGES = 1024
+ONE_D = (1, 1, 1)
+
+
+class Env:
+    def __init__(self):
+        self.vram = Vram(32 << 20)
+        self.mmu = Mmu(self.vram, SystemMemory())
+        pt = PageTables(self.vram, 1 << 20)
+        self.mmu.set_root(VMID, pt.root)
+        pt.map(CONTIG, 4 << 20, NPAGES)
+        order = np.random.default_rng(0).permutation(NPAGES)
+        pt.map_pages(SCATTER, [(16 << 20) + int(i) * PAGE_SIZE for i in order])
+        self.pt = pt
+        self.mem = KernelMemory(self.mmu, VMID)
+
+    def put(self, va, arr):
+        data = np.ascontiguousarray(arr, dtype=np.float32).view(np.uint8).reshape(-1)
+        off = 0
+        for e in self.mmu.translate(VMID, va, data.shape[0], ACCESS_WRITE):
+            e[:] = data[off:off + e.shape[0]]
+            off += e.shape[0]
+
+    def get(self, va, n):
+        ext = self.mmu.translate(VMID, va, 4 * n, ACCESS_READ)
+        return np.concatenate(ext).view(np.float32).copy() if ext else np.empty(0, np.float32)
+
+    def launch(self, name, *args, grid=(1 << 20, 1, 1), block=ONE_D):
+        sig = KERNELS_BY_NAME[name]
+        raw = [f32(a) if kind == "f32" else int(a) for a, (_, kind) in zip(args, sig.args)]
+        kernels.launch(sig.kernel_id, grid, block, raw, self.mem)
+
+
+def f32(x) -> int:
+    return struct.unpack("<I", struct.pack("<f", x))[0]
+
+
+@pytest.fixture
+def env():
+    return Env()
+
+
+def rand(n, seed=0):
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+@pytest.fixture(params=[CONTIG, SCATTER], ids=["contig", "scatter"])
+def base(request):
+    return request.param
+
+
+def test_scatter_region_really_is_scattered(env):
+    assert len(env.mmu.translate(VMID, SCATTER + 100, 3 * PAGE_SIZE, ACCESS_READ)) >= 3
+
+
+def test_fill(env, base):
+    env.put(base, np.full(3000, -1, np.float32))
+    env.launch("fill", base + 4, 2.5, 2000)
+    got = env.get(base, 3000)
+    assert got[0] == -1 and (got[1:2001] == 2.5).all() and (got[2001:] == -1).all()
+
+
+def test_elementwise_kernels_stop_at_the_thread_count(env):
+    env.put(CONTIG, np.zeros(1000, np.float32))
+    env.launch("fill", CONTIG, 1.0, 1000, grid=(2, 3, 1), block=(4, 5, 1))  # 120 threads
+    got = env.get(CONTIG, 1000)
+    assert (got[:120] == 1).all() and (got[120:] == 0).all()
+    env.launch("fill", CONTIG, 3.0, 1000, grid=(0, 1, 1))
+    assert env.get(CONTIG, 1) == 1
+
+
+def test_vector_add(env, base):
+    a, b = rand(5000, 1), rand(5000, 2)
+    env.put(base, a)
+    env.put(base + 40000, b)
+    env.launch("vector_add", base, base + 40000, base + 80000, 5000)
+    assert np.array_equal(env.get(base + 80000, 5000), a + b)
+
+
+def test_vector_add_aliasing(env, base):
+    a, b = rand(3000, 1), rand(3000, 2)
+    env.put(base, a)
+    env.put(base + 20000, b)
+    env.launch("vector_add", base, base + 20000, base, 3000)  # c == a
+    assert np.array_equal(env.get(base, 3000), a + b)
+    # partial overlap: c = a shifted by one element; results as if all reads came first
+    a = env.get(base, 3000)
+    env.launch("vector_add", base, base + 20000, base + 4, 3000)
+    assert np.array_equal(env.get(base + 4, 3000), a + b)
+
+
+def test_saxpy(env, base):
+    x, y = rand(4000, 1), rand(4000, 2)
+    env.put(base, x)
+    env.put(base + 30000, y)
+    env.launch("saxpy", 1.5, base, base + 30000, 4000)
+    assert np.array_equal(env.get(base + 30000, 4000), np.float32(1.5) * x + y)
+    env.launch("saxpy", -2.0, base, base, 4000)  # x == y
+    assert np.array_equal(env.get(base, 4000), np.float32(-2.0) * x + x)
+
+
+def test_scale_and_relu(env, base):
+    x = rand(2500, 3)
+    env.put(base, x)
+    env.launch("scale", base + 20000, base, 0.25, 2500)
+    assert np.array_equal(env.get(base + 20000, 2500), x * np.float32(0.25))
+    env.launch("relu", base, base, 2500)  # in place
+    assert np.array_equal(env.get(base, 2500), np.maximum(x, 0))
+
+
+def test_reduce_sum(env, base):
+    x = rand(100000, 4) + 3
+    env.put(base, x)
+    env.launch("reduce_sum", base, base + 500000, 100000, grid=ONE_D)
+    expect = np.float32(x.astype(np.float64).sum())
+    assert env.get(base + 500000, 1)[0] == pytest.approx(expect, rel=1e-6)
+    env.launch("reduce_sum", base, base + 500000, 0)
+    assert env.get(base + 500000, 1)[0] == 0
+
+
+def test_gemm(env, base):
+    m, n, k = 37, 29, 53
+    a = rand(m * k, 5).reshape(m, k)
+    b = rand(k * n, 6).reshape(k, n)
+    env.put(base, a)
+    env.put(base + 100000, b)
+    env.launch("gemm", base, base + 100000, base + 200000, m, n, k, grid=ONE_D)
+    got = env.get(base + 200000, m * n).reshape(m, n)
+    np.testing.assert_allclose(got, a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_into_an_input(env, base):
+    m = 40
+    a = rand(m * m, 7).reshape(m, m)
+    b = rand(m * m, 8).reshape(m, m)
+    env.put(base, a)
+    env.put(base + 100000, b)
+    env.launch("gemm", base, base + 100000, base, m, m, m)  # C == A
+    np.testing.assert_allclose(env.get(base, m * m).reshape(m, m), a @ b, rtol=1e-5, atol=1e-5)
+
+
+def test_softmax(env, base):
+    rows, cols = 17, 300
+    x = rand(rows * cols, 9).reshape(rows, cols) * 50
+    x[3] += 1000  # would overflow exp without the max subtraction
+    env.put(base, x)
+    env.launch("softmax", base + 40000, base, rows, cols)
+    got = env.get(base + 40000, rows * cols).reshape(rows, cols)
+    e = np.exp(x.astype(np.float64) - x.max(axis=1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=1, keepdims=True), rtol=1e-4, atol=1e-7)
+    assert np.isfinite(got).all()
+    env.launch("softmax", base, base, rows, cols)  # in place
+    np.testing.assert_allclose(env.get(base, rows * cols).reshape(rows, cols), got, rtol=1e-6)
+
+
+def test_burn_takes_its_time_and_stops_when_asked():
+    mem = None
+    t = time.perf_counter()
+    kernels.launch(KERNEL_BURN, ONE_D, ONE_D, [20000], mem)
+    assert time.perf_counter() - t >= 0.02
+    stop = threading.Event()
+    done = threading.Event()
+    ctl = StopToken(stop.is_set, stop)
+    th = threading.Thread(target=lambda: (kernels.launch(KERNEL_BURN, ONE_D, ONE_D,
+                                                         [10_000_000], mem, ctl), done.set()))
+    th.start()
+    stop.set()
+    assert done.wait(1.0)
+    th.join()
+
+
+def test_f32_arguments_use_the_low_32_bits(env):
+    env.launch("fill", CONTIG, 0.0, 4)
+    kernels.launch(KERNEL_FILL, ONE_D, (4, 1, 1), [CONTIG, (0xDEAD << 32) | f32(-3.5), 4], env.mem)
+    assert (env.get(CONTIG, 4) == -3.5).all()
+    kernels.launch(KERNEL_FILL, ONE_D, (8, 1, 1), [CONTIG, f32(1.0), (7 << 32) | 2], env.mem)
+    assert list(env.get(CONTIG, 3)) == [1, 1, -3.5]
+
+
+def test_invalid_launches():
+    with pytest.raises(InvalidLaunch):
+        kernels.launch(999, ONE_D, ONE_D, [], None)
+    with pytest.raises(InvalidLaunch):
+        kernels.launch(KERNEL_VECTOR_ADD, ONE_D, ONE_D, [1, 2, 3], None)
+
+
+def test_a_fault_leaves_memory_untouched(env):
+    x = rand(3000, 1)
+    env.put(CONTIG, x)
+    env.put(CONTIG + 20000, x)
+    dst = CONTIG + NPAGES * PAGE_SIZE - 2 * PAGE_SIZE  # 2 mapped pages, then unmapped
+    env.put(dst, np.zeros(2048, np.float32))
+    for name, args in [("vector_add", (CONTIG, CONTIG + 20000, dst, 3000)),
+                       ("scale", (dst, CONTIG, 2.0, 3000)),
+                       ("saxpy", (2.0, CONTIG, dst, 3000)),
+                       ("gemm", (CONTIG, CONTIG, dst, 50, 60, 1))]:
+        with pytest.raises(MmuFault) as e:
+            env.launch(name, *args)
+        assert e.value.address == CONTIG + NPAGES * PAGE_SIZE and e.value.vmid == VMID
+        assert (env.get(dst, 2048) == 0).all()
+    # an unmapped input is found before the output is written
+    with pytest.raises(MmuFault) as e:
+        env.launch("vector_add", CONTIG, dst, CONTIG + 20000, 3000)
+    assert e.value.access == ACCESS_READ
+    assert np.array_equal(env.get(CONTIG + 20000, 3000), x)
+
+
+def test_write_to_read_only_output_faults(env):
+    env.pt.map(CONTIG, 4 << 20, 1, RO)
+    env.mmu.flush(VMID)
+    with pytest.raises(MmuFault) as e:
+        env.launch("fill", CONTIG, 1.0, 10)
+    assert e.value.access == ACCESS_WRITE
+    with pytest.raises(MmuFault) as e:
+        env.launch("saxpy", 1.0, CONTIG + PAGE_SIZE, CONTIG, 10)
+    assert e.value.access == ACCESS_WRITE
+
+
+def test_huge_counts_fault_instead_of_allocating(env):
+    with pytest.raises(MmuFault):
+        env.launch("vector_add", CONTIG, CONTIG, CONTIG, 0xFFFFFFFF,
+                   grid=(0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF), block=(1024, 1024, 64))
+    with pytest.raises(MmuFault):
+        env.launch("gemm", CONTIG, CONTIG, CONTIG, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF)
+
+
+def test_every_builtin_kernel_has_an_implementation():
+    assert set(kernels.KERNEL_IMPLS) == {KERNEL_FILL, KERNEL_VECTOR_ADD, KERNEL_SAXPY,
+                                         KERNEL_SCALE, KERNEL_REDUCE_SUM, KERNEL_GEMM,
+                                         KERNEL_RELU, KERNEL_SOFTMAX, KERNEL_BURN}

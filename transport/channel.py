@@ -1,0 +1,695 @@
+"""The control channel over ZeroMQ (spec/pvgpu.md §2) — the only module that imports zmq
+(besides the process main loops).
+
+Shape, modelled on vhost-user: the host binds one ROUTER socket per endpoint; each
+guest connects one DEALER socket, and one connection is one guest session. A message
+is ``[msgpack map, *raw frames]`` (see transport/codec.py, which does all encoding and
+validation; this module only moves frames).
+
+HostChannel (host main loop, one thread)
+    ``poll(timeout_ms, extra_fds)`` waits for traffic on every ROUTER socket *and* on
+    extra file descriptors (a ``Waker`` that engine threads signal), then drains what
+    is ready, at most ``max_batch`` messages per socket per call so one chatty guest
+    cannot starve the others or the engines. Messages come back raw, as
+    ``(peer, [frame0, *extra])`` with ``peer = (socket_index, identity)``; the loop
+    decodes them and answers a ``CodecError`` with ``codec.reply_error`` if it has a
+    seq. ``send`` never blocks: the ROUTER is ROUTER_MANDATORY, so a message for a
+    guest that is gone (EHOSTUNREACH) or whose pipe is full (EAGAIN) is dropped and
+    counted in ``dropped_sends`` instead of stalling every other session.
+
+GuestChannel (any guest thread)
+    The calling thread does its own I/O: ``request`` encodes, sends and polls the
+    DEALER socket directly until the reply with its seq arrives — no helper thread,
+    no queue handoff on the hot path. ``recv_until(predicate, timeout)`` is the one
+    receive loop; every message it receives that is not what the caller waits for is
+    dispatched: a reply to a request another thread waits for goes to that waiter, a
+    ``ping`` from the host is answered, our own heartbeat replies are absorbed, and
+    anything else (``call``, ``config_changed``, stale replies) goes to the handler
+    set with ``set_notification_handler`` or, without one, to a bounded queue that
+    later ``recv_until`` calls look at first.
+
+    Threads. A re-entrant lock guards the socket (a zmq socket may move between
+    threads given a full memory barrier; the lock is that barrier). A waiting thread
+    holds it while it polls; a thread that wants to send meanwhile bumps ``_want``
+    and signals a ``Waker`` that is in the waiter's poll set, so the waiter steps
+    aside at once instead of at the end of its poll slice. Replies for other waiters
+    are handed over through a condition variable. A handler runs on whichever thread
+    received the message (the heartbeat thread included); it may ``send`` but not
+    wait (``request``/``recv_until`` raise ChannelError there).
+
+    Heartbeats. A background thread wakes about once per period; if the socket is
+    free it drains pending messages and, when nothing has been sent for one period,
+    sends a ``ping`` (keep-alive for the host, which reaps silent sessions). A thread
+    that waits sends the pings itself. While waiting, if nothing at all has arrived
+    from the host for ``HEARTBEAT_MISSES`` periods (counted from the later of the
+    last message heard and the start of the wait) the wait raises ``HostLost``.
+    ``heartbeat_ms <= 0`` disables both (then only ``timeout`` ends a wait).
+
+Timeouts: HostChannel takes milliseconds (like zmq); GuestChannel takes seconds.
+Sockets are closed with linger=0. Zero-copy: frames sent with ``copy=False`` (the
+default) and larger than zmq's copy threshold are not copied; such a buffer must
+not change until the peer has it (a ``request`` returning guarantees that; after a
+plain ``send`` use ``copy=True`` if you are going to modify the buffer).
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import itertools
+import logging
+import os
+import socket
+import stat
+import tempfile
+import threading
+import time
+
+import zmq
+
+from spec.wire import (
+    DEFAULT_ENDPOINT_NAME,
+    DEFAULT_HEARTBEAT_MS,
+    HEARTBEAT_MISSES,
+    OP_PING,
+    OP_REPLY,
+)
+from transport.codec import CodecError, decode, encode, reply_ok
+
+log = logging.getLogger(__name__)
+
+_monotonic = time.monotonic
+
+
+class ChannelError(Exception):
+    """The control channel cannot do what was asked (closed, cannot bind, bad reply...)."""
+
+
+class HostLost(ChannelError):
+    """The host stopped answering: nothing heard for HEARTBEAT_MISSES heartbeat periods."""
+
+
+class ChannelTimeout(ChannelError, TimeoutError):
+    """A wait with an explicit timeout expired (the host is still alive)."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+def default_endpoint() -> str:
+    """The default host endpoint: ``ipc://$XDG_RUNTIME_DIR/pvgpu.sock`` if that
+    directory is set and writable, else ``ipc://<tmp>/pvgpu-<uid>/pvgpu.sock`` with the
+    directory created 0700 (and refused if it belongs to someone else)."""
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK | os.X_OK):
+        return "ipc://" + os.path.join(xdg, DEFAULT_ENDPOINT_NAME)
+    uid = os.getuid()
+    d = os.path.join(tempfile.gettempdir(), f"pvgpu-{uid}")
+    os.makedirs(d, mode=0o700, exist_ok=True)
+    st = os.lstat(d)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
+        raise ChannelError(f"{d} is not a directory owned by uid {uid}; refusing to use it")
+    if st.st_mode & 0o077:
+        os.chmod(d, 0o700)
+    return "ipc://" + os.path.join(d, DEFAULT_ENDPOINT_NAME)
+
+
+def _ipc_path(endpoint: str):
+    """File-system path of an ipc:// endpoint (None for tcp, abstract or wildcard)."""
+    if not endpoint.startswith("ipc://"):
+        return None
+    path = endpoint[len("ipc://"):]
+    if not path or path.startswith("@") or path == "*":
+        return None
+    return path
+
+
+def _clear_stale_ipc(path: str, endpoint: str) -> None:
+    """Remove a socket file left by a dead host; refuse if a live process answers on it
+    or if the path is not a socket at all."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ChannelError(f"cannot bind {endpoint}: {path} exists and is not a socket")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        try:
+            os.unlink(path)
+            log.info("removed stale socket file %s", path)
+        except FileNotFoundError:
+            pass
+        return
+    except OSError as e:
+        raise ChannelError(f"cannot bind {endpoint}: probing {path} failed: {e}") from None
+    finally:
+        probe.close()
+    raise ChannelError(f"cannot bind {endpoint}: another process is serving it")
+
+
+class Waker:
+    """A self-pipe another thread signals to wake a poll: ``wake()`` from any thread,
+    ``fileno()`` in the poll set, ``clear()`` by the poller *before* it looks at the
+    work it was woken for (so a wake that races with the clear is never lost)."""
+
+    def __init__(self):
+        self._r, self._w = os.pipe()
+        os.set_blocking(self._r, False)
+        os.set_blocking(self._w, False)
+        self._pending = False
+
+    def fileno(self) -> int:
+        return self._r
+
+    def wake(self) -> None:
+        if self._pending:
+            return
+        self._pending = True
+        try:
+            os.write(self._w, b"\0")
+        except (BlockingIOError, OSError):  # pipe full (already signalled) or closed
+            pass
+
+    def clear(self) -> None:
+        self._pending = False
+        try:
+            while os.read(self._r, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def close(self) -> None:
+        for fd in (self._r, self._w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._r = self._w = -1
+
+
+def _recv_rest(sock) -> list:
+    """The remaining parts of a message already started: frame 0 as bytes (small, the
+    codec reads it), the raw frames after it as zero-copy memoryviews."""
+    if not sock.rcvmore:
+        return []
+    parts = [sock.recv()]
+    while sock.rcvmore:
+        parts.append(sock.recv(copy=False).buffer)
+    return parts
+
+
+# --------------------------------------------------------------------------- host side
+
+class HostChannel:
+    """ROUTER sockets, one per endpoint, driven by the host main loop (one thread).
+
+    An ipc:// endpoint whose socket file exists is probed first: if nobody accepts a
+    connection on it the file is stale and is removed; if someone does, binding fails
+    with ChannelError. ``close()`` removes the socket files this channel created.
+    ``tcp://127.0.0.1:0`` binds a random port; ``endpoints`` lists what was bound.
+    """
+
+    def __init__(self, endpoints, context=None, *, max_batch: int = 64):
+        self._ctx = context if context is not None else zmq.Context.instance()
+        self.max_batch = max_batch
+        self.endpoints: list = []
+        self.dropped_sends = 0  # messages for a vanished or saturated guest
+        self._sockets: list = []
+        self._ipc_files: list = []  # (path, inode) that close() removes
+        self._closed = False
+        try:
+            for ep in endpoints:
+                s = self._ctx.socket(zmq.ROUTER)
+                self._sockets.append(s)
+                s.linger = 0
+                s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                path = _ipc_path(ep)
+                if path is not None:
+                    _clear_stale_ipc(path, ep)
+                try:
+                    s.bind(ep)
+                except zmq.ZMQError as e:
+                    raise ChannelError(f"cannot bind {ep}: {e}") from None
+                actual = s.getsockopt_string(zmq.LAST_ENDPOINT)
+                self.endpoints.append(actual)
+                path = _ipc_path(actual)
+                if path is not None:
+                    try:
+                        self._ipc_files.append((path, os.stat(path).st_ino))
+                    except OSError:
+                        pass
+        except BaseException:
+            self.close()
+            raise
+        self._poller = zmq.Poller()
+        for s in self._sockets:
+            self._poller.register(s, zmq.POLLIN)
+        self._extra: tuple = ()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def poll(self, timeout_ms=None, extra_fds=()) -> tuple:
+        """Wait up to timeout_ms (None: until something happens) for a message on any
+        socket or for one of extra_fds (ints or objects with fileno()) to be readable.
+        -> (messages, ready_fds): messages as in recv(), ready_fds the extra_fds
+        entries that are readable (the caller clears them)."""
+        if self._closed:
+            raise ChannelError("host channel is closed")
+        extra = tuple(extra_fds)
+        if extra != self._extra:
+            for fd in self._extra:
+                self._poller.unregister(fd)
+            for fd in extra:
+                self._poller.register(fd, zmq.POLLIN)
+            self._extra = extra
+        events = dict(self._poller.poll(timeout_ms))
+        messages: list = []
+        if events:
+            for i, s in enumerate(self._sockets):
+                if s in events:
+                    self._drain(i, s, messages)
+        ready = [fd for fd in extra if fd in events] if extra else []
+        return messages, ready
+
+    def recv(self, timeout_ms=None) -> list:
+        """-> [(peer, [frame0, *extra]), ...] for every message ready now (waiting up to
+        timeout_ms for the first), at most max_batch per socket. peer is
+        (socket_index, identity); frame0 is bytes, extra frames memoryviews."""
+        return self.poll(timeout_ms)[0]
+
+    def _drain(self, index: int, s, out: list) -> None:
+        for _ in range(self.max_batch):
+            try:
+                identity = s.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            out.append(((index, identity), _recv_rest(s)))
+
+    def send(self, peer, frames, *, copy: bool = False) -> bool:
+        """Send [frame0, *extra] (see codec.encode) to peer without ever blocking.
+        -> False (and dropped_sends += 1) if the guest is gone or its pipe is full."""
+        index, identity = peer
+        s = self._sockets[index]
+        try:
+            s.send(identity, zmq.SNDMORE | zmq.NOBLOCK)
+            s.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            self.dropped_sends += 1
+            log.debug("dropped a message for peer %r: its pipe is full", peer)
+            return False
+        except zmq.ZMQError as e:
+            if e.errno != errno.EHOSTUNREACH:
+                raise
+            self.dropped_sends += 1
+            log.debug("dropped a message for peer %r: not connected", peer)
+            return False
+        return True
+
+    def send_msg(self, peer, msg: dict, frames=(), *, copy: bool = False) -> bool:
+        """send(peer, codec.encode(msg, frames))"""
+        return self.send(peer, encode(msg, frames), copy=copy)
+
+    def close(self) -> None:
+        """Close every socket (linger=0) and remove the ipc socket files we created."""
+        if self._closed:
+            return
+        self._closed = True
+        for s in self._sockets:
+            s.close(linger=0)
+        for path, ino in self._ipc_files:
+            try:
+                if os.stat(path).st_ino == ino:  # not a successor's socket
+                    os.unlink(path)
+            except OSError:
+                pass
+        self._sockets = []
+
+
+# --------------------------------------------------------------------------- guest side
+
+class _Waiter:
+    __slots__ = ("predicate", "result", "error")
+
+    def __init__(self, predicate=None):
+        self.predicate = predicate
+        self.result = None  # (msg, frames) once satisfied
+        self.error = None  # an exception to raise instead
+
+
+class GuestChannel:
+    """One DEALER socket connected to a host endpoint (one guest session)."""
+
+    def __init__(self, endpoint: str, *, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
+                 context=None, max_queued: int = 4096):
+        self.endpoint = endpoint
+        self.heartbeat_ms = heartbeat_ms
+        self._period = heartbeat_ms / 1000.0 if heartbeat_ms and heartbeat_ms > 0 else None
+        self._silence = (self._period or DEFAULT_HEARTBEAT_MS / 1000.0) * HEARTBEAT_MISSES
+        self.last_heard = _monotonic()  # monotonic time of the last message from the host
+        self._last_sent = self.last_heard
+        self.malformed = 0  # undecodable messages from the host
+        self.overflowed = 0  # notifications dropped because the queue was full
+        self._ctx = context if context is not None else zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.linger = 0
+        try:
+            self._sock.connect(endpoint)
+        except zmq.ZMQError as e:
+            self._sock.close(linger=0)
+            raise ChannelError(f"cannot connect to {endpoint}: {e}") from None
+        self._sock_lock = threading.RLock()
+        self._cv = threading.Condition(threading.Lock())  # guards everything below
+        self._want = 0  # threads blocked waiting for the socket
+        self._reply_waiters: dict = {}  # seq -> _Waiter
+        self._waiters: list = []  # predicate waiters (recv_until)
+        self._queue = collections.deque()
+        self._max_queued = max_queued
+        self._handler = None
+        self._ping_seqs: set = set()
+        self._seq = itertools.count(1)
+        self._local = threading.local()
+        self._waker = Waker()
+        self._poller = zmq.Poller()
+        self._poller.register(self._sock, zmq.POLLIN)
+        self._poller.register(self._waker, zmq.POLLIN)
+        self._closed = False
+        self._stop = threading.Event()
+        self._hb_thread = None
+        if self._period is not None:
+            self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                               name=f"pvgpu-heartbeat {endpoint}")
+            self._hb_thread.start()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ----------------------------------------------------------------- public API
+
+    def next_seq(self) -> int:
+        return next(self._seq)
+
+    def set_notification_handler(self, fn) -> None:
+        """fn(msg, frames) receives every message nobody waits for (call,
+        config_changed, stale replies), on the thread that received it. None: queue
+        them for recv_until instead."""
+        with self._cv:
+            self._handler = fn
+
+    def send(self, msg: dict, frames=(), *, copy: bool = False) -> None:
+        """Send a notification (or a request carrying its own seq) without waiting."""
+        parts = encode(msg, frames)
+        wanted = self._acquire()
+        try:
+            self._check_open()
+            self._send_locked(parts, copy)
+        finally:
+            self._release(wanted)
+
+    def request(self, msg: dict, frames=(), timeout=None, *, copy: bool = False) -> tuple:
+        """Send msg with a fresh seq and wait for its reply -> (reply, reply_frames).
+        A reply with ok=false is returned as it is. timeout in seconds (None: wait
+        while the host is alive). Raises ChannelTimeout, HostLost, ChannelError."""
+        seq = next(self._seq)
+        msg = dict(msg)
+        msg["seq"] = seq
+        parts = encode(msg, frames)
+        w = _Waiter()
+        with self._cv:
+            self._reply_waiters[seq] = w
+        try:
+            return self._wait(w, timeout, parts, copy)
+        finally:
+            if w.result is None:
+                with self._cv:
+                    self._reply_waiters.pop(seq, None)
+
+    def recv_until(self, predicate, timeout=None) -> tuple:
+        """Receive until a message with predicate(msg) true arrives (queued messages
+        are looked at first) -> (msg, frames). Everything else is dispatched as
+        described in the module comment. timeout in seconds (0: only what is there)."""
+        w = _Waiter(predicate)
+        with self._cv:
+            for i, (m, f) in enumerate(self._queue):
+                if predicate(m):
+                    del self._queue[i]
+                    return m, f
+            self._waiters.append(w)
+        try:
+            return self._wait(w, timeout)
+        finally:
+            with self._cv:
+                try:
+                    self._waiters.remove(w)
+                except ValueError:
+                    pass
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Stop the heartbeat thread, fail current waits, close the socket (linger=0)."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        self._waker.wake()
+        if self._hb_thread is not None and self._hb_thread is not threading.current_thread():
+            self._hb_thread.join(timeout=5)
+        got = self._sock_lock.acquire(timeout=5)
+        try:
+            self._sock.close(linger=0)
+        finally:
+            if got:
+                self._sock_lock.release()
+        with self._cv:
+            self._cv.notify_all()
+        self._waker.close()
+
+    # ----------------------------------------------------------------- internals
+
+    def _check_open(self):
+        if self._closed:
+            raise ChannelError(f"channel to {self.endpoint} is closed")
+
+    def _acquire(self) -> bool:
+        """Take the socket lock; if a waiter holds it, ask it to step aside.
+        -> True if we registered in _want (pass it to _release)."""
+        if self._sock_lock.acquire(blocking=False):
+            return False
+        with self._cv:
+            self._want += 1
+        self._waker.wake()
+        self._sock_lock.acquire()
+        return True
+
+    def _release(self, wanted: bool) -> None:
+        self._sock_lock.release()
+        if wanted:
+            with self._cv:
+                self._want -= 1
+                if not self._want:
+                    self._cv.notify_all()
+
+    def _send_locked(self, parts: list, copy: bool) -> None:
+        sock = self._sock
+        try:
+            if len(parts) == 1:
+                sock.send(parts[0], zmq.NOBLOCK)
+            else:
+                sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            # The send queue is full: the host is not reading. Give it the liveness window.
+            if not sock.poll(int(self._silence * 1000), zmq.POLLOUT):
+                raise HostLost(f"host at {self.endpoint} stopped answering (send queue full "
+                               f"for {int(self._silence * 1000)} ms)") from None
+            sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+        self._last_sent = _monotonic()
+
+    def _send_ping_locked(self) -> None:
+        seq = next(self._seq)
+        if len(self._ping_seqs) > 64:  # a host that never answers pings
+            self._ping_seqs.clear()
+        self._ping_seqs.add(seq)
+        try:
+            self._sock.send(encode({"op": OP_PING, "seq": seq})[0], zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # queue full; the liveness check will tell
+        self._last_sent = _monotonic()
+
+    def _host_lost(self, silent_since: float) -> HostLost:
+        ms = int((_monotonic() - silent_since) * 1000)
+        return HostLost(f"host at {self.endpoint} stopped answering (no message for {ms} ms)")
+
+    def _wait(self, w: _Waiter, timeout, parts=None, copy=False) -> tuple:
+        if getattr(self._local, "in_handler", False):
+            raise ChannelError("cannot wait on the channel from inside a notification handler")
+        start = _monotonic()
+        deadline = None if timeout is None else start + timeout
+        period = self._period
+        sock = self._sock
+        while True:
+            if w.result is not None:
+                return w.result
+            if w.error is not None:
+                raise w.error
+            wanted = self._acquire()
+            step_aside = False
+            try:
+                self._check_open()
+                if parts is not None:
+                    self._send_locked(parts, copy)
+                    parts = None
+                while w.result is None and w.error is None:
+                    self._check_open()  # a handler may have closed the channel
+                    now = _monotonic()
+                    target = deadline
+                    if period is not None:
+                        silent_since = max(self.last_heard, start)
+                        if now - silent_since >= self._silence:
+                            raise self._host_lost(silent_since)
+                        if now - self._last_sent >= period:
+                            self._send_ping_locked()
+                        hb = min(self._last_sent + period, silent_since + self._silence)
+                        target = hb if target is None else min(target, hb)
+                    slice_ms = None if target is None else max(0, int((target - now) * 1000) + 1)
+                    if deadline is not None and now >= deadline:
+                        slice_ms = 0
+                    events = self._poller.poll(slice_ms)
+                    for obj, _ in events:
+                        if obj is sock:
+                            self._drain(w)
+                        else:
+                            self._waker.clear()
+                            self._check_open()
+                            with self._cv:
+                                step_aside = self._want > (1 if wanted else 0)
+                    if w.result is not None or w.error is not None or step_aside:
+                        break
+                    if deadline is not None and _monotonic() >= deadline:
+                        raise ChannelTimeout(f"no answer from {self.endpoint} within {timeout} s")
+            finally:
+                self._release(wanted)
+            if step_aside:
+                # Another thread needs the socket: let it in, unless it hands us our result.
+                with self._cv:
+                    while self._want and w.result is None and w.error is None \
+                            and not self._closed:
+                        now = _monotonic()
+                        if deadline is not None and now >= deadline:
+                            raise ChannelTimeout(
+                                f"no answer from {self.endpoint} within {timeout} s")
+                        silent_since = max(self.last_heard, start)
+                        if period is not None and now - silent_since >= self._silence:
+                            raise self._host_lost(silent_since)
+                        self._cv.wait(min(x for x in (
+                            period, None if deadline is None else deadline - now, 1.0)
+                            if x is not None))
+
+    def _drain(self, w=None) -> None:
+        """Receive every message ready now and dispatch it; stop once w is satisfied."""
+        sock = self._sock
+        while not self._closed:
+            try:
+                f0 = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            frames = [f0]
+            while sock.rcvmore:
+                frames.append(sock.recv(copy=False).buffer)
+            self.last_heard = _monotonic()
+            self._dispatch(frames)
+            if w is not None and (w.result is not None or w.error is not None):
+                return
+
+    def _dispatch(self, raw: list) -> None:
+        try:
+            msg, frames = decode(raw)
+        except CodecError as e:
+            self.malformed += 1
+            with self._cv:
+                w = self._reply_waiters.pop(e.seq, None) if e.seq is not None else None
+                if w is not None:
+                    w.error = ChannelError(f"malformed reply from host at {self.endpoint}: {e}")
+                    self._cv.notify_all()
+                    return
+            log.warning("dropped a malformed message from host at %s: %s", self.endpoint, e)
+            return
+        op = msg["op"]
+        if op == OP_REPLY:
+            seq = msg["seq"]
+            if seq in self._ping_seqs:
+                self._ping_seqs.discard(seq)
+                return
+            with self._cv:
+                w = self._reply_waiters.pop(seq, None)
+                if w is not None:
+                    w.result = (msg, frames)
+                    self._cv.notify_all()
+                    return
+        elif op == OP_PING:  # the host checks on us
+            try:
+                self._sock.send(encode(reply_ok(msg["seq"]))[0], zmq.NOBLOCK)
+                self._last_sent = _monotonic()
+            except zmq.Again:
+                pass
+            return
+        with self._cv:
+            for w in self._waiters:
+                if w.result is None and w.error is None and self._matches(w, msg):
+                    w.result = (msg, frames)
+                    self._cv.notify_all()
+                    return
+            handler = self._handler
+            if handler is None:
+                if len(self._queue) >= self._max_queued:
+                    self._queue.popleft()
+                    self.overflowed += 1
+                self._queue.append((msg, frames))
+                return
+        self._local.in_handler = True
+        try:
+            handler(msg, frames)
+        except Exception:
+            log.exception("notification handler failed on %r", msg.get("op"))
+        finally:
+            self._local.in_handler = False
+
+    @staticmethod
+    def _matches(w: _Waiter, msg: dict) -> bool:
+        try:
+            return bool(w.predicate(msg))
+        except Exception:
+            log.exception("recv_until predicate failed")
+            return False
+
+    def _heartbeat_loop(self) -> None:
+        period = self._period
+        try:
+            while True:
+                delay = self._last_sent + period - _monotonic()
+                if self._stop.wait(max(delay, period / 10)):
+                    return
+                if not self._sock_lock.acquire(blocking=False):
+                    continue  # a waiter holds the socket and pings by itself
+                try:
+                    if self._closed:
+                        return
+                    self._drain()
+                    if _monotonic() - self._last_sent >= period:
+                        self._send_ping_locked()
+                finally:
+                    self._sock_lock.release()
+        except Exception:  # never raise from here; a closed socket ends the thread
+            if not self._closed:
+                log.warning("heartbeat thread for %s stopped", self.endpoint, exc_info=True)

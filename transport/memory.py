@@ -1,0 +1,382 @@
+"""Guest physical memory: the address space descriptors point into (DESIGN.md "Guest memory").
+
+Three models share one interface, so one virtqueue implementation runs over all of them:
+
+  GuestMemory          a flat address space [0, size) over a buffer passed in (a bytearray,
+                       a 1-D uint8 numpy array) or allocated; what unit tests drive.
+  SharedGuestMemory    POSIX shared memory: the guest creates the segment, the host attaches
+                       to it by name and reads/writes in place (the "shared" model, like
+                       vhost-user's SET_MEM_TABLE regions).
+  InlineGuestMemory    a private array with dirty tracking (the "inline" model): each side
+                       collects the ranges it wrote with take_dirty(), ships them as patches
+                       (gpa, frame) in a kick or call, and the peer applies them with
+                       apply_patches(); results are byte-identical to the shared model.
+
+Dirty tracking rule: write() and write_u16/u32/u64 mark the range dirty (in the inline
+model); view() does not — code that writes through a view calls mark_dirty() itself.
+Writes by apply_patches() are never marked (they came from the peer).
+
+Hot path: ``mv`` is a memoryview over ``buf``; the virtqueue code uses struct.unpack_from /
+pack_into on it directly after validating ring addresses once. The scalar helpers here do
+the same plus a range check.
+
+Shared-model trust: the segment belongs to the guest's user. A guest that shrinks its
+segment (ftruncate) after the host attached can make host accesses fault (SIGBUS); POSIX
+shm cannot be sealed. The inline model has no such exposure.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import re
+import secrets
+import struct
+import weakref
+
+import numpy as np
+
+from transport.errors import GuestMemoryError
+
+try:  # the stdlib C module behind multiprocessing.shared_memory, without its resource_tracker
+    import _posixshmem
+except ImportError:  # pragma: no cover - non-CPython / exotic platforms
+    _posixshmem = None
+
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+SHM_PREFIX = "pvgpu-"
+_SHM_NAME_RE = re.compile(r"pvgpu-[A-Za-z0-9_.-]{1,200}")
+_SHM_DIR = "/dev/shm"
+
+
+def as_byte_view(data) -> memoryview:
+    """A flat unsigned-byte memoryview of a bytes-like object or a numpy array."""
+    if isinstance(data, np.ndarray):
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    mv = memoryview(data)
+    if mv.format != "B" or mv.ndim != 1:
+        mv = mv.cast("B")
+    return mv
+
+
+class GuestMemory:
+    """A flat guest-physical address space [0, size) over one contiguous byte buffer.
+
+    ``backing`` is a size in bytes (zero-filled numpy memory is allocated), a writable
+    bytes-like object (bytearray, mmap, memoryview; shared, not copied) or a 1-D uint8
+    C-contiguous numpy array (used as is).
+    """
+
+    def __init__(self, backing):
+        if isinstance(backing, bool):
+            raise TypeError("backing must be a size or a writable buffer")
+        if isinstance(backing, int):
+            if backing < 0:
+                raise ValueError(f"negative guest memory size {backing}")
+            buf = np.zeros(backing, dtype=np.uint8)
+        elif isinstance(backing, np.ndarray):
+            if backing.dtype != np.uint8 or backing.ndim != 1 or not backing.flags.c_contiguous:
+                raise ValueError("a numpy backing must be a 1-D C-contiguous uint8 array")
+            if not backing.flags.writeable:
+                raise ValueError("a numpy backing must be writable")
+            buf = backing
+        else:
+            buf = np.frombuffer(backing, dtype=np.uint8)
+            if not buf.flags.writeable:
+                raise ValueError("the backing buffer must be writable")
+        self._set_buffer(buf)
+
+    def _set_buffer(self, buf: np.ndarray) -> None:
+        self.buf = buf
+        self.size = int(buf.size)
+        self.mv = memoryview(buf)
+
+    # ------------------------------------------------------------------ ranges
+    def check_range(self, gpa: int, n: int) -> bool:
+        """True if [gpa, gpa+n) lies inside guest memory (Python ints: no overflow)."""
+        return 0 <= gpa and 0 <= n and gpa <= self.size - n
+
+    def _require(self, gpa: int, n: int) -> None:
+        if not (0 <= gpa and 0 <= n and gpa <= self.size - n):
+            raise GuestMemoryError(
+                f"guest range [{gpa:#x}, +{n:#x}) outside guest memory of {self.size:#x} bytes")
+
+    # ------------------------------------------------------------------ bulk access
+    def read(self, gpa: int, n: int) -> bytes:
+        self._require(gpa, n)
+        return self.mv[gpa:gpa + n].tobytes()
+
+    def write(self, gpa: int, data) -> int:
+        """Copy ``data`` (bytes-like or numpy array) to ``gpa``; returns the byte count."""
+        src = as_byte_view(data)
+        n = src.nbytes
+        self._require(gpa, n)
+        self.mv[gpa:gpa + n] = src
+        return n
+
+    def view(self, gpa: int, n: int) -> np.ndarray:
+        """A writable uint8 view of [gpa, gpa+n), zero-copy. Does not mark dirty."""
+        self._require(gpa, n)
+        return self.buf[gpa:gpa + n]
+
+    # ------------------------------------------------------------------ scalars (hot path)
+    def read_u16(self, gpa: int) -> int:
+        if gpa < 0 or gpa > self.size - 2:
+            self._require(gpa, 2)
+        return _U16.unpack_from(self.mv, gpa)[0]
+
+    def read_u32(self, gpa: int) -> int:
+        if gpa < 0 or gpa > self.size - 4:
+            self._require(gpa, 4)
+        return _U32.unpack_from(self.mv, gpa)[0]
+
+    def read_u64(self, gpa: int) -> int:
+        if gpa < 0 or gpa > self.size - 8:
+            self._require(gpa, 8)
+        return _U64.unpack_from(self.mv, gpa)[0]
+
+    def write_u16(self, gpa: int, value: int) -> None:
+        if gpa < 0 or gpa > self.size - 2:
+            self._require(gpa, 2)
+        _U16.pack_into(self.mv, gpa, value)
+
+    def write_u32(self, gpa: int, value: int) -> None:
+        if gpa < 0 or gpa > self.size - 4:
+            self._require(gpa, 4)
+        _U32.pack_into(self.mv, gpa, value)
+
+    def write_u64(self, gpa: int, value: int) -> None:
+        if gpa < 0 or gpa > self.size - 8:
+            self._require(gpa, 8)
+        _U64.pack_into(self.mv, gpa, value)
+
+    # ------------------------------------------------------------------ dirty tracking
+    def mark_dirty(self, gpa: int, n: int) -> None:
+        """Record that [gpa, gpa+n) was written through a view. No-op unless inline."""
+
+    def take_dirty(self) -> list:
+        """Merged, sorted (gpa, n) ranges written since the last call. [] unless inline."""
+        return []
+
+
+class InlineGuestMemory(GuestMemory):
+    """Private guest memory with dirty tracking, for the inline model.
+
+    np.zeros maps lazily zeroed pages, so a large mostly-unused guest memory costs little.
+    Both sides hold one: the guest's is the real memory, the host's is a mirror kept
+    current by patches.
+    """
+
+    def __init__(self, size: int):
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise TypeError("InlineGuestMemory takes a size in bytes")
+        super().__init__(size)
+        self._dirty: list = []
+
+    def write(self, gpa: int, data) -> int:
+        n = GuestMemory.write(self, gpa, data)
+        if n:
+            self._dirty.append((gpa, n))
+        return n
+
+    def write_u16(self, gpa: int, value: int) -> None:
+        GuestMemory.write_u16(self, gpa, value)
+        self._dirty.append((gpa, 2))
+
+    def write_u32(self, gpa: int, value: int) -> None:
+        GuestMemory.write_u32(self, gpa, value)
+        self._dirty.append((gpa, 4))
+
+    def write_u64(self, gpa: int, value: int) -> None:
+        GuestMemory.write_u64(self, gpa, value)
+        self._dirty.append((gpa, 8))
+
+    def mark_dirty(self, gpa: int, n: int) -> None:
+        if not (0 <= gpa and 0 <= n and gpa <= self.size - n):
+            self._require(gpa, n)
+        if n:
+            self._dirty.append((gpa, n))
+
+    def take_dirty(self) -> list:
+        """Sorted ranges with overlapping and adjacent ones merged; clears the record."""
+        dirty = self._dirty
+        if not dirty:
+            return []
+        self._dirty = []
+        dirty.sort()
+        merged = []
+        cur_start, cur_n = dirty[0]
+        cur_end = cur_start + cur_n
+        for start, n in dirty[1:]:
+            if start <= cur_end:
+                end = start + n
+                if end > cur_end:
+                    cur_end = end
+            else:
+                merged.append((cur_start, cur_end - cur_start))
+                cur_start, cur_end = start, start + n
+        merged.append((cur_start, cur_end - cur_start))
+        return merged
+
+    def apply_patches(self, patches, frames) -> None:
+        """Write the peer's patches: each is [gpa, frame_index] naming ``frames[frame_index]``.
+
+        Every patch is validated before any byte is written (all or nothing). The writes
+        are not marked dirty. Raises GuestMemoryError naming the first bad patch.
+        """
+        if not isinstance(patches, (list, tuple)):
+            raise GuestMemoryError(f"patches must be a list, not {type(patches).__name__}")
+        nframes = len(frames)
+        plan = []
+        for i, patch in enumerate(patches):
+            if not isinstance(patch, (list, tuple)) or len(patch) != 2:
+                raise GuestMemoryError(f"patch {i}: expected [gpa, frame_index], got {patch!r}")
+            gpa, index = patch
+            if type(gpa) is not int or type(index) is not int:
+                raise GuestMemoryError(f"patch {i}: gpa and frame_index must be integers")
+            if not 0 <= index < nframes:
+                raise GuestMemoryError(
+                    f"patch {i}: frame index {index} out of range ({nframes} frames)")
+            try:
+                src = as_byte_view(frames[index])
+            except (TypeError, ValueError) as e:
+                raise GuestMemoryError(f"patch {i}: frame {index} is not a byte buffer: {e}")
+            n = src.nbytes
+            if not self.check_range(gpa, n):
+                raise GuestMemoryError(
+                    f"patch {i}: [{gpa:#x}, +{n:#x}) outside guest memory of {self.size:#x} bytes")
+            plan.append((gpa, n, src))
+        mv = self.mv
+        for gpa, n, src in plan:
+            mv[gpa:gpa + n] = src
+
+
+def _shm_path(name: str) -> str:
+    return os.path.join(_SHM_DIR, name)
+
+
+def _shm_open(name: str, flags: int, mode: int = 0o600) -> int:
+    if _posixshmem is not None:
+        return _posixshmem.shm_open("/" + name, flags, mode)
+    return os.open(_shm_path(name), flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+
+
+def _shm_unlink(name: str) -> None:
+    """Unlink a segment name, ignoring one that is already gone."""
+    try:
+        if _posixshmem is not None:
+            _posixshmem.shm_unlink("/" + name)
+        else:
+            os.unlink(_shm_path(name))
+    except FileNotFoundError:
+        pass
+
+
+class SharedGuestMemory(GuestMemory):
+    """Guest memory in a POSIX shared-memory segment, mapped by guest and host.
+
+    The guest calls ``create(size)``; the host calls ``attach(name, size)``, which maps the
+    segment and immediately unlinks its name, so nothing leaks in /dev/shm if either
+    process dies; both mappings stay valid. (Not multiprocessing.shared_memory: its
+    resource_tracker unlinks segments behind our back before Python 3.13.)
+
+    ``close()`` unmaps. If numpy views obtained from ``view()``/``buf`` are still alive,
+    the mapping cannot be unmapped yet (mmap.close raises BufferError); close() then drops
+    this object's references and leaves the unmapping to the garbage collector when the
+    last view dies. The object itself then behaves as zero-sized memory.
+    """
+
+    def __init__(self, name: str, mm: mmap.mmap, size: int, owner: bool):
+        self._name = name
+        self._mmap = mm
+        self._owner = owner
+        self._set_buffer(np.frombuffer(mm, dtype=np.uint8, count=size))
+        # The creator unlinks on garbage collection / interpreter exit too, so an
+        # unattached segment does not outlive a guest that forgot to close().
+        self._finalizer = weakref.finalize(self, _shm_unlink, name) if owner else None
+
+    @classmethod
+    def create(cls, size: int) -> "SharedGuestMemory":
+        """Guest side: a new zero-filled segment named pvgpu-<pid>-<random hex>."""
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise GuestMemoryError(f"shared guest memory size must be a positive int, not {size!r}")
+        for _ in range(8):
+            name = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+            try:
+                fd = _shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR)
+            except FileExistsError:
+                continue
+            break
+        else:  # pragma: no cover - 64 random bits collided eight times
+            raise GuestMemoryError("could not create a unique shared-memory name")
+        try:
+            os.ftruncate(fd, size)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:
+            _shm_unlink(name)
+            raise GuestMemoryError(f"cannot create shared memory of {size} bytes: {e}") from e
+        finally:
+            os.close(fd)
+        return cls(name, mm, size, owner=True)
+
+    @classmethod
+    def attach(cls, name: str, size: int) -> "SharedGuestMemory":
+        """Host side: map an existing segment of at least ``size`` bytes, then unlink it."""
+        if isinstance(name, str) and name.startswith("/"):
+            name = name[1:]
+        if not isinstance(name, str) or not _SHM_NAME_RE.fullmatch(name):
+            raise GuestMemoryError(f"invalid shared-memory name {name!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise GuestMemoryError(f"shared guest memory size must be a positive int, not {size!r}")
+        try:
+            fd = _shm_open(name, os.O_RDWR)
+        except OSError as e:
+            raise GuestMemoryError(f"cannot open shared memory {name!r}: {e}") from e
+        try:
+            actual = os.fstat(fd).st_size
+            if actual < size:
+                raise GuestMemoryError(
+                    f"shared memory {name!r} has {actual} bytes, fewer than the {size} announced")
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:
+            raise GuestMemoryError(f"cannot map shared memory {name!r}: {e}") from e
+        finally:
+            os.close(fd)
+        _shm_unlink(name)
+        return cls(name, mm, size, owner=False)
+
+    @property
+    def name(self) -> str:
+        """The segment name without the leading slash (what set_mem_table carries)."""
+        return self._name
+
+    @property
+    def closed(self) -> bool:
+        return self._mmap is None
+
+    def close(self) -> None:
+        """Unmap (deferred while views are alive); the creator also unlinks the name."""
+        if self._finalizer is not None:
+            self._finalizer()  # unlink, ignoring a name the host already removed
+        mm = self._mmap
+        if mm is None:
+            return
+        self._mmap = None
+        try:
+            self.mv.release()
+        except BufferError:
+            pass  # something re-exported our memoryview; the GC releases it later
+        self._set_buffer(np.zeros(0, dtype=np.uint8))
+        try:
+            mm.close()
+        except BufferError:
+            pass  # views still exported; the mmap is unmapped when the last one dies
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
