@@ -79,6 +79,12 @@ from transport.codec import CodecError, decode, encode, reply_ok
 log = logging.getLogger(__name__)
 
 _monotonic = time.monotonic
+# Plain ints: pyzmq's enum members and option attributes (sock.rcvmore) cost microseconds.
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE = int(zmq.SNDMORE)
+_RCVMORE = int(zmq.RCVMORE)
+_EVENTS = int(zmq.EVENTS)
+_POLLIN = int(zmq.POLLIN)
 
 
 class ChannelError(Exception):
@@ -182,21 +188,23 @@ class Waker:
             pass
 
     def close(self) -> None:
-        for fd in (self._r, self._w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self._r = self._w = -1
+        fds = (self._r, self._w)
+        self._r = self._w = -1  # before closing: a late wake() must not hit a reused fd
+        for fd in fds:
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
 
 def _recv_rest(sock) -> list:
     """The remaining parts of a message already started: frame 0 as bytes (small, the
     codec reads it), the raw frames after it as zero-copy memoryviews."""
-    if not sock.rcvmore:
+    if not sock.getsockopt(_RCVMORE):
         return []
     parts = [sock.recv()]
-    while sock.rcvmore:
+    while sock.getsockopt(_RCVMORE):
         parts.append(sock.recv(copy=False).buffer)
     return parts
 
@@ -248,6 +256,7 @@ class HostChannel:
         for s in self._sockets:
             self._poller.register(s, zmq.POLLIN)
         self._extra: tuple = ()
+        self._extra_nos: list = []
 
     def __enter__(self):
         return self
@@ -269,13 +278,14 @@ class HostChannel:
             for fd in extra:
                 self._poller.register(fd, zmq.POLLIN)
             self._extra = extra
-        events = dict(self._poller.poll(timeout_ms))
+            self._extra_nos = [fd if isinstance(fd, int) else fd.fileno() for fd in extra]
+        events = dict(self._poller.poll(timeout_ms))  # keyed by socket or by fd number
         messages: list = []
         if events:
             for i, s in enumerate(self._sockets):
                 if s in events:
                     self._drain(i, s, messages)
-        ready = [fd for fd in extra if fd in events] if extra else []
+        ready = [fd for fd, no in zip(extra, self._extra_nos) if no in events] if extra else []
         return messages, ready
 
     def recv(self, timeout_ms=None) -> list:
@@ -286,10 +296,9 @@ class HostChannel:
 
     def _drain(self, index: int, s, out: list) -> None:
         for _ in range(self.max_batch):
-            try:
-                identity = s.recv(zmq.NOBLOCK)
-            except zmq.Again:
+            if not s.getsockopt(_EVENTS) & _POLLIN:  # cheaper than ending on zmq.Again
                 return
+            identity = s.recv(_NOBLOCK)
             out.append(((index, identity), _recv_rest(s)))
 
     def send(self, peer, frames, *, copy: bool = False) -> bool:
@@ -298,8 +307,12 @@ class HostChannel:
         index, identity = peer
         s = self._sockets[index]
         try:
-            s.send(identity, zmq.SNDMORE | zmq.NOBLOCK)
-            s.send_multipart(frames, zmq.NOBLOCK, copy=copy)
+            last = len(frames) - 1
+            if last < 0:
+                raise ValueError("a message needs at least frame 0")
+            s.send(identity, _SNDMORE | _NOBLOCK)
+            for i, f in enumerate(frames):
+                s.send(f, _NOBLOCK if i == last else _SNDMORE | _NOBLOCK, copy=copy)
         except zmq.Again:
             self.dropped_sends += 1
             log.debug("dropped a message for peer %r: its pipe is full", peer)
@@ -349,9 +362,10 @@ class GuestChannel:
     def __init__(self, endpoint: str, *, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
                  context=None, max_queued: int = 4096):
         self.endpoint = endpoint
-        self.heartbeat_ms = heartbeat_ms
-        self._period = heartbeat_ms / 1000.0 if heartbeat_ms and heartbeat_ms > 0 else None
-        self._silence = (self._period or DEFAULT_HEARTBEAT_MS / 1000.0) * HEARTBEAT_MISSES
+        self._hb_thread = None
+        self._closed = False
+        self._stop = threading.Event()
+        self._set_heartbeat(heartbeat_ms)
         self.last_heard = _monotonic()  # monotonic time of the last message from the host
         self._last_sent = self.last_heard
         self.malformed = 0  # undecodable messages from the host
@@ -367,6 +381,7 @@ class GuestChannel:
         self._sock_lock = threading.RLock()
         self._cv = threading.Condition(threading.Lock())  # guards everything below
         self._want = 0  # threads blocked waiting for the socket
+        self._sleepers = 0  # threads in _cv.wait (notify only if there are any)
         self._reply_waiters: dict = {}  # seq -> _Waiter
         self._waiters: list = []  # predicate waiters (recv_until)
         self._queue = collections.deque()
@@ -379,13 +394,7 @@ class GuestChannel:
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._waker, zmq.POLLIN)
-        self._closed = False
-        self._stop = threading.Event()
-        self._hb_thread = None
-        if self._period is not None:
-            self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
-                                               name=f"pvgpu-heartbeat {endpoint}")
-            self._hb_thread.start()
+        self._start_heartbeat()
 
     def __enter__(self):
         return self
@@ -394,6 +403,17 @@ class GuestChannel:
         self.close()
 
     # ----------------------------------------------------------------- public API
+
+    @property
+    def heartbeat_ms(self) -> int:
+        """The heartbeat period; settable (e.g. to the period the host announces in its
+        hello reply). 0 or less disables pings and HostLost detection."""
+        return self._heartbeat_ms
+
+    @heartbeat_ms.setter
+    def heartbeat_ms(self, ms: int) -> None:
+        self._set_heartbeat(ms)
+        self._start_heartbeat()
 
     def next_seq(self) -> int:
         return next(self._seq)
@@ -424,8 +444,7 @@ class GuestChannel:
         msg["seq"] = seq
         parts = encode(msg, frames)
         w = _Waiter()
-        with self._cv:
-            self._reply_waiters[seq] = w
+        self._reply_waiters[seq] = w  # atomic; _dispatch pops it under _cv
         try:
             return self._wait(w, timeout, parts, copy)
         finally:
@@ -478,6 +497,17 @@ class GuestChannel:
 
     # ----------------------------------------------------------------- internals
 
+    def _set_heartbeat(self, ms) -> None:
+        self._heartbeat_ms = ms
+        self._period = ms / 1000.0 if ms and ms > 0 else None
+        self._silence = (self._period or DEFAULT_HEARTBEAT_MS / 1000.0) * HEARTBEAT_MISSES
+
+    def _start_heartbeat(self) -> None:
+        if self._period is not None and self._hb_thread is None and not self._closed:
+            self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
+                                               name=f"pvgpu-heartbeat {self.endpoint}")
+            self._hb_thread.start()
+
     def _check_open(self):
         if self._closed:
             raise ChannelError(f"channel to {self.endpoint} is closed")
@@ -498,22 +528,22 @@ class GuestChannel:
         if wanted:
             with self._cv:
                 self._want -= 1
-                if not self._want:
+                if not self._want and self._sleepers:
                     self._cv.notify_all()
 
     def _send_locked(self, parts: list, copy: bool) -> None:
         sock = self._sock
         try:
             if len(parts) == 1:
-                sock.send(parts[0], zmq.NOBLOCK)
+                sock.send(parts[0], _NOBLOCK)
             else:
-                sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+                sock.send_multipart(parts, _NOBLOCK, copy=copy)
         except zmq.Again:
             # The send queue is full: the host is not reading. Give it the liveness window.
             if not sock.poll(int(self._silence * 1000), zmq.POLLOUT):
                 raise HostLost(f"host at {self.endpoint} stopped answering (send queue full "
                                f"for {int(self._silence * 1000)} ms)") from None
-            sock.send_multipart(parts, zmq.NOBLOCK, copy=copy)
+            sock.send_multipart(parts, _NOBLOCK, copy=copy)
         self._last_sent = _monotonic()
 
     def _send_ping_locked(self) -> None:
@@ -522,7 +552,7 @@ class GuestChannel:
             self._ping_seqs.clear()
         self._ping_seqs.add(seq)
         try:
-            self._sock.send(encode({"op": OP_PING, "seq": seq})[0], zmq.NOBLOCK)
+            self._sock.send(encode({"op": OP_PING, "seq": seq})[0], _NOBLOCK)
         except zmq.Again:
             pass  # queue full; the liveness check will tell
         self._last_sent = _monotonic()
@@ -592,20 +622,24 @@ class GuestChannel:
                         silent_since = max(self.last_heard, start)
                         if period is not None and now - silent_since >= self._silence:
                             raise self._host_lost(silent_since)
-                        self._cv.wait(min(x for x in (
-                            period, None if deadline is None else deadline - now, 1.0)
-                            if x is not None))
+                        self._sleepers += 1
+                        try:
+                            self._cv.wait(min(x for x in (
+                                period, None if deadline is None else deadline - now, 1.0)
+                                if x is not None))
+                        finally:
+                            self._sleepers -= 1
 
     def _drain(self, w=None) -> None:
         """Receive every message ready now and dispatch it; stop once w is satisfied."""
         sock = self._sock
         while not self._closed:
             try:
-                f0 = sock.recv(zmq.NOBLOCK)
+                f0 = sock.recv(_NOBLOCK)
             except zmq.Again:
                 return
             frames = [f0]
-            while sock.rcvmore:
+            while sock.getsockopt(_RCVMORE):
                 frames.append(sock.recv(copy=False).buffer)
             self.last_heard = _monotonic()
             self._dispatch(frames)
@@ -621,7 +655,8 @@ class GuestChannel:
                 w = self._reply_waiters.pop(e.seq, None) if e.seq is not None else None
                 if w is not None:
                     w.error = ChannelError(f"malformed reply from host at {self.endpoint}: {e}")
-                    self._cv.notify_all()
+                    if self._sleepers:
+                        self._cv.notify_all()
                     return
             log.warning("dropped a malformed message from host at %s: %s", self.endpoint, e)
             return
@@ -635,11 +670,12 @@ class GuestChannel:
                 w = self._reply_waiters.pop(seq, None)
                 if w is not None:
                     w.result = (msg, frames)
-                    self._cv.notify_all()
+                    if self._sleepers:
+                        self._cv.notify_all()
                     return
         elif op == OP_PING:  # the host checks on us
             try:
-                self._sock.send(encode(reply_ok(msg["seq"]))[0], zmq.NOBLOCK)
+                self._sock.send(encode(reply_ok(msg["seq"]))[0], _NOBLOCK)
                 self._last_sent = _monotonic()
             except zmq.Again:
                 pass
@@ -648,7 +684,8 @@ class GuestChannel:
             for w in self._waiters:
                 if w.result is None and w.error is None and self._matches(w, msg):
                     w.result = (msg, frames)
-                    self._cv.notify_all()
+                    if self._sleepers:
+                        self._cv.notify_all()
                     return
             handler = self._handler
             if handler is None:
@@ -674,9 +711,13 @@ class GuestChannel:
             return False
 
     def _heartbeat_loop(self) -> None:
-        period = self._period
         try:
             while True:
+                period = self._period
+                if period is None:  # disabled after start
+                    if self._stop.wait(0.5):
+                        return
+                    continue
                 delay = self._last_sent + period - _monotonic()
                 if self._stop.wait(max(delay, period / 10)):
                     return
@@ -686,7 +727,7 @@ class GuestChannel:
                     if self._closed:
                         return
                     self._drain()
-                    if _monotonic() - self._last_sent >= period:
+                    if self._period is not None and _monotonic() - self._last_sent >= period:
                         self._send_ping_locked()
                 finally:
                     self._sock_lock.release()

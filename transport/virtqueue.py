@@ -37,6 +37,7 @@ re-poll on a timeout).
 from __future__ import annotations
 
 import struct
+import sys
 from dataclasses import dataclass
 
 from spec.wire import (
@@ -87,8 +88,18 @@ IDX_MASK = (1 << (8 * _F)) - 1  # indices are free-running le16 counters
 assert _USED_ELEM.size == VIRTQ_USED_ELEM_SIZE
 assert _AVAIL_ENTRY == _F and virtq_avail_size(0) == 3 * _F and virtq_used_size(0) == 3 * _F
 
-_u16 = _LE16.unpack_from
-_put16 = _LE16.pack_into
+# Ring indices and event fields are read by the other side while they change, so they
+# are loaded and stored as whole 16-bit words through a memoryview cast: struct.pack_into
+# zero-fills its target before writing (a reader can see a transient 0) and unpack_from
+# assembles bytes one at a time (a reader can see a torn value).
+assert sys.byteorder == "little", "virtqueue fields are little-endian; this host is not"
+
+
+def _halfwords(mem) -> memoryview:
+    mv = mem.mv
+    return mv[:len(mv) & ~1].cast("B").cast("H")
+
+
 _get_used = _USED_ELEM.unpack_from
 _put_used = _USED_ELEM.pack_into
 _put_desc = _DESC.pack_into
@@ -169,6 +180,7 @@ class DriverQueue:
             raise ValueError(f"start_idx {start_idx} is not a 16-bit index")
         q = layout.size
         self.mem = mem
+        self._h = _halfwords(mem)
         self.layout = layout
         self.size = q
         self.event_idx = bool(event_idx)
@@ -288,10 +300,10 @@ class DriverQueue:
         # Publish: ring slot first, then the index that covers it.
         mv = mem.mv
         slot_addr = self._avail_ring + (self._avail_idx & self._qmask) * _AVAIL_ENTRY
-        _put16(mv, slot_addr, head)
+        self._h[(slot_addr) >> 1] = head
         mem.mark_dirty(slot_addr, _AVAIL_ENTRY)
         self._avail_idx = (self._avail_idx + 1) & IDX_MASK
-        _put16(mv, self._avail_idx_addr, self._avail_idx)
+        self._h[(self._avail_idx_addr) >> 1] = self._avail_idx
         mem.mark_dirty(self._avail_idx_addr, _F)
         self._chains[head] = (ids, wlen)
         return head
@@ -304,8 +316,8 @@ class DriverQueue:
             return False
         self._kicked_idx = new
         if self.event_idx:
-            return vring_need_event(_u16(self.mem.mv, self._avail_event_addr)[0], new, old)
-        return not _u16(self.mem.mv, self.layout.used + _RING_FLAGS)[0] & VIRTQ_USED_F_NO_NOTIFY
+            return vring_need_event(self._h[(self._avail_event_addr) >> 1], new, old)
+        return not self._h[(self.layout.used + _RING_FLAGS) >> 1] & VIRTQ_USED_F_NO_NOTIFY
 
     # ------------------------------------------------------------------ completion
     def pop_used(self) -> list:
@@ -317,7 +329,7 @@ class DriverQueue:
         """
         mv = self.mem.mv
         last = self._last_used
-        n = (_u16(mv, self._used_idx_addr)[0] - last) & IDX_MASK
+        n = (self._h[(self._used_idx_addr) >> 1] - last) & IDX_MASK
         if n == 0:
             return []
         chains = self._chains
@@ -361,7 +373,7 @@ class DriverQueue:
             self._write_used_event()
         else:
             self._write_avail_flags(0)
-        return _u16(self.mem.mv, self._used_idx_addr)[0] == self._last_used
+        return self._h[(self._used_idx_addr) >> 1] == self._last_used
 
     def disable_interrupts(self) -> None:
         """Ask the device not to send used-buffer notifications (a hint; it may anyway)."""
@@ -375,12 +387,12 @@ class DriverQueue:
         # Enabled: notify when the used idx passes the next one we will consume. Disabled:
         # an index just behind it, which the device cannot cross before we pop again.
         value = self._last_used if self._interrupts else (self._last_used - 1) & IDX_MASK
-        _put16(self.mem.mv, self._used_event_addr, value)
+        self._h[(self._used_event_addr) >> 1] = value
         self.mem.mark_dirty(self._used_event_addr, _F)
 
     def _write_avail_flags(self, flags: int) -> None:
         addr = self.layout.avail + _RING_FLAGS
-        _put16(self.mem.mv, addr, flags)
+        self._h[(addr) >> 1] = flags
         self.mem.mark_dirty(addr, _F)
 
 
@@ -398,6 +410,7 @@ class DeviceQueue:
             raise ValueError(f"start_idx {start_idx} is not a 16-bit index")
         q = layout.size
         self.mem = mem
+        self._h = _halfwords(mem)
         self.layout = layout
         self.size = q
         self.event_idx = bool(event_idx)
@@ -425,7 +438,7 @@ class DeviceQueue:
 
     def has_available(self) -> bool:
         """Whether the driver has published entries the device has not popped yet."""
-        return _u16(self.mem.mv, self._avail_idx_addr)[0] != self._next_avail
+        return self._h[(self._avail_idx_addr) >> 1] != self._next_avail
 
     def pop(self) -> DescriptorChain | None:
         """The next available chain, validated, or None if the ring is empty.
@@ -438,16 +451,16 @@ class DeviceQueue:
         mem = self.mem
         mv = mem.mv
         nxt = self._next_avail
-        pending = (_u16(mv, self._avail_idx_addr)[0] - nxt) & IDX_MASK
+        pending = (self._h[(self._avail_idx_addr) >> 1] - nxt) & IDX_MASK
         if pending == 0:
             return None
         if pending > self.size:
             raise VirtqError(VQ_AVAIL_JUMP, f"avail idx is {pending} entries ahead of the "
                              f"device's {nxt}, more than the queue size {self.size}")
-        head = _u16(mv, self._avail_ring + (nxt & self._qmask) * _AVAIL_ENTRY)[0]
+        head = self._h[(self._avail_ring + (nxt & self._qmask) * _AVAIL_ENTRY) >> 1]
         nxt = self._next_avail = (nxt + 1) & IDX_MASK
         if self.event_idx and not self._no_notify:
-            _put16(mv, self._avail_event_addr, nxt)
+            self._h[(self._avail_event_addr) >> 1] = nxt
             mem.mark_dirty(self._avail_event_addr, _F)
         return walk_chain(mem, self.layout.desc, self.size, head, indirect=self.indirect)
 
@@ -474,7 +487,7 @@ class DeviceQueue:
             idx = (idx + 1) & IDX_MASK
         if idx != self._next_used:
             self._next_used = idx
-            _put16(mv, self._used_idx_addr, idx)
+            self._h[(self._used_idx_addr) >> 1] = idx
             mem.mark_dirty(self._used_idx_addr, _F)
 
     def should_notify(self) -> bool:
@@ -485,8 +498,8 @@ class DeviceQueue:
             return False
         self._signalled_used = new
         if self.event_idx:
-            return vring_need_event(_u16(self.mem.mv, self._used_event_addr)[0], new, old)
-        return not (_u16(self.mem.mv, self.layout.avail + _RING_FLAGS)[0]
+            return vring_need_event(self._h[(self._used_event_addr) >> 1], new, old)
+        return not (self._h[(self.layout.avail + _RING_FLAGS) >> 1]
                     & VIRTQ_AVAIL_F_NO_INTERRUPT)
 
     def set_no_notify(self, no_notify: bool) -> None:
@@ -501,9 +514,9 @@ class DeviceQueue:
         mem = self.mem
         if self.event_idx:
             value = (self._next_avail - 1) & IDX_MASK if no_notify else self._next_avail
-            _put16(mem.mv, self._avail_event_addr, value)
+            self._h[(self._avail_event_addr) >> 1] = value
             mem.mark_dirty(self._avail_event_addr, _F)
         else:
             addr = self.layout.used + _RING_FLAGS
-            _put16(mem.mv, addr, VIRTQ_USED_F_NO_NOTIFY if no_notify else 0)
+            self._h[(addr) >> 1] = VIRTQ_USED_F_NO_NOTIFY if no_notify else 0
             mem.mark_dirty(addr, _F)

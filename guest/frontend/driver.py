@@ -140,7 +140,10 @@ class VirtioGpuDriver:
         self.queue = DriverQueue(self.mem, layout,
                                  event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
                                  indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC))
-        self.queue.enable_interrupts()
+        if s.inline:
+            self.queue.enable_interrupts()
+        else:
+            self.queue.disable_interrupts()  # the session polls, see FrontendSession.wait_for
         s.control(wire.OP_SET_VRING, dev=dev, queue=wire.CONTROLQ, size=layout.size,
                   desc=layout.desc, avail=layout.avail, used=layout.used)
         s.control(wire.OP_ENABLE_VRING, dev=dev, queue=wire.CONTROLQ, enable=True)
@@ -220,8 +223,6 @@ class VirtioGpuDriver:
             self._free_slots.append(req.slot)
             if req.on_done is not None:
                 req.on_done(req)
-        if done:
-            self.queue.enable_interrupts()
         return len(done)
 
     def fail_all(self, exc: Exception) -> None:

@@ -21,7 +21,7 @@ from spec import wire
 from guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
 from guest.frontend.heap import GuestHeap
 from transport import codec
-from transport.channel import GuestChannel, HostLost, default_endpoint
+from transport.channel import ChannelTimeout, GuestChannel, HostLost, default_endpoint
 from transport.memory import InlineGuestMemory, SharedGuestMemory
 
 
@@ -34,6 +34,8 @@ class ControlRequestError(RuntimeError):
 
 
 class FrontendSession:
+    POLL_SECONDS = 300e-6  # busy-poll the used rings this long before blocking (shared model)
+    BLOCK_SLICE = 0.05  # while blocked, re-check the rings at least this often
     def __init__(self, endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
                  mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
                  heartbeat_ms: int | None = None, timeout: float = 10.0):
@@ -49,7 +51,8 @@ class FrontendSession:
         self.devices: list[VirtioGpuDriver] = []
         self.closed = False
         self.channel = GuestChannel(self.endpoint, heartbeat_ms=heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS)
-        self.channel.set_notification_handler(self._on_notification)
+        # No handler: notifications queue up and wait_for() applies them in order on the
+        # application's thread (inline patches must never race the application).
         try:
             self._open()
         except BaseException:
@@ -112,20 +115,48 @@ class FrontendSession:
                     "reset it to continue"))
 
     def wait_for(self, cond, timeout: float | None = None) -> None:
-        """Block until cond() is true, processing used rings and host notifications."""
+        """Block until cond() is true, processing used rings and host notifications.
+
+        Shared model: used-buffer notifications stay suppressed (EVENT_IDX used_event /
+        NO_INTERRUPT) and the driver polls the used rings in guest memory for up to
+        POLL_SECONDS, as a busy-polling virtio driver does; only then does it re-enable
+        notifications, re-check the rings (virtqueue_enable_cb semantics) and block for
+        a `call`. A short request therefore completes without any device->driver message.
+        Inline model: the device's writes arrive in `call` messages, so it always blocks.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
+        poll_until = 0.0 if self.inline else time.monotonic() + self.POLL_SECONDS
+        devices = self.devices
         while True:
-            for d in self.devices:
+            for d in devices:
                 d.reap()
             if cond():
                 return
-            remaining = None if deadline is None else deadline - time.monotonic()
-            if remaining is not None and remaining <= 0:
+            now = time.monotonic()
+            if now < poll_until:
+                continue
+            if deadline is not None and now >= deadline:
                 raise TimeoutError("timed out waiting for the device")
-            msg, frames = self.channel.recv_until(
-                lambda m: m.get("op") in (wire.OP_CALL, wire.OP_CONFIG_CHANGED),
-                timeout=remaining)
+            if not self.inline:
+                pending = [d for d in devices if d.queue is not None and not d.queue.enable_interrupts()]
+                if pending:
+                    self._suppress_interrupts()
+                    continue
+            slice_s = self.BLOCK_SLICE if deadline is None else min(self.BLOCK_SLICE, deadline - now)
+            try:
+                msg, frames = self.channel.recv_until(
+                    lambda m: m.get("op") in (wire.OP_CALL, wire.OP_CONFIG_CHANGED), timeout=slice_s)
+            except ChannelTimeout:
+                continue  # re-check the rings: a notification is only a hint
+            finally:
+                if not self.inline:
+                    self._suppress_interrupts()
             self._on_notification(msg, frames)
+
+    def _suppress_interrupts(self) -> None:
+        for d in self.devices:
+            if d.queue is not None:
+                d.queue.disable_interrupts()
 
     # ------------------------------------------------------------------ teardown
     def close(self) -> None:

@@ -34,6 +34,9 @@ using is not freed at once. Context.free(bo), unmap_system() and destroy_context
 the release behind the context's fences that are pending at that moment; the queue is
 worked off (unmap, TLB flush, buddy free, VMID release) at the next driver entry or by
 reclaim(), never on an interrupt thread, so the interrupt handler stays short.
+Released VRAM is cleared before it goes back to the buddy allocator, so free VRAM always
+reads as zero (VRAM comes out of reset zeroed) and a new buffer object needs no clearing:
+no guest ever sees another's data, and allocating never touches the memory.
 
 Locking: one RLock per device guards all driver state. Submissions come from any host
 thread; interrupts from the engine threads take the same lock for a few statements.
@@ -340,11 +343,17 @@ class KmdDevice:
         self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
         for bo in bos:
             if bo.put():
-                self.mm.free_blocks(bo.blocks)
+                self._release_vram(bo.blocks)
         ctx.vm.free()
         self._vmids.append(ctx.vmid)
         self._vmids.sort()
         self.stats["contexts_released"] += 1
+
+    def _release_vram(self, blocks) -> None:
+        """Give VRAM back to the allocator, cleared: free VRAM always reads as zero."""
+        for b in blocks:
+            self.vram.fill(b.offset, b.size, 0)
+        self.mm.free_blocks(blocks)
 
     # ------------------------------------------------------------------ deferred frees
     def _defer(self, fences, fn) -> None:
@@ -395,7 +404,7 @@ class KmdDevice:
 
     def _ib_free(self, phys: int, blocks) -> None:
         if blocks is not None:
-            self.mm.free_blocks(blocks)
+            self._release_vram(blocks)
         else:
             self.ib_pool.free(phys)
 
@@ -430,6 +439,10 @@ class KmdDevice:
                         waits[f.driver] = f.seq
                 ring = self.rings[engine]
                 ring.alloc(5 * len(waits) + 5 + fence_mod.FENCE_DW)
+                # the waits above released the lock: the context may be gone by now
+                if ctx.destroyed or self.stopped:
+                    ring.undo()
+                    raise InvalidContext("context destroyed during submission")
             except BaseException:
                 self._ib_free(phys, ib_blocks)
                 raise
@@ -555,8 +568,11 @@ class Context:
         return list(self._bos.values())
 
     # ------------------------------------------------------------------ memory
-    def alloc(self, size: int, *, clear: bool = True) -> BufferObject:
-        """Allocate VRAM and map it READ|WRITE at a fresh VA (bo.va); raises OutOfMemory."""
+    def alloc(self, size: int) -> BufferObject:
+        """Allocate VRAM and map it READ|WRITE at a fresh VA (bo.va); raises OutOfMemory.
+
+        The memory reads as zero: the driver clears VRAM when it is freed (see
+        KmdDevice._release_vram), so one guest never sees another's data."""
         if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size <= 0:
             raise InvalidArgument(f"bad allocation size {size!r}")
         size = int(size)
@@ -580,9 +596,6 @@ class Context:
             except BaseException:
                 dev.mm.free_blocks(blocks)
                 raise
-            if clear:
-                for phys, n in bo.extents:
-                    dev.vram.fill(phys, n, 0)
             self._bos[va] = bo
             self.stats["bytes_allocated"] += psize
             self.stats["bos_allocated"] += 1
@@ -606,7 +619,7 @@ class Context:
         if not self.vm.freed:
             self.vm.unmap(bo.va)
             self.vm.va.free(bo.va)
-        self.device.mm.free_blocks(bo.blocks)
+        self.device._release_vram(bo.blocks)
 
     def lookup(self, va: int) -> BufferObject | None:
         """The live buffer object that contains va, or None."""

@@ -291,10 +291,12 @@ class GpuVm:
         return self.vram.read_u64(table + ((va >> PAGE_SHIFT) & (regs.PT_ENTRIES - 1)) * 8)
 
     def free(self) -> None:
-        """Release every page-table page. The VMID must no longer point at this VM."""
+        """Release every page-table page (cleared). The VMID must no longer point here."""
         if self.freed:
             return
         self.freed = True
+        for phys in self._blocks:
+            self.vram.view(phys, PAGE_SIZE)[:] = 0
         self.buddy.free_blocks(list(self._blocks.values()))
         self._blocks.clear()
         self._tables.clear()
