@@ -34,7 +34,6 @@ class HostServer:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
-        self._woken = False
         self.backend = Backend(self.kmds, heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size,
                                wakeup=self._wakeup)
         self.channel = HostChannel(list(endpoints or [default_endpoint()]))
@@ -45,13 +44,13 @@ class HostServer:
         return self.channel.endpoints
 
     def _wakeup(self) -> None:
-        # Called from engine threads; one byte per batch is enough.
-        if not self._woken:
-            self._woken = True
-            try:
-                os.write(self._wake_w, b"\0")
-            except BlockingIOError:
-                pass
+        # Called from engine threads after they queued a completion. Always write: a
+        # "wakeup already pending" flag races with the loop draining the pipe and can
+        # swallow a wakeup (the loop then sleeps until its timer).
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is bound to wake up anyway
 
     def start(self) -> None:
         for kmd in self.kmds:
@@ -76,7 +75,6 @@ class HostServer:
                     log.exception("internal error handling a message from %r", peer)
                     backend.stats["internal_errors"] += 1
             if ready:
-                self._woken = False
                 try:
                     os.read(self._wake_r, 4096)
                 except BlockingIOError:

@@ -65,8 +65,9 @@ def _u64(lo: int, hi: int) -> int:
 
 
 class CommandProcessor:
-    def __init__(self, engine: int, vram, mmu, irq, fence_cond, name: str = "gpu"):
+    def __init__(self, engine: int, vram, mmu, irq, fence_cond, name: str = "gpu", cus=None):
         self.engine = engine
+        self.cus = cus if cus is not None else kernels.SERIAL
         self.vram = vram
         self.mmu = mmu
         self.irq = irq
@@ -226,7 +227,7 @@ class CommandProcessor:
         args = [_u64(body[j], body[j + 1]) for j in range(LAUNCH_FIXED_DW, len(body), 2)]
         self.launches += 1
         try:
-            kernels.launch(kernel_id, grid, block, args, kernels.KernelMemory(self.mmu, vmid), ctl)
+            kernels.launch(kernel_id, grid, block, args, kernels.KernelMemory(self.mmu, vmid, self.cus), ctl)
         except kernels.InvalidLaunch as e:
             raise _Illegal(str(e)) from None
 

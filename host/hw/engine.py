@@ -41,12 +41,12 @@ RESET_TIMEOUT = 1.0
 
 
 class Engine:
-    def __init__(self, engine: int, vram, mmu, irq, fence_cond, name: str = "gpu"):
+    def __init__(self, engine: int, vram, mmu, irq, fence_cond, name: str = "gpu", cus=None):
         self.id = engine
         self.vram = vram
         self.fence_cond = fence_cond
         self.name = f"{name}.{ENGINE_NAMES.get(engine, engine)}"
-        self.cp = CommandProcessor(engine, vram, mmu, irq, fence_cond, name)
+        self.cp = CommandProcessor(engine, vram, mmu, irq, fence_cond, name, cus)
         self._cond = threading.Condition()
         self._wake = threading.Event()  # set on reset/shutdown: cuts sleeps short
         self._base = 0

@@ -18,11 +18,12 @@ from __future__ import annotations
 import threading
 import time
 
+from host.hw.compute_units import ComputeUnits
 from host.hw.engine import Engine
 from host.hw.interrupts import InterruptController
 from host.hw.mmio import RO, RW, WO, RegisterFile
 from host.hw.mmu import Mmu
-from host.hw.regs import (DEVICE_ID_PVGPU_EMU, NUM_ENGINES, NUM_VMIDS, REG_DEVICE_ID,
+from host.hw.regs import (DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, NUM_ENGINES, NUM_VMIDS, REG_DEVICE_ID,
                           REG_IRQ_ENABLE, REG_VM_INVALIDATE, REG_VM_PT_BASE, REG_VRAM_SIZE,
                           VM_INVALIDATE_ALL)
 from host.hw.sysmem import SystemMemory
@@ -33,7 +34,7 @@ DEFAULT_VRAM_SIZE = 1 << 30
 
 class Gpu:
     def __init__(self, index: int, vram_size: int, sysmem: SystemMemory,
-                 name: str = "pvgpu-emu"):
+                 name: str = "pvgpu-emu", compute_units: int | None = None):
         self.index = index
         self.name = name
         tag = f"gpu{index}"
@@ -43,7 +44,9 @@ class Gpu:
         self.irq = InterruptController(tag)
         self.mmu = Mmu(self.vram, sysmem, tag)
         self.fence_cond = threading.Condition()  # every FENCE write notifies it
-        self.engines = [Engine(e, self.vram, self.mmu, self.irq, self.fence_cond, tag)
+        self.cus = ComputeUnits(compute_units, tag)
+        self.engines = [Engine(e, self.vram, self.mmu, self.irq, self.fence_cond, tag,
+                               self.cus if e == ENGINE_COMPUTE else None)
                         for e in range(NUM_ENGINES)]
         self._started = False
 
@@ -77,7 +80,9 @@ class Gpu:
         for engine in self.engines:
             engine.request_stop()
         deadline = time.monotonic() + timeout
-        return all([e.join(max(0.0, deadline - time.monotonic())) for e in self.engines])
+        ok = all([e.join(max(0.0, deadline - time.monotonic())) for e in self.engines])
+        self.cus.shutdown()
+        return ok
 
     def stats(self) -> dict:
         return {"mmu": self.mmu.stats(),

@@ -14,7 +14,8 @@ an IEEE binary32 in the low 32 bits. Data are float32, little-endian, row-major.
   softmax     dst[r,:] = softmax(src[r,:])         rows x cols, max-subtracted (stable)
   burn        busy for `microseconds` of wall time (sleeps in <= 1 ms steps; stoppable)
 
-threads = gx*gy*gz*bx*by*bz (Python ints, no overflow). reduce_sum, gemm and softmax
+threads = gx*gy*gz*bx*by*bz (Python ints, no overflow). Elementwise kernels split their
+index range over the engine's compute units (compute_units.py) when it is large. reduce_sum, gemm and softmax
 process their whole problem regardless of the launch shape.
 
 Memory access (KernelMemory): each kernel first translates *every* argument range
@@ -34,6 +35,7 @@ import time
 
 import numpy as np
 
+from host.hw.compute_units import SERIAL, ComputeUnits
 from spec.wire import (ACCESS_READ, ACCESS_WRITE, ARG_F32, ARG_PTR, ARG_U32,
                        BUILTIN_KERNELS, KERNEL_BURN, KERNEL_FILL, KERNEL_GEMM, KERNEL_REDUCE_SUM,
                        KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE, KERNEL_SOFTMAX, KERNEL_VECTOR_ADD)
@@ -77,9 +79,23 @@ def _noop():
 class KernelMemory:
     """Views of a kernel's arguments in one VMID (see the module docstring)."""
 
-    def __init__(self, mmu, vmid: int):
+    def __init__(self, mmu, vmid: int, cus: ComputeUnits = SERIAL):
         self.mmu = mmu
         self.vmid = vmid
+        self.cus = cus
+
+    def elementwise(self, count: int, fn, outputs=(), inputs=()) -> None:
+        """fn(lo, hi) over [0, count), split across the compute units. Split only when
+        no output partially overlaps an input: exact aliasing (out is in) is safe piece
+        by piece, a shifted overlap is not (numpy buffers it only for a whole call)."""
+        for o in outputs:
+            for x in inputs:
+                if np.may_share_memory(o, x) and not (
+                        o.__array_interface__["data"][0] == x.__array_interface__["data"][0]
+                        and o.nbytes == x.nbytes):
+                    fn(0, count)
+                    return
+        self.cus.run(count, fn)
 
     def _translate(self, va: int, count: int, dtype, access: int):
         dtype = np.dtype(dtype)
@@ -127,8 +143,9 @@ def _scatter(tmp: np.ndarray, ext: list) -> None:
 # Each takes (mem, ctl, threads, *decoded args).
 
 def fill(mem, ctl, threads, dst, value, n):
-    out, commit = mem.output(dst, min(n, threads))
-    out.fill(value)
+    count = min(n, threads)
+    out, commit = mem.output(dst, count)
+    mem.elementwise(count, lambda lo, hi: out[lo:hi].fill(value))
     commit()
 
 
@@ -137,7 +154,8 @@ def vector_add(mem, ctl, threads, a, b, c, n):
     x = mem.input(a, count)
     y = mem.input(b, count)
     out, commit = mem.output(c, count)
-    np.add(x, y, out=out)
+    mem.elementwise(count, lambda lo, hi: np.add(x[lo:hi], y[lo:hi], out=out[lo:hi]),
+                    outputs=(out,), inputs=(x, y))
     commit()
 
 
@@ -145,8 +163,11 @@ def saxpy(mem, ctl, threads, alpha, x, y, n):
     count = min(n, threads)
     xs = mem.input(x, count)
     ys, commit = mem.inout(y, count)
-    t = np.multiply(xs, alpha)  # a temporary: x may overlap y
-    np.add(t, ys, out=ys)
+
+    def piece(lo, hi):
+        t = np.multiply(xs[lo:hi], alpha)  # a temporary: x may overlap y
+        np.add(t, ys[lo:hi], out=ys[lo:hi])
+    mem.elementwise(count, piece, outputs=(ys,), inputs=(xs,))
     commit()
 
 
@@ -154,7 +175,8 @@ def scale(mem, ctl, threads, dst, src, alpha, n):
     count = min(n, threads)
     xs = mem.input(src, count)
     out, commit = mem.output(dst, count)
-    np.multiply(xs, alpha, out=out)
+    mem.elementwise(count, lambda lo, hi: np.multiply(xs[lo:hi], alpha, out=out[lo:hi]),
+                    outputs=(out,), inputs=(xs,))
     commit()
 
 
@@ -162,7 +184,8 @@ def relu(mem, ctl, threads, dst, src, n):
     count = min(n, threads)
     xs = mem.input(src, count)
     out, commit = mem.output(dst, count)
-    np.maximum(xs, np.float32(0), out=out)
+    mem.elementwise(count, lambda lo, hi: np.maximum(xs[lo:hi], np.float32(0), out=out[lo:hi]),
+                    outputs=(out,), inputs=(xs,))
     commit()
 
 

@@ -1,0 +1,100 @@
+"""host/hw/compute_units.py and the elementwise kernels split across compute units."""
+
+import numpy as np
+import pytest
+
+from host.hw import kernels
+from host.hw.compute_units import ALIGN, MIN_SPLIT, ComputeUnits
+from host.hw.mmu import Mmu
+from host.hw.sysmem import SystemMemory
+from host.hw.vram import Vram
+from spec import wire
+
+N = MIN_SPLIT * 3 + 1234  # large enough to split, not a multiple of anything
+
+
+@pytest.fixture
+def cus():
+    c = ComputeUnits(4, "test")
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+def test_ranges_cover_everything_once_aligned(cus):
+    pieces = cus.ranges(N)
+    assert len(pieces) == 4
+    assert pieces[0][0] == 0 and pieces[-1][1] == N
+    for (lo, hi), (lo2, _) in zip(pieces, pieces[1:]):
+        assert hi == lo2 and hi % ALIGN == 0
+    assert cus.ranges(1000) == [(0, 1000)]
+    assert ComputeUnits(1).ranges(N) == [(0, N)]
+
+
+def test_run_uses_every_piece(cus):
+    seen = np.zeros(N, np.int8)
+
+    def mark(lo, hi):
+        seen[lo:hi] += 1
+    cus.run(N, mark)
+    assert np.all(seen == 1) and cus.split_launches == 1
+
+
+def _vram_kernel_memory(cus, nbytes):
+    vram = Vram(-(-nbytes // 4096) * 4096)
+    return vram, kernels.KernelMemory(Mmu(vram, SystemMemory()), 0, cus)  # VMID 0: physical
+
+
+def _run(kernel, mem, *args):
+    sig = wire.BUILTIN_KERNELS[kernel]
+    raw = [struct_arg(kind, v) for (_, kind), v in zip(sig.args, args)]
+    kernels.launch(kernel, (N // 256 + 1, 1, 1), (256, 1, 1), raw, mem)
+
+
+def struct_arg(kind, v):
+    if kind == wire.ARG_F32:
+        return int(np.array(v, np.float32).view(np.uint32))
+    return int(v)
+
+
+def test_split_vector_add_matches_numpy_and_handles_aliasing(cus):
+    vram, mem = _vram_kernel_memory(cus, 16 * N + (1 << 20))
+    f = vram.mem.view(np.float32)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+    A, B, C = 0, 4 * N, 8 * N
+    f[:N], f[N:2 * N] = a, b
+    _run(wire.KERNEL_VECTOR_ADD, mem, A, B, C, N)
+    np.testing.assert_array_equal(f[2 * N:3 * N], a + b)
+    assert cus.split_launches == 1
+    _run(wire.KERNEL_VECTOR_ADD, mem, A, B, A, N)  # exact aliasing: still split, still right
+    np.testing.assert_array_equal(f[:N], a + b)
+    assert cus.split_launches == 2
+
+
+def test_shifted_overlap_runs_whole_like_numpy(cus):
+    vram, mem = _vram_kernel_memory(cus, 16 * N + (1 << 20))
+    f = vram.mem.view(np.float32)
+    x = np.arange(N + 1, dtype=np.float32)
+    f[:N + 1] = x
+    _run(wire.KERNEL_SCALE, mem, 4, 0, 2.0, N)  # dst = src shifted by one element
+    expected = x.copy()
+    np.multiply(expected[:N], np.float32(2.0), out=expected[1:N + 1])
+    np.testing.assert_array_equal(f[:N + 1], expected)
+    assert cus.split_launches == 0
+
+
+def test_split_fill_relu_saxpy(cus):
+    vram, mem = _vram_kernel_memory(cus, 16 * N + (1 << 20))
+    f = vram.mem.view(np.float32)
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
+    f[:N], f[N:2 * N] = x, y
+    _run(wire.KERNEL_SAXPY, mem, 1.5, 0, 4 * N, N)
+    np.testing.assert_array_equal(f[N:2 * N], np.float32(1.5) * x + y)
+    _run(wire.KERNEL_RELU, mem, 8 * N, 0, N)
+    np.testing.assert_array_equal(f[2 * N:3 * N], np.maximum(x, 0))
+    _run(wire.KERNEL_FILL, mem, 8 * N, 7.0, N)
+    assert np.all(f[2 * N:3 * N] == 7)
+    assert cus.split_launches == 3
