@@ -50,6 +50,7 @@ class FrontendSession:
         self.mem = None
         self.devices: list[VirtioGpuDriver] = []
         self.closed = False
+        self._poll_pays = True
         self.channel = GuestChannel(self.endpoint, heartbeat_ms=heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS)
         # No handler: notifications queue up and wait_for() applies them in order on the
         # application's thread (inline patches must never race the application).
@@ -124,13 +125,18 @@ class FrontendSession:
         a `call`. A short request therefore completes without any device->driver message.
         Inline model: the device's writes arrive in `call` messages, so it always blocks.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        poll_until = 0.0 if self.inline else time.monotonic() + self.POLL_SECONDS
+        start = time.monotonic()
+        deadline = None if timeout is None else start + timeout
+        polling = not self.inline and self._poll_pays
+        poll_until = start + self.POLL_SECONDS if polling else 0.0
         devices = self.devices
         while True:
             for d in devices:
                 d.reap()
             if cond():
+                # Adaptive polling: keep polling while waits end within the poll window;
+                # after a long wait, block at once so a long kernel keeps every core.
+                self._poll_pays = time.monotonic() - start < self.POLL_SECONDS
                 return
             now = time.monotonic()
             if now < poll_until:
