@@ -51,6 +51,7 @@ class FrontendSession:
         self.devices: list[VirtioGpuDriver] = []
         self.closed = False
         self._poll_pays = True
+        self.host_lost = False
         self.channel = GuestChannel(self.endpoint, heartbeat_ms=heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS)
         # No handler: notifications queue up and wait_for() applies them in order on the
         # application's thread (inline patches must never race the application).
@@ -86,7 +87,11 @@ class FrontendSession:
 
     # ------------------------------------------------------------------ control channel
     def control(self, op: str, **fields) -> dict:
-        reply, _frames = self.channel.request({"op": op, **fields}, timeout=self.timeout)
+        try:
+            reply, _frames = self.channel.request({"op": op, **fields}, timeout=self.timeout)
+        except HostLost:
+            self.host_lost = True
+            raise
         if not reply.get("ok"):
             raise ControlRequestError(op, reply.get("error", "?"), reply.get("message", ""))
         return reply
@@ -153,11 +158,24 @@ class FrontendSession:
                 msg, frames = self.channel.recv_until(
                     lambda m: m.get("op") in (wire.OP_CALL, wire.OP_CONFIG_CHANGED), timeout=slice_s)
             except ChannelTimeout:
+                self._check_host_alive()
                 continue  # re-check the rings: a notification is only a hint
+            except HostLost:
+                self.host_lost = True
+                raise
             finally:
                 if not self.inline:
                     self._suppress_interrupts()
             self._on_notification(msg, frames)
+
+    def _check_host_alive(self) -> None:
+        """The channel measures silence per wait; across our short slices we do it here."""
+        limit = wire.HEARTBEAT_MISSES * self.channel.heartbeat_ms / 1000.0
+        silent = time.monotonic() - self.channel.last_heard
+        if silent > limit:
+            self.host_lost = True
+            raise HostLost(f"host at {self.endpoint} stopped answering "
+                           f"(no message for {silent * 1000:.0f} ms)")
 
     def _suppress_interrupts(self) -> None:
         for d in self.devices:
@@ -170,7 +188,8 @@ class FrontendSession:
             return
         self.closed = True
         try:
-            self.control(wire.OP_BYE)
+            if not self.host_lost:
+                self.control(wire.OP_BYE)
         except (HostLost, ControlRequestError, TimeoutError, OSError):
             pass
         finally:

@@ -1,0 +1,147 @@
+"""Process lifetimes: a guest that dies is reclaimed, a host that dies becomes HostLost,
+SIGINT/SIGTERM stop the host cleanly, and the CLI commands work end to end."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import guest
+from pvgpu.procs import HostProcess, reap, run_guest, spawn_guest
+
+GUEST_HOG = """
+import sys, time, numpy as np, guest
+c = guest.connect(sys.argv[1], memory=sys.argv[2], mem_size=16 << 20, heartbeat_ms=200)
+ctx = c.devices[0].create_context()
+bufs = [ctx.empty(16 << 20, np.uint8) for _ in range(4)]
+ctx.launch("burn", 1, 1, (200000,))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def _vram_free(endpoint):
+    with guest.connect(endpoint, mem_size=8 << 20) as c:
+        return c.devices[0].info()["vram_free"]
+
+
+def _await_vram_free(endpoint, expected, timeout=10):
+    """Frees are deferred until in-flight work is done: poll with a deadline."""
+    deadline = time.monotonic() + timeout
+    while _vram_free(endpoint) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return _vram_free(endpoint)
+
+
+@pytest.mark.parametrize("memory", ["shared", "inline"])
+def test_a_killed_guest_is_reclaimed_by_heartbeat(host_factory, tmp_endpoint, memory):
+    host = host_factory([tmp_endpoint], vram="256M", heartbeat_ms=200)
+    before = _vram_free(host.endpoint)
+    hog = subprocess.Popen([sys.executable, "-c", GUEST_HOG, host.endpoint, memory],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert hog.stdout.readline().strip() == "ready"
+        assert _vram_free(host.endpoint) <= before - (64 << 20)
+        hog.kill()
+        hog.wait(10)
+        assert _await_vram_free(host.endpoint, before) == before
+        if memory == "shared":
+            assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"pvgpu-{hog.pid}-")]
+    finally:
+        if hog.poll() is None:
+            hog.kill()
+            hog.wait()
+        hog.stdout.close()
+    assert host.alive()
+
+
+def test_bye_reclaims_everything(host_factory, tmp_endpoint):
+    host = host_factory([tmp_endpoint], vram="128M")
+    before = _vram_free(host.endpoint)
+    with guest.connect(host.endpoint, mem_size=8 << 20) as c:
+        ctx = c.devices[0].create_context()
+        ctx.empty(32 << 20, np.uint8)
+        ctx.launch("burn", 1, 1, (20000,))
+    assert _await_vram_free(host.endpoint, before) == before
+
+
+def test_host_death_is_a_prompt_host_lost(host_factory, tmp_endpoint):
+    host = host_factory([tmp_endpoint], vram="64M", heartbeat_ms=200)
+    with pytest.raises(guest.HostLost):
+        with guest.connect(host.endpoint, mem_size=8 << 20, heartbeat_ms=200) as c:
+            ctx = c.devices[0].create_context()
+            ctx.launch("burn", 1, 1, (5_000_000,))
+            host.kill()
+            t0 = time.monotonic()
+            try:
+                ctx.synchronize()
+            finally:
+                assert time.monotonic() - t0 < 5
+
+
+def test_connect_without_a_host_fails_clearly(tmp_endpoint):
+    t0 = time.monotonic()
+    with pytest.raises(guest.HostLost):
+        guest.connect(tmp_endpoint, mem_size=8 << 20, heartbeat_ms=200, timeout=2)
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_host_stops_cleanly_on_signals(tmp_endpoint, sig):
+    host = HostProcess([tmp_endpoint], vram="64M", log_path=tmp_endpoint[6:] + ".log")
+    try:
+        with guest.connect(host.endpoint, mem_size=8 << 20) as c:
+            c.devices[0].create_context().empty(1000)
+            host.proc.send_signal(sig)
+            assert host.proc.wait(10) == 0
+        log = open(tmp_endpoint[6:] + ".log").read()
+        assert "listening on" in log and "stopped" in log
+        assert not os.path.exists(tmp_endpoint[6:])  # the ipc socket file is removed
+    finally:
+        host.stop()
+
+
+def test_cli_info_and_run_over_tcp(host_factory, tmp_endpoint):
+    host = host_factory([tmp_endpoint, "tcp://127.0.0.1:0"], vram="128M")
+    tcp = next(ep for ep in host.endpoints if ep.startswith("tcp://"))
+    r = run_guest(["info", "--connect", tcp, "--mem-size", "16M"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("device ") == 2 and "VERSION_1" in r.stdout and "128 MiB" in r.stdout
+    r = run_guest(["run", "vector-add", "saxpy", "gemm", "--connect", tcp, "--memory", "inline",
+                   "--size", "300", "--mem-size", "16M", "--json"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    results = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [x["workload"] for x in results] == ["vector-add", "saxpy", "gemm"]
+    assert all(x["ok"] and x["memory"] == "inline" for x in results)
+
+
+def test_cli_errors_are_clear(tmp_endpoint):
+    r = run_guest(["info", "--connect", tmp_endpoint], timeout=60)
+    assert r.returncode == 2 and "cannot reach a host" in r.stderr
+    r = run_guest(["run", "matmul"], timeout=30)
+    assert r.returncode == 2 and "invalid choice" in r.stderr
+    r = run_guest(["host", "--vram", "lots"], timeout=30)
+    assert r.returncode == 2 and "not a size" in r.stderr
+
+
+def test_two_guest_processes_at_once(host_factory, tmp_endpoint):
+    host = host_factory([tmp_endpoint], vram="256M")
+    procs = [spawn_guest(["run", "vector-add", "gemm", "--connect", host.endpoint, "--memory", m,
+                          "--device", str(i), "--repeat", "3", "--size", "256", "--mem-size", "16M"])
+             for i, m in enumerate(["shared", "inline"])]
+    for p in procs:
+        code, out = reap(p, timeout=120)
+        assert code == 0, out
+        assert out.count(" OK ") == 6, out
+
+
+def test_demo_runs_and_verifies():
+    r = run_guest(["demo", "--vram", "256M"], timeout=240)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "all results match numpy" in r.stdout
+    assert r.stdout.count("verified") == 4
