@@ -8,7 +8,9 @@ names the clause of spec/pvgpu.md that defines it:
   VQ    split virtqueue (virtio 1.x §2.7)           spec/pvgpu.md §4
   DEV   device status, features, config, queues     spec/pvgpu.md §5
   CMD   device commands and responses               spec/pvgpu.md §6
-  KRN   built-in kernel library                     spec/pvgpu.md §7
+  FENCE fences and timelines                        spec/pvgpu.md §7
+  KRN   built-in kernel library                     spec/pvgpu.md §8
+  ERR   error codes                                 spec/pvgpu.md §9
 """
 
 from __future__ import annotations
@@ -57,7 +59,8 @@ CTL_ERR_BAD_MEMORY = "bad_memory"  # mem table / vring addresses outside guest m
 CTL_ERR_LIMIT = "limit"  # a host limit (guest memory size, sessions) exceeded
 
 # Required fields of each message and their msgpack types (bool is not an int here).
-# Optional fields: hello `vgpu` (str); kick/call `patches` (list of [gpa, frame_index]).
+# Optional fields: hello `vgpu` (str); kick/call `patches` (list of [gpa, frame_index],
+# frame_index counting from 0 over the frames after frame 0).
 CTL_FIELDS = {
     OP_HELLO: (("version", list), ("name", str), ("memory", str), ("mem_size", int)),
     OP_GET_FEATURES: (("dev", int),),
@@ -72,7 +75,7 @@ CTL_FIELDS = {
     OP_PING: (),
     OP_BYE: (),
     OP_KICK: (("dev", int), ("queue", int)),
-    OP_CALL: (("dev", int), ("queue", int)),
+    OP_CALL: (("dev", int), ("queue", int), ("notify", bool)),
     OP_CONFIG_CHANGED: (("dev", int),),
     OP_REPLY: (("ok", bool),),
 }
@@ -189,7 +192,7 @@ RESP_ERR_UNKNOWN_COMMAND = 0x1280
 RESP_ERR_SHORT_COMMAND = 0x1281
 RESP_ERR_PAGE_FAULT = 0x1282
 RESP_ERR_INVALID_KERNEL = 0x1283
-RESP_ERR_INVALID_ADDRESS = 0x1284  # a VA range not inside one of the context's buffers
+RESP_ERR_INVALID_ADDRESS = 0x1284  # reserved in v0.1: untranslatable addresses are page faults
 RESP_ERR_DEVICE_LOST = 0x1285  # reserved for recovery (later versions)
 
 RESP_NAMES = {

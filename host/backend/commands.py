@@ -110,11 +110,11 @@ def kmd_to_error(e: KmdError) -> CommandError:
     if isinstance(e, OutOfMemory):
         return CommandError(wire.RESP_ERR_OUT_OF_MEMORY, f"out of device memory: {e}")
     code = getattr(e, "code", "")
-    if code == "invalid_address":
-        return CommandError(wire.RESP_ERR_INVALID_ADDRESS, str(e))
     if code == "no_vmid":
         return CommandError(wire.RESP_ERR_OUT_OF_MEMORY, f"no hardware address space left: {e}")
-    return CommandError(wire.RESP_ERR_INVALID_PARAMETER, str(e))
+    if code in ("invalid_argument", "invalid_address"):
+        return CommandError(wire.RESP_ERR_INVALID_PARAMETER, str(e))
+    return CommandError(wire.RESP_ERR_UNSPEC, f"device error ({code or 'unknown'}): {e}")
 
 
 class ComputeDevice:
@@ -127,6 +127,7 @@ class ComputeDevice:
         self.dma_mapping = dma_mapping  # the session's guest memory, DMA-mapped for this GPU
         self.mem_size = mem_size
         self.context_init = bool(negotiated_features & (1 << wire.PVGPU_F_CONTEXT_INIT))
+        self.compute = bool(negotiated_features & (1 << wire.PVGPU_F_COMPUTE))
         self.contexts: dict = {}
         self.resource_owner: dict = {}  # resource_id -> ctx_id
 
@@ -139,9 +140,15 @@ class ComputeDevice:
         if req.ring_idx > wire.MAX_RING_IDX:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
                                f"ring_idx {req.ring_idx} > {wire.MAX_RING_IDX}")
-        if not self.context_init:
-            req.ring_idx = 0
+        if req.type == wire.CMD_LAUNCH and not self.compute:
+            raise CommandError(wire.RESP_ERR_UNKNOWN_COMMAND,
+                               "LAUNCH needs PVGPU_F_COMPUTE, which was not negotiated")
         return handler(self, req, _BODY[req.type].unpack(body), chain, mem)
+
+    def timeline_index(self, req: Request) -> int:
+        """ring_idx names a timeline only with CONTEXT_INIT (spec FENCE-TIMELINE-*); the
+        response still echoes the request's ring_idx."""
+        return req.ring_idx if self.context_init else 0
 
     def _ctx(self, req: Request) -> ContextState:
         ctx = self.contexts.get(req.ctx_id)
@@ -153,7 +160,7 @@ class ComputeDevice:
     def cmd_nop(self, req, body, chain, mem):
         if not req.fenced or req.ctx_id not in self.contexts:
             return Response()
-        t = self._ctx(req).timeline(req.ring_idx)
+        t = self._ctx(req).timeline(self.timeline_index(req))
         return self._sync_point(t, [])
 
     def cmd_get_device_info(self, req, body, chain, mem):
@@ -285,7 +292,7 @@ class ComputeDevice:
 
     # ------------------------------------------------------------------ timelines
     def _submit(self, ctx: ContextState, req: Request, submit, *, hold=False, data_len=0):
-        t = ctx.timeline(req.ring_idx)
+        t = ctx.timeline(self.timeline_index(req))
         wait = [t.last_fence] if t.last_fence is not None and not t.last_fence.signaled else []
         try:
             fence = submit(wait)

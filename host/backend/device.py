@@ -142,7 +142,8 @@ class VirtioGpuDevice:
         return pending
 
     def live(self) -> bool:
-        return (self.status & wire.STATUS_DRIVER_OK and not self.status & wire.STATUS_DEVICE_NEEDS_RESET
+        return (self.status & wire.STATUS_DRIVER_OK
+                and not self.status & (wire.STATUS_DEVICE_NEEDS_RESET | wire.STATUS_FAILED)
                 and self.queue is not None and self.queue_enabled)
 
     def needs_reset(self, reason: str) -> None:

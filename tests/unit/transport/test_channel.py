@@ -183,10 +183,10 @@ def test_error_reply_is_returned_as_is(endpoint, make_host, make_guest):
 
 def test_notifications_interleaved_with_reply_go_to_handler(endpoint, make_host, make_guest):
     def on_message(host, peer, msg, extra):
-        host.chan.send_msg(peer, {"op": OP_CALL, "dev": 0, "queue": 0})
+        host.chan.send_msg(peer, {"op": OP_CALL, "dev": 0, "queue": 0, "notify": True})
         host.chan.send_msg(peer, {"op": OP_CONFIG_CHANGED, "dev": 1})
         host.chan.send_msg(peer, reply_ok(msg["seq"]))
-        host.chan.send_msg(peer, {"op": OP_CALL, "dev": 0, "queue": 0,
+        host.chan.send_msg(peer, {"op": OP_CALL, "dev": 0, "queue": 0, "notify": True,
                                   "patches": [[4096, 0]]}, [b"used"])
 
     host = make_host(endpoint, on_message)
@@ -198,7 +198,7 @@ def test_notifications_interleaved_with_reply_go_to_handler(endpoint, make_host,
     assert [m["op"] for m, _ in seen[:2]] == [OP_CALL, OP_CONFIG_CHANGED]
     # the one after the reply arrives later (next receive or the heartbeat thread)
     assert wait_for(lambda: len(seen) == 3)
-    assert seen[2] == ({"op": OP_CALL, "dev": 0, "queue": 0, "patches": [[4096, 0]]}, [b"used"])
+    assert seen[2] == ({"op": OP_CALL, "dev": 0, "queue": 0, "notify": True, "patches": [[4096, 0]]}, [b"used"])
 
 
 def test_notifications_are_queued_without_handler(endpoint, make_host, make_guest):
@@ -218,7 +218,7 @@ def test_notifications_are_queued_without_handler(endpoint, make_host, make_gues
 def test_recv_until_waits_for_a_call(endpoint, make_host, make_guest):
     def on_message(host, peer, msg, extra):
         if msg["op"] == OP_KICK:
-            host.later(0.05, peer, {"op": OP_CALL, "dev": 0, "queue": 0})
+            host.later(0.05, peer, {"op": OP_CALL, "dev": 0, "queue": 0, "notify": True})
 
     host = make_host(endpoint, on_message)
     g = make_guest(host.endpoint)
@@ -272,7 +272,7 @@ def test_garbage_from_host_is_dropped_and_counted(endpoint, make_host, make_gues
 def test_handler_may_send_but_not_wait(endpoint, make_host, make_guest):
     def on_message(host, peer, msg, extra):
         if msg["op"] == OP_GET_STATUS:
-            host.chan.send_msg(peer, {"op": OP_CALL, "dev": 0, "queue": 0})
+            host.chan.send_msg(peer, {"op": OP_CALL, "dev": 0, "queue": 0, "notify": True})
             host.chan.send_msg(peer, reply_ok(msg["seq"]))
 
     host = make_host(endpoint, on_message)

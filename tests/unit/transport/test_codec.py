@@ -311,6 +311,8 @@ def test_failed_reply_needs_error_and_message():
 ])
 def test_bad_patches(op, patches, nframes):
     msg = {"op": op, "dev": 0, "queue": 0, "patches": patches}
+    if op == OP_CALL:
+        msg["notify"] = True
     expect(encode(msg, [b"x"] * nframes), CTL_ERR_MALFORMED, None)
     msg["seq"] = 99  # a seq, if present, is reported
     expect(encode(msg, [b"x"] * nframes), CTL_ERR_MALFORMED, 99)

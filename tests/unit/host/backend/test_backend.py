@@ -1,0 +1,211 @@
+"""host/backend without processes or sockets: Backend.handle driven with encoded messages,
+a guest-side DriverQueue over inline memory, and real in-process KMDs and GPUs."""
+
+import struct
+import time
+
+import pytest
+
+from host.backend.session import Backend
+from host.hw.gpu import Platform
+from host.kmd.device import KmdDevice
+from spec import wire
+from transport import codec
+from transport.memory import InlineGuestMemory
+from transport.virtqueue import DriverQueue, VirtqLayout
+
+MEM = 4 << 20
+HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
+
+
+class Guest:
+    """The driver side, speaking to the backend through encoded messages only."""
+
+    def __init__(self, backend, name=b"g1"):
+        self.backend = backend
+        self.peer = (0, name)
+        self.mem = InlineGuestMemory(MEM)
+        self.seq = 0
+        self.notifications = []
+        self.queue = None
+
+    def _deliver(self, out):
+        replies = []
+        for peer, frames in out:
+            assert peer == self.peer
+            msg, extra = codec.decode(frames)
+            if msg.get("patches"):
+                self.mem.apply_patches(msg["patches"], extra)
+            (replies if msg["op"] == wire.OP_REPLY else self.notifications).append(msg)
+        return replies
+
+    def request(self, op, now=0.0, **fields):
+        self.seq += 1
+        out = self.backend.handle(self.peer, codec.encode({"op": op, "seq": self.seq, **fields}), now)
+        (reply,) = [r for r in self._deliver(out) if r["seq"] == self.seq]
+        return reply
+
+    def init(self, dev=0, features=wire.DEVICE_FEATURES, qsize=64):
+        assert self.request(wire.OP_HELLO, version=[0, 1], name="t", memory="inline", mem_size=MEM)["ok"]
+        for status in (1, 3):
+            assert self.request(wire.OP_SET_STATUS, dev=dev, status=status)["ok"]
+        assert self.request(wire.OP_SET_FEATURES, dev=dev, features=features)["ok"]
+        assert self.request(wire.OP_SET_STATUS, dev=dev, status=11)["ok"]
+        layout = VirtqLayout.at(0, qsize)
+        self.queue = DriverQueue(self.mem, layout, event_idx=bool(features & (1 << wire.VIRTIO_F_EVENT_IDX)),
+                                 indirect=bool(features & (1 << wire.VIRTIO_F_INDIRECT_DESC)))
+        assert self.request(wire.OP_SET_VRING, dev=dev, queue=0, size=qsize, desc=layout.desc,
+                            avail=layout.avail, used=layout.used)["ok"]
+        assert self.request(wire.OP_ENABLE_VRING, dev=dev, queue=0, enable=True)["ok"]
+        assert self.request(wire.OP_SET_STATUS, dev=dev, status=15)["ok"]
+        self.dev = dev
+
+    def submit(self, command, data=b"", writable=wire.MIN_RESPONSE_SIZE, at=1 << 20):
+        self.mem.write(at, command + data)
+        head = self.queue.add_chain([(at, len(command) + len(data))], [(at + (1 << 19), writable)])
+        dirty = self.mem.take_dirty()
+        msg = {"op": wire.OP_KICK, "dev": self.dev, "queue": 0,
+               "patches": [[g, i] for i, (g, _n) in enumerate(dirty)]}
+        self._deliver(self.backend.handle(self.peer, codec.encode(
+            msg, [self.mem.read(g, n) for g, n in dirty]), 0.0))
+        return head, at + (1 << 19)
+
+    def complete(self, head, timeout=5.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for h, n in self.queue.pop_used():
+                assert h == head
+                return n
+            self._deliver(self.backend.run_completions())
+            time.sleep(0.001)
+        raise TimeoutError("request never completed")
+
+    def call(self, command, data=b"", writable=wire.MIN_RESPONSE_SIZE):
+        head, resp = self.submit(command, data, writable)
+        n = self.complete(head)
+        raw = self.mem.read(resp, n)
+        return HDR.unpack_from(raw), raw[wire.CTRL_HDR_SIZE:]
+
+
+def cmd(type_, body=(), ctx_id=0, flags=0, fence_id=0, ring_idx=0, extra=b""):
+    return (HDR.pack(type_, flags, fence_id, ctx_id, ring_idx)
+            + struct.pack(wire.CMD_BODY_FORMATS[type_], *body) + extra)
+
+
+@pytest.fixture
+def backend():
+    plat = Platform(num_gpus=2, vram_size=32 << 20)
+    kmds = [KmdDevice(g) for g in plat.gpus]
+    for k in kmds:
+        k.start()
+    b = Backend(kmds, heartbeat_ms=100)
+    try:
+        yield b
+    finally:
+        b.shutdown()
+        for k in kmds:
+            k.stop()
+        plat.stop()
+
+
+def test_launch_without_compute_feature_is_an_unknown_command(backend):
+    g = Guest(backend)
+    g.init(features=1 << wire.VIRTIO_F_VERSION_1)
+    hdr, _ = g.call(cmd(wire.CMD_CTX_CREATE, (0, b"x"), ctx_id=1))
+    assert hdr[0] == wire.RESP_OK_NODATA
+    hdr, _ = g.call(cmd(wire.CMD_LAUNCH, (wire.KERNEL_BURN, 1, 1, 1, 1, 1, 1, 1), ctx_id=1,
+                        extra=struct.pack("<Q", 1)))
+    assert hdr[0] == wire.RESP_ERR_UNKNOWN_COMMAND
+
+
+def test_response_echoes_ring_idx_and_fence(backend):
+    g = Guest(backend)
+    g.init(features=wire.DEVICE_FEATURES & ~(1 << wire.PVGPU_F_CONTEXT_INIT))
+    g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=3))
+    hdr, _ = g.call(cmd(wire.CMD_NOP, ctx_id=3, ring_idx=5, fence_id=77, flags=wire.FLAG_FENCE))
+    assert hdr == (wire.RESP_OK_NODATA, wire.FLAG_FENCE, 77, 3, 5)
+    hdr, _ = g.call(cmd(wire.CMD_NOP, ring_idx=64))
+    assert hdr[0] == wire.RESP_ERR_INVALID_PARAMETER
+
+
+def test_fenced_nop_is_held_until_the_timeline_completes(backend):
+    g = Guest(backend)
+    g.init()
+    g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
+    g.call(cmd(wire.CMD_LAUNCH, (wire.KERNEL_BURN, 1, 1, 1, 1, 1, 1, 1), ctx_id=1,
+               extra=struct.pack("<Q", 100_000)))
+    t0 = time.monotonic()
+    head, _ = g.submit(cmd(wire.CMD_NOP, ctx_id=1, flags=wire.FLAG_FENCE, fence_id=9))
+    assert g.queue.pop_used() == []  # held, not answered
+    g.complete(head)
+    assert time.monotonic() - t0 >= 0.09
+
+
+def test_unfenced_fault_is_reported_once_by_the_next_sync_point(backend):
+    g = Guest(backend)
+    g.init()
+    g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
+    bad = 0x3000_0000_0000
+    hdr, _ = g.call(cmd(wire.CMD_LAUNCH, (wire.KERNEL_FILL, 1, 1, 1, 64, 1, 1, 3), ctx_id=1,
+                        extra=struct.pack("<QQQ", bad, 0, 64)))
+    assert hdr[0] == wire.RESP_OK_NODATA  # accepted
+    hdr, body = g.call(cmd(wire.CMD_NOP, ctx_id=1, flags=wire.FLAG_FENCE, fence_id=1))
+    assert hdr[0] == wire.RESP_ERR_PAGE_FAULT
+    info0, info1, mlen = struct.unpack_from(wire.RESP_ERROR_FORMAT, body)
+    assert info0 == bad and info1 == wire.ACCESS_WRITE and b"page fault" in body[16:16 + mlen]
+    hdr, _ = g.call(cmd(wire.CMD_NOP, ctx_id=1, flags=wire.FLAG_FENCE, fence_id=2))
+    assert hdr[0] == wire.RESP_OK_NODATA
+
+
+def test_copies_round_trip_and_used_len_counts_data(backend):
+    g = Guest(backend)
+    g.init()
+    g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
+    hdr, body = g.call(cmd(wire.CMD_MEM_ALLOC, (7, 0, 5000), ctx_id=1))
+    va, size = struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, body)
+    assert hdr[0] == wire.RESP_OK_MEM_ALLOC and size == 8192 and va >= wire.VA_USER_BASE
+    data = bytes(range(256)) * 16
+    hdr, _ = g.call(cmd(wire.CMD_COPY_H2D, (va, len(data)), ctx_id=1), data)
+    assert hdr[0] == wire.RESP_OK_NODATA
+    head, resp = g.submit(cmd(wire.CMD_COPY_D2H, (va, len(data)), ctx_id=1),
+                          writable=wire.CTRL_HDR_SIZE + len(data))
+    assert g.complete(head) == wire.CTRL_HDR_SIZE + len(data)
+    assert g.mem.read(resp + wire.CTRL_HDR_SIZE, len(data)) == data
+    hdr, _ = g.call(cmd(wire.CMD_COPY_D2H, (va, 1 << 20), ctx_id=1))
+    assert hdr[0] == wire.RESP_ERR_INVALID_PARAMETER  # no room for the data
+
+
+def test_handles_are_checked(backend):
+    g = Guest(backend)
+    g.init()
+    assert g.call(cmd(wire.CMD_MEM_ALLOC, (1, 0, 4096), ctx_id=9))[0][0] == wire.RESP_ERR_INVALID_CONTEXT_ID
+    g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
+    assert g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))[0][0] == wire.RESP_ERR_INVALID_CONTEXT_ID
+    assert g.call(cmd(wire.CMD_MEM_FREE, (5,), ctx_id=1))[0][0] == wire.RESP_ERR_INVALID_RESOURCE_ID
+    assert g.call(cmd(wire.CMD_MEM_ALLOC, (0, 0, 4096), ctx_id=1))[0][0] == wire.RESP_ERR_INVALID_RESOURCE_ID
+    assert g.call(cmd(wire.CMD_MEM_ALLOC, (1, 0, 1 << 40), ctx_id=1))[0][0] == wire.RESP_ERR_OUT_OF_MEMORY
+
+
+def test_failed_status_stops_the_queue(backend):
+    g = Guest(backend)
+    g.init()
+    assert g.request(wire.OP_SET_STATUS, dev=0, status=15 | wire.STATUS_FAILED)["ok"]
+    g.submit(cmd(wire.CMD_NOP))
+    backend.run_completions()
+    assert g.queue.pop_used() == []
+    assert backend.sessions[g.peer].devices[0].stats["ignored_kicks"] == 1
+
+
+def test_silent_session_is_reclaimed(backend):
+    g = Guest(backend)
+    g.init()
+    free = backend.kmds[0].vram_free()
+    g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
+    g.call(cmd(wire.CMD_MEM_ALLOC, (1, 0, 8 << 20), ctx_id=1))
+    assert backend.kmds[0].vram_free() < free
+    backend.expire(now=0.25)  # 2.5 periods: still alive
+    assert g.peer in backend.sessions
+    backend.expire(now=0.35)
+    assert g.peer not in backend.sessions and backend.stats["expired_sessions"] == 1
+    assert backend.kmds[0].vram_free() == free
+    assert backend.pending_releases() == 0
