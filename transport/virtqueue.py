@@ -149,6 +149,10 @@ class VirtqLayout:
 
     def validate(self, mem) -> None:
         """Raise VirtqLayoutError unless size, alignment and ranges are valid in ``mem``."""
+        self.validate_in(mem.size)
+
+    def validate_in(self, mem_size: int) -> None:
+        """Like validate(), against a guest memory of ``mem_size`` bytes."""
         _check_qsize(self.size)
         for what, addr, align, nbytes in (
             ("descriptor table", self.desc, VIRTQ_DESC_ALIGN, virtq_desc_table_size(self.size)),
@@ -159,22 +163,17 @@ class VirtqLayout:
                 raise VirtqLayoutError(f"{what} address {addr!r} is not an integer")
             if addr % align:
                 raise VirtqLayoutError(f"{what} at {addr:#x} is not {align}-byte aligned")
-            if not mem.check_range(addr, nbytes):
+            if addr < 0 or addr + nbytes > mem_size:
                 raise VirtqLayoutError(
                     f"{what} [{addr:#x}, +{nbytes:#x}) lies outside guest memory "
-                    f"of {mem.size:#x} bytes")
+                    f"of {mem_size:#x} bytes")
 
 
-class DriverQueue:
-    """The guest (driver) side of a split virtqueue over ``mem``.
+class _SplitRing:
+    """Geometry both sides share: where each field of the three parts lives."""
 
-    Creating it initialises the rings: the descriptor table and both rings are zeroed and
-    the indices (and event indices) set to ``start_idx``. ``event_idx`` / ``indirect`` are
-    the negotiated VIRTIO_F_EVENT_IDX / VIRTIO_F_INDIRECT_DESC.
-    """
-
-    def __init__(self, mem, layout: VirtqLayout, *, event_idx: bool = False,
-                 indirect: bool = False, start_idx: int = 0):
+    def _init_ring(self, mem, layout: VirtqLayout, event_idx: bool, indirect: bool,
+                   start_idx: int) -> int:
         layout.validate(mem)
         if not 0 <= start_idx <= IDX_MASK:
             raise ValueError(f"start_idx {start_idx} is not a 16-bit index")
@@ -192,6 +191,20 @@ class DriverQueue:
         self._used_ring = layout.used + _RING_ENTRIES
         self._used_idx_addr = layout.used + _RING_IDX
         self._avail_event_addr = layout.used + virtq_used_size(q) - _F
+        return q
+
+
+class DriverQueue(_SplitRing):
+    """The guest (driver) side of a split virtqueue over ``mem``.
+
+    Creating it initialises the rings: the descriptor table and both rings are zeroed and
+    the indices (and event indices) set to ``start_idx``. ``event_idx`` / ``indirect`` are
+    the negotiated VIRTIO_F_EVENT_IDX / VIRTIO_F_INDIRECT_DESC.
+    """
+
+    def __init__(self, mem, layout: VirtqLayout, *, event_idx: bool = False,
+                 indirect: bool = False, start_idx: int = 0):
+        q = self._init_ring(mem, layout, event_idx, indirect, start_idx)
 
         mem.write(layout.desc, bytes(virtq_desc_table_size(q)))
         mem.write(layout.avail, bytes(virtq_avail_size(q)))
@@ -396,7 +409,7 @@ class DriverQueue:
         self.mem.mark_dirty(addr, _F)
 
 
-class DeviceQueue:
+class DeviceQueue(_SplitRing):
     """The host (device) side of a split virtqueue over ``mem``.
 
     ``event_idx`` / ``indirect`` are the negotiated features. It writes nothing on
@@ -405,23 +418,7 @@ class DeviceQueue:
 
     def __init__(self, mem, layout: VirtqLayout, *, event_idx: bool = False,
                  indirect: bool = False, start_idx: int = 0):
-        layout.validate(mem)
-        if not 0 <= start_idx <= IDX_MASK:
-            raise ValueError(f"start_idx {start_idx} is not a 16-bit index")
-        q = layout.size
-        self.mem = mem
-        self._h = _halfwords(mem)
-        self.layout = layout
-        self.size = q
-        self.event_idx = bool(event_idx)
-        self.indirect = bool(indirect)
-        self._qmask = q - 1
-        self._avail_ring = layout.avail + _RING_ENTRIES
-        self._avail_idx_addr = layout.avail + _RING_IDX
-        self._used_event_addr = layout.avail + virtq_avail_size(q) - _F
-        self._used_ring = layout.used + _RING_ENTRIES
-        self._used_idx_addr = layout.used + _RING_IDX
-        self._avail_event_addr = layout.used + virtq_used_size(q) - _F
+        q = self._init_ring(mem, layout, event_idx, indirect, start_idx)
         self._next_avail = start_idx
         self._next_used = start_idx
         self._signalled_used = start_idx  # used idx at the last should_notify()

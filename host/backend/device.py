@@ -19,7 +19,7 @@ import struct
 from spec import wire
 from host.backend.commands import ComputeDevice, Pending, Request, Response
 from host.backend.errors import CommandError, ControlError
-from transport.errors import VirtqError
+from transport.errors import VirtqError, VirtqLayoutError
 from transport.virtqueue import DeviceQueue, VirtqLayout
 
 log = logging.getLogger("pvgpu.backend")
@@ -99,14 +99,10 @@ class VirtioGpuDevice:
             raise ControlError(wire.CTL_ERR_BAD_MEMORY,
                                f"queue size {size} must be a power of two <= {wire.MAX_QUEUE_SIZE}")
         layout = VirtqLayout(size, desc, avail, used)
-        mem_size = self.session.mem_size
-        for name, addr, n, align in (
-                ("desc", desc, wire.virtq_desc_table_size(size), wire.VIRTQ_DESC_ALIGN),
-                ("avail", avail, wire.virtq_avail_size(size), wire.VIRTQ_AVAIL_ALIGN),
-                ("used", used, wire.virtq_used_size(size), wire.VIRTQ_USED_ALIGN)):
-            if addr < 0 or addr % align or addr + n > mem_size:
-                raise ControlError(wire.CTL_ERR_BAD_MEMORY,
-                                   f"{name} ring at {addr:#x} (+{n}) is misaligned or outside guest memory")
+        try:
+            layout.validate_in(self.session.mem_size)
+        except VirtqLayoutError as e:
+            raise ControlError(wire.CTL_ERR_BAD_MEMORY, str(e)) from None
         self.queue_layout = layout
 
     def enable_vring(self, queue: int, enable: bool) -> None:
