@@ -9,7 +9,7 @@ from spec import wire
 from guest.frontend.driver import DeviceNeedsReset as _FrontendNeedsReset
 from guest.frontend.driver import DeviceResponseError
 from guest.frontend.session import ControlRequestError
-from transport.channel import HostLost as _TransportHostLost
+from guest.frontend.session import HostLost as _TransportHostLost
 
 
 class PvgpuError(Exception):

@@ -25,6 +25,9 @@ from transport.channel import ChannelTimeout, GuestChannel, HostLost, default_en
 from transport.memory import InlineGuestMemory, SharedGuestMemory
 
 
+__all__ = ["FrontendSession", "ControlRequestError", "HostLost", "ChannelTimeout"]
+
+
 class ControlRequestError(RuntimeError):
     """The host refused a control message (`ok: false`)."""
 
