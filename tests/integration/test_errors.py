@@ -100,3 +100,19 @@ def test_errors_are_wrapped_with_wire_names(conn):
     with pytest.raises(guest.DeviceError) as ei:
         conn.devices[0].call_raw(wire.pack_ctrl_hdr(0x0499))
     assert ei.value.name == "ERR_UNKNOWN_COMMAND" and ei.value.code == wire.RESP_ERR_UNKNOWN_COMMAND
+
+
+@pytest.mark.parametrize("kernel,args", [
+    ("gemm", lambda d: (d, d, d, 2**31, 2**31, 2**31)),
+    ("softmax", lambda d: (d, d, 2**32 - 1, 2**32 - 1)),
+    ("vector_add", lambda d: (d, d, d, 2**32 - 1)),
+    ("reduce_sum", lambda d: (d, 2**64 - 8, 100)),
+])
+def test_hostile_kernel_sizes_fault_without_harm(conn, kernel, args):
+    with conn.devices[0].create_context() as ctx:
+        d = ctx.to_device(np.ones(1024, np.float32))
+        grid = 2**31 - 1 if kernel == "vector_add" else 1
+        ctx.launch(kernel, grid=grid, block=1024, args=args(d))
+        with pytest.raises(guest.PageFaultError):
+            ctx.synchronize()
+        np.testing.assert_array_equal(d.to_host(), np.ones(1024, np.float32))
