@@ -54,14 +54,18 @@ def _api(fn):
 
 def connect(endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
             mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
-            heartbeat_ms: int | None = None, timeout: float = 10.0) -> "Connection":
+            heartbeat_ms: int | None = None, timeout: float = 10.0,
+            features: int | None = None) -> "Connection":
     """Open a guest session with the host at `endpoint` (default: the local ipc endpoint).
 
     memory: "shared" (zero-copy POSIX shared memory, same machine) or "inline" (guest
-    memory mirrored through the messages; works across machines)."""
+    memory mirrored through the messages; works across machines). features: the virtio
+    feature bits the driver accepts (default: all it knows); VIRTIO_F_VERSION_1 is
+    required."""
     try:
         return Connection(FrontendSession(endpoint, memory=memory, mem_size=mem_size, name=name,
-                                          heartbeat_ms=heartbeat_ms, timeout=timeout))
+                                          heartbeat_ms=heartbeat_ms, timeout=timeout,
+                                          features=features))
     except Exception as e:
         mapped = errors.translate(e)
         if mapped is e:

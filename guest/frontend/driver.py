@@ -91,11 +91,14 @@ class Request:
 
 
 class VirtioGpuDriver:
-    def __init__(self, session, index: int, info: dict, base: int):
-        """`base`: guest-physical address of this device's area (see `area_size`)."""
+    def __init__(self, session, index: int, info: dict, base: int,
+                 wanted_features: int = WANTED_FEATURES):
+        """`base`: guest-physical address of this device's area (see `area_size`);
+        `wanted_features`: the feature bits this driver accepts if offered."""
         self.session = session
         self.index = index
         self.info = info
+        self.wanted_features = wanted_features
         self.base = base
         self.mem = session.mem
         self.features = 0
@@ -124,7 +127,7 @@ class VirtioGpuDriver:
         status |= wire.STATUS_DRIVER
         s.control(wire.OP_SET_STATUS, dev=dev, status=status)
         offered = s.control(wire.OP_GET_FEATURES, dev=dev)["features"]
-        self.features = offered & WANTED_FEATURES
+        self.features = offered & self.wanted_features
         if not self.features & (1 << wire.VIRTIO_F_VERSION_1):
             s.control(wire.OP_SET_STATUS, dev=dev, status=status | wire.STATUS_FAILED)
             raise RuntimeError(f"device {dev} does not offer VIRTIO_F_VERSION_1")

@@ -41,7 +41,8 @@ class FrontendSession:
     BLOCK_SLICE = 0.05  # while blocked, re-check the rings at least this often
     def __init__(self, endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
                  mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
-                 heartbeat_ms: int | None = None, timeout: float = 10.0):
+                 heartbeat_ms: int | None = None, timeout: float = 10.0,
+                 features: int | None = None):
         if memory not in wire.MEMORY_MODELS:
             raise ValueError(f"memory model must be one of {wire.MEMORY_MODELS}, not {memory!r}")
         self.endpoint = endpoint or default_endpoint()
@@ -49,6 +50,7 @@ class FrontendSession:
         self.inline = memory == wire.MEMORY_INLINE
         self.mem_size = mem_size
         self.timeout = timeout
+        self.features = wire.DEVICE_FEATURES if features is None else features
         self.name = name or f"guest-{os.getpid()}"
         self.mem = None
         self.devices: list[VirtioGpuDriver] = []
@@ -84,7 +86,8 @@ class FrontendSession:
             raise ValueError(f"guest memory of {self.mem_size} bytes is too small for {len(infos)} devices")
         self.heap = GuestHeap(heap_base, self.mem_size - heap_base, align=4096)
         for i, info in enumerate(infos):
-            drv = VirtioGpuDriver(self, info["index"], info, base=i * area)
+            drv = VirtioGpuDriver(self, info["index"], info, base=i * area,
+                                  wanted_features=self.features)
             drv.initialize()
             self.devices.append(drv)
 

@@ -1,4 +1,10 @@
-"""Black-box conformance fixtures: a real host and a raw DEALER that speaks the wire directly."""
+"""Black-box conformance fixtures: a real host and a raw DEALER that speaks the wire directly.
+
+Set PVGPU_CONFORMANCE_ENDPOINT=ipc://... or tcp://... to run the suite against another
+implementation of the spec instead of a `pvgpu host` started here.
+"""
+
+import os
 
 import msgpack
 import pytest
@@ -40,12 +46,27 @@ class RawPeer:
         self.ctx.term()
 
 
+class ExternalHost:
+    def __init__(self, endpoint):
+        self.endpoint = endpoint
+        self.endpoints = [endpoint]
+
+
+@pytest.fixture(scope="module")
+def conformance_host(request):
+    """The implementation under test: PVGPU_CONFORMANCE_ENDPOINT, or our own host."""
+    endpoint = os.environ.get("PVGPU_CONFORMANCE_ENDPOINT")
+    if endpoint:
+        return ExternalHost(endpoint)
+    return request.getfixturevalue("shared_host")
+
+
 @pytest.fixture
-def raw(shared_host):
+def raw(conformance_host):
     peers = []
 
     def make():
-        p = RawPeer(shared_host.endpoint)
+        p = RawPeer(conformance_host.endpoint)
         peers.append(p)
         return p
     try:

@@ -105,8 +105,8 @@ CASES = {"VQ-LOOP": loop, "VQ-NEXT-RANGE": next_range, "VQ-HEAD-RANGE": head_ran
 
 @pytest.mark.parametrize("memory", ["shared", "inline"])
 @pytest.mark.parametrize("clause", sorted(CASES))
-def test_malformed_chain_needs_reset_for_that_device_only(shared_host, clause, memory):
-    with guest.connect(shared_host.endpoint, memory=memory, mem_size=16 << 20) as conn:
+def test_malformed_chain_needs_reset_for_that_device_only(conformance_host, clause, memory):
+    with guest.connect(conformance_host.endpoint, memory=memory, mem_size=16 << 20) as conn:
         dev0, dev1 = conn.devices
         ctx1 = dev1.create_context()
         before = ctx1.to_device(np.arange(1000, dtype=np.float32))
@@ -127,11 +127,11 @@ def test_malformed_chain_needs_reset_for_that_device_only(shared_host, clause, m
             assert ctx.to_device(np.ones(10, np.float32)).to_host().sum() == 10
 
 
-def test_another_guest_process_is_unaffected(shared_host):
+def test_another_guest_process_is_unaffected(conformance_host):
     other = spawn_guest(["run", "vector-add", "gemm", "--repeat", "8", "--size", "200",
-                         "--connect", shared_host.endpoint, "--memory", "inline", "--mem-size", "16M"])
+                         "--connect", conformance_host.endpoint, "--memory", "inline", "--mem-size", "16M"])
     try:
-        with guest.connect(shared_host.endpoint, mem_size=16 << 20) as conn:
+        with guest.connect(conformance_host.endpoint, mem_size=16 << 20) as conn:
             for clause in ("VQ-LOOP", "VQ-INDIRECT-NESTED", "VQ-AVAIL-JUMP"):
                 drv = conn.devices[0].driver
                 rd, wr = _buffers(conn)
@@ -148,8 +148,8 @@ def test_another_guest_process_is_unaffected(shared_host):
     assert out.count("OK") == 16, out
 
 
-def test_chain_without_room_for_a_response_is_returned_empty(shared_host):
-    with guest.connect(shared_host.endpoint, mem_size=16 << 20) as conn:
+def test_chain_without_room_for_a_response_is_returned_empty(conformance_host):
+    with guest.connect(conformance_host.endpoint, mem_size=16 << 20) as conn:
         drv = conn.devices[0].driver
         rd, wr = _buffers(conn)
         cmd = wire.pack_ctrl_hdr(wire.CMD_NOP)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import guest
+from spec import wire
 from pvgpu.workloads import run_workload
 
 MODELS = ["shared", "inline"]
@@ -100,3 +101,29 @@ def test_results_identical_across_memory_models(shared_host):
                 ctx.launch("gemm", grid=(1, 64), block=128, args=(da, db, dc, 64, 80, 48))
                 outs.append(dc.to_host())
     assert outs[0].tobytes() == outs[1].tobytes()
+
+
+FEATURE_SETS = {
+    "direct-chains-flags": (1 << wire.VIRTIO_F_VERSION_1) | (1 << wire.PVGPU_F_COMPUTE),
+    "indirect-only": (1 << wire.VIRTIO_F_VERSION_1) | (1 << wire.PVGPU_F_COMPUTE)
+    | (1 << wire.VIRTIO_F_INDIRECT_DESC),
+    "event-idx-only": (1 << wire.VIRTIO_F_VERSION_1) | (1 << wire.PVGPU_F_COMPUTE)
+    | (1 << wire.VIRTIO_F_EVENT_IDX),
+}
+
+
+@pytest.mark.parametrize("memory", MODELS)
+@pytest.mark.parametrize("features", sorted(FEATURE_SETS))
+def test_every_feature_combination_runs_the_workloads(shared_host, memory, features):
+    """Direct chains and NO_INTERRUPT/NO_NOTIFY flags as well as indirect tables and
+    EVENT_IDX: the same results whatever the driver negotiated."""
+    with guest.connect(shared_host.endpoint, memory=memory, mem_size=32 << 20,
+                       features=FEATURE_SETS[features]) as c:
+        dev = c.devices[0]
+        assert set(dev.features) == {n for bit, n in wire.FEATURE_NAMES.items()
+                                     if FEATURE_SETS[features] & (1 << bit)}
+        with dev.create_context() as ctx:
+            for w, n in (("vector-add", 30_000), ("gemm", 64)):
+                assert run_workload(ctx, w, n)["ok"]
+            for _ in range(300):  # enough requests to wrap the 256-entry ring
+                dev.nop()
