@@ -35,8 +35,8 @@ def _add_guest_options(p: argparse.ArgumentParser) -> None:
                    help="host endpoint (default: the local ipc endpoint, %s)" % _default_ep())
     p.add_argument("--memory", choices=wire.MEMORY_MODELS, default=wire.MEMORY_SHARED,
                    help="guest memory model: shared (zero copy, same machine) or inline (remote)")
-    p.add_argument("--mem-size", type=parse_size, default=wire.DEFAULT_GUEST_MEM_SIZE,
-                   help="guest memory size (default %(default)s bytes)")
+    p.add_argument("--mem-size", type=parse_size, default=f"{wire.DEFAULT_GUEST_MEM_SIZE >> 20}M",
+                   help="guest memory size (default %(default)s)")
 
 
 def _default_ep() -> str:
@@ -52,12 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", action="append", metavar="ENDPOINT",
                    help="endpoint to bind (repeatable): ipc://PATH or tcp://HOST:PORT; "
                         "default: the local ipc endpoint")
-    p.add_argument("--vram", type=parse_size, default=parse_size("1G"), help="VRAM per device (default 1G)")
+    p.add_argument("--vram", type=parse_size, default="1G", help="VRAM per device (default %(default)s)")
     p.add_argument("--gpus", type=int, default=2, help="number of emulated GPUs (default 2)")
     p.add_argument("--heartbeat-ms", type=int, default=wire.DEFAULT_HEARTBEAT_MS,
                    help="heartbeat period; a guest silent for %d periods is reclaimed" % wire.HEARTBEAT_MISSES)
-    p.add_argument("--max-guest-mem", type=parse_size, default=wire.MAX_GUEST_MEM_SIZE,
-                   help="largest guest memory a session may announce")
+    p.add_argument("--max-guest-mem", type=parse_size, default=f"{wire.MAX_GUEST_MEM_SIZE >> 30}G",
+                   help="largest guest memory a session may announce (default %(default)s)")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
 
