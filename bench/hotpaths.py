@@ -1,7 +1,8 @@
 """`pvgpu bench`: every hot path against this machine's own limit, measured in the same run.
 
   copies     64 MiB host->device and device->host, both memory models,
-             against numpy `copyto` of the same 64 MiB (one memcpy)
+             against numpy `copyto` of the same 64 MiB (one memcpy); also memcpy beside a
+             second memcpy process, which bounds a path of two copies (bounce + DMA)
   round trip a synchronous no-op command through the virtqueue, against a bare pyzmq
              DEALER/ROUTER round trip of a message of the same size to another process
   kernels    vector_add and gemm with data already on the device (launch + synchronize),
@@ -51,6 +52,20 @@ def bench_memcpy(nbytes: int, reps: int) -> float:
     return _median_time(lambda: np.copyto(dst, src), reps)
 
 
+def bench_memcpy_contended(nbytes: int, reps: int) -> float:
+    """memcpy while another process runs memcpy: half the two-copy (bounce) path's cost."""
+    other = subprocess.Popen([sys.executable, "-m", "bench.membw", str(nbytes), "30"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        if other.stdout.readline().strip() != "ready":
+            raise RuntimeError("the competing memcpy process did not start")
+        return bench_memcpy(nbytes, reps)
+    finally:
+        other.kill()
+        other.wait()
+        other.stdout.close()
+
+
 def bench_raw_zmq(endpoint: str, msg_size: int, reps: int) -> float:
     proc = subprocess.Popen([sys.executable, "-m", "bench.echo", endpoint])
     ctx = zmq.Context()
@@ -94,10 +109,13 @@ def run_bench(json_path: str | None = None, quick: bool = False) -> int:
     try:
         memcpy = bench_memcpy(size, reps * 2)
         results["memcpy_64MiB_s"] = memcpy
+        contended = bench_memcpy_contended(size, reps * 2)
+        results["memcpy_64MiB_contended_s"] = contended
         raw = bench_raw_zmq(f"ipc://{tmpdir}/echo.sock", _kick_size(), rt_reps)
         results["raw_zmq_rtt_s"] = raw
-        print(f"limits: numpy copyto 64 MiB {size / memcpy / 1e9:6.2f} GB/s   "
-              f"bare zmq round trip {raw * 1e6:6.1f} us")
+        print(f"limits: numpy copyto 64 MiB {size / memcpy / 1e9:6.2f} GB/s "
+              f"({size / contended / 1e9:.2f} GB/s beside a second copy: two overlapped copies "
+              f"reach at most {memcpy / contended:.2f}x)   bare zmq round trip {raw * 1e6:6.1f} us")
         for memory in wire.MEMORY_MODELS:
             with guest.connect(endpoint, memory=memory, mem_size=192 * MiB) as conn:
                 dev = conn.devices[0]
@@ -125,6 +143,7 @@ def run_bench(json_path: str | None = None, quick: bool = False) -> int:
         "d2h_shared_vs_memcpy": results["memcpy_64MiB_s"] / results["d2h_shared_s"],
         "h2d_inline_vs_memcpy": results["memcpy_64MiB_s"] / results["h2d_inline_s"],
         "d2h_inline_vs_memcpy": results["memcpy_64MiB_s"] / results["d2h_inline_s"],
+        "two_copy_ceiling_vs_memcpy": results["memcpy_64MiB_s"] / results["memcpy_64MiB_contended_s"],
         "nop_rtt_vs_raw_zmq": results["nop_rtt_s"] / results["raw_zmq_rtt_s"],
         "vector_add_vs_numpy": results["numpy_vector_add_s"] / results["vector_add_s"],
         "gemm_vs_numpy": results["numpy_gemm_s"] / results["gemm_s"],
