@@ -46,7 +46,9 @@ class VirtioGpuDevice:
         self.compute: ComputeDevice | None = None
         self.held = 0  # chains held for a fence
         self.reset_announced = False  # config_changed sent for the current NEEDS_RESET
-        self.stats = {"chains": 0, "bad_chains": 0, "unanswerable": 0, "ignored_kicks": 0}
+        self.stalled = False  # holding back chains until the GPU has room again
+        self.stats = {"chains": 0, "bad_chains": 0, "unanswerable": 0, "ignored_kicks": 0,
+                      "stalls": 0}
 
     # ------------------------------------------------------------------ control ops
     def get_config(self) -> bytes:
@@ -135,6 +137,7 @@ class VirtioGpuDevice:
         self.compute = None
         self.held = 0
         self.reset_announced = False
+        self.stalled = False
         return pending
 
     def live(self) -> bool:
@@ -160,6 +163,11 @@ class VirtioGpuDevice:
         added = False
         mem = self.session.mem
         while True:
+            if not self.kmd.has_headroom() and self._stall():
+                # Backpressure: leave the chains in the avail ring (the driver sees its
+                # queue fill up) and resume when the oldest job on the GPU completes, so
+                # the host's I/O loop never waits inside the KMD.
+                return added
             try:
                 chain = self.queue.pop()
             except VirtqError as e:
@@ -198,6 +206,27 @@ class VirtioGpuDevice:
             self._hold(chain, req, result)
             return False
         return self._complete(chain, req, response=result)
+
+    def _stall(self) -> bool:
+        """-> True if processing should pause until a resume is posted."""
+        if self.stalled:
+            return True
+        fence = self.kmd.oldest_pending_fence()
+        if fence is None:
+            return False  # nothing in flight: the space is free by now
+        self.stats["stalls"] += 1
+        self.stalled = True
+        generation = self.generation
+        fence.add_done_callback(
+            lambda _f: self.session.post_completion(self._resume, generation))
+        return True
+
+    def _resume(self, generation: int) -> bool:
+        """On the backend thread, once the fence we stalled on signalled."""
+        self.stalled = False
+        if generation != self.generation:
+            return False
+        return self.process_queue()
 
     def _hold(self, chain, req: Request, pending: Pending) -> None:
         self.held += 1

@@ -110,6 +110,15 @@ class IbPool:
     def in_use(self) -> int:
         return len(self._live)
 
+    def free_bytes(self) -> int:
+        """Contiguous room the next alloc() could use (a lower bound of all free space)."""
+        if not self._live:
+            return self.size
+        head, tail = self._live[0][0], self._tail
+        if tail > head:
+            return max(self.size - tail, head)
+        return head - tail
+
     def alloc(self, nbytes: int) -> int | None:
         n = _round_up(max(nbytes, 1), self.align)
         if n >= self.size:
@@ -283,6 +292,24 @@ class KmdDevice:
         self.stop()
 
     # ------------------------------------------------------------------ system memory
+    # ------------------------------------------------------------------ flow control
+    RING_HEADROOM = 4096  # bytes: room for dozens of jobs' ring packets
+    IB_HEADROOM = 64 << 10  # bytes of IB pool
+
+    def has_headroom(self) -> bool:
+        """Whether a submission now would find ring and IB space without waiting. Callers
+        that must not block (the host's I/O loop) hold back new work until it is true."""
+        with self.lock:
+            return (all(r.free_bytes() >= min(self.RING_HEADROOM, r.size // 4) for r in self.rings)
+                    and self.ib_pool.free_bytes() >= min(self.IB_HEADROOM, self.ib_pool.size // 4))
+
+    def oldest_pending_fence(self) -> Fence | None:
+        """The fence whose signal frees ring and IB space first (None when idle)."""
+        with self.lock:
+            pending = [fd.oldest_pending() for fd in self.fences]
+        pending = [f for f in pending if f is not None]
+        return min(pending, key=lambda f: f.seq) if pending else None
+
     def dma_map(self, buf) -> DmaMapping:
         """Make a host buffer reachable by the GPU; -> DmaMapping(bus_addr, size)."""
         if not isinstance(buf, np.ndarray):

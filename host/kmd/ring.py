@@ -83,6 +83,10 @@ class Ring:
     def _free_bytes(self, rptr: int) -> int:
         return (rptr - self.wptr) % self.size or self.size
 
+    def free_bytes(self) -> int:
+        """Room left right now (re-reads RB_RPTR)."""
+        return self._free_bytes(self.read_rptr())
+
     @property
     def idle(self) -> bool:
         return self.read_rptr() == self.wptr

@@ -92,10 +92,9 @@ def cmd(type_, body=(), ctx_id=0, flags=0, fence_id=0, ring_idx=0, extra=b""):
             + struct.pack(wire.CMD_BODY_FORMATS[type_], *body) + extra)
 
 
-@pytest.fixture
-def backend():
+def _backend(**kmd_options):
     plat = Platform(num_gpus=2, vram_size=32 << 20)
-    kmds = [KmdDevice(g) for g in plat.gpus]
+    kmds = [KmdDevice(g, **kmd_options) for g in plat.gpus]
     for k in kmds:
         k.start()
     b = Backend(kmds, heartbeat_ms=100)
@@ -106,6 +105,16 @@ def backend():
         for k in kmds:
             k.stop()
         plat.stop()
+
+
+@pytest.fixture
+def backend():
+    yield from _backend()
+
+
+@pytest.fixture
+def backend_small_ring():
+    yield from _backend(ring_size=4096)
 
 
 def test_launch_without_compute_feature_is_an_unknown_command(backend):
@@ -209,3 +218,50 @@ def test_silent_session_is_reclaimed(backend):
     assert g.peer not in backend.sessions and backend.stats["expired_sessions"] == 1
     assert backend.kmds[0].vram_free() == free
     assert backend.pending_releases() == 0
+
+
+N_FLOOD = 120  # chains of two descriptors in a 256-entry queue
+
+
+def test_full_engine_ring_holds_chains_back_instead_of_blocking(backend_small_ring):
+    """Flow control: with the compute ring full the device leaves chains in the avail
+    ring (no handle() call waits inside the KMD) and resumes as jobs complete."""
+    backend = backend_small_ring
+    g = Guest(backend)
+    g.init(qsize=256)
+    g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
+    hdr, body = g.call(cmd(wire.CMD_MEM_ALLOC, (1, 0, 4096), ctx_id=1))
+    va, _ = struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, body)
+    burn = cmd(wire.CMD_LAUNCH, (wire.KERNEL_BURN, 1, 1, 1, 1, 1, 1, 1), ctx_id=1,
+               extra=struct.pack("<Q", 30_000))
+    g.mem.write(1 << 20, burn)
+    heads, slowest = [], 0.0
+    for i in range(N_FLOOD):  # far more jobs than a 4 KiB ring holds
+        at = (1 << 20) + 1024 * i
+        launch = cmd(wire.CMD_LAUNCH, (wire.KERNEL_FILL, 1, 1, 1, 1, 1, 1, 3), ctx_id=1,
+                     extra=struct.pack("<QQQ", va + 4 * (i % 1024), struct.unpack("<I", struct.pack("<f", float(i)))[0], 1))
+        g.mem.write(at, burn if i == 0 else launch)
+        heads.append(g.queue.add_chain([(at, len(burn if i == 0 else launch))],
+                                       [(at + (1 << 19), wire.MIN_RESPONSE_SIZE)]))
+        dirty = g.mem.take_dirty()
+        t0 = time.monotonic()
+        g._deliver(backend.handle(g.peer, codec.encode(
+            {"op": wire.OP_KICK, "dev": 0, "queue": 0,
+             "patches": [[a, k] for k, (a, _n) in enumerate(dirty)]},
+            [g.mem.read(a, n) for a, n in dirty]), 0.0))
+        slowest = max(slowest, time.monotonic() - t0)
+    dev = backend.sessions[g.peer].devices[0]
+    assert dev.stats["stalls"] >= 1
+    assert slowest < 0.02  # never waited for the 30 ms burn to drain the ring
+    done = set()
+    deadline = time.monotonic() + 10
+    while len(done) < len(heads) and time.monotonic() < deadline:
+        done.update(h for h, _n in g.queue.pop_used())
+        g._deliver(backend.run_completions())
+        time.sleep(0.001)
+    assert done == set(heads)
+    n = N_FLOOD - 1
+    hdr, body = g.call(cmd(wire.CMD_COPY_D2H, (va + 4, 4 * n), ctx_id=1),
+                       writable=wire.CTRL_HDR_SIZE + 4 * n)
+    assert hdr[0] == wire.RESP_OK_NODATA
+    assert list(struct.unpack(f"<{n}f", body[:4 * n])) == [float(i) for i in range(1, N_FLOOD)]
