@@ -4,9 +4,9 @@ Three models share one interface, so one virtqueue implementation runs over all 
 
   GuestMemory          a flat address space [0, size) over a buffer passed in (a bytearray,
                        a 1-D uint8 numpy array) or allocated; what unit tests drive.
-  SharedGuestMemory    POSIX shared memory: the guest creates the segment, the host attaches
-                       to it by name and reads/writes in place (the "shared" model, like
-                       vhost-user's SET_MEM_TABLE regions).
+  SharedGuestMemory    memory shared by guest and host processes: the guest creates it, the
+                       host attaches to it by name and reads/writes in place (the "shared"
+                       model, like vhost-user's SET_MEM_TABLE regions).
   InlineGuestMemory    a private array with dirty tracking (the "inline" model): each side
                        collects the ranges it wrote with take_dirty(), ships them as patches
                        (gpa, frame) in a kick or call, and the peer applies them with
@@ -20,15 +20,24 @@ Hot path: ``mv`` is a memoryview over ``buf``; the virtqueue code uses struct.un
 pack_into on it directly after validating ring addresses once. The scalar helpers here do
 the same plus a range check.
 
-Shared-model trust: the segment belongs to the guest's user. A guest that shrinks its
-segment (ftruncate) after the host attached can make host accesses fault (SIGBUS); POSIX
-shm cannot be sealed. The inline model has no such exposure.
+Shared-model trust: a guest that could shrink the memory (ftruncate) after the host
+mapped it would make the host's next access fault (SIGBUS) and take every guest down. On
+Linux the guest therefore creates a memfd sealed with F_SEAL_SHRINK | F_SEAL_GROW |
+F_SEAL_SEAL and announces it as /proc/<pid>/fd/<n>; the host opens that path, checks the
+seals and refuses anything unsealed, including POSIX shm names (spec MEM-SHARED-*). A
+memfd has no name in /dev/shm, so nothing can leak. Where memfd does not exist, POSIX shm
+is the fallback, with the SIGBUS exposure documented in the spec.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None
 import re
 import secrets
 import struct
@@ -48,6 +57,9 @@ _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 
 SHM_PREFIX = "pvgpu-"
+HAVE_MEMFD = hasattr(os, "memfd_create") and hasattr(fcntl, "F_ADD_SEALS") if fcntl else False
+MEMFD_SEALS = (fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL) if HAVE_MEMFD else 0
+_MEMFD_PATH_RE = re.compile(r"/proc/(\d{1,10})/fd/(\d{1,10})")
 _SHM_NAME_RE = re.compile(r"pvgpu-[A-Za-z0-9_.-]{1,200}")
 _SHM_DIR = "/dev/shm"
 
@@ -289,20 +301,28 @@ class SharedGuestMemory(GuestMemory):
     last view dies. The object itself then behaves as zero-sized memory.
     """
 
-    def __init__(self, name: str, mm: mmap.mmap, size: int, owner: bool):
+    def __init__(self, name: str, mm: mmap.mmap, size: int, owner: bool, fd: int | None = None):
         self._name = name
         self._mmap = mm
         self._owner = owner
+        self._fd = fd  # the guest keeps its memfd open: the host opens it through /proc
         self._set_buffer(np.frombuffer(mm, dtype=np.uint8, count=size))
-        # The creator unlinks on garbage collection / interpreter exit too, so an
-        # unattached segment does not outlive a guest that forgot to close().
-        self._finalizer = weakref.finalize(self, _shm_unlink, name) if owner else None
+        # The creator of a POSIX segment unlinks it on garbage collection / interpreter
+        # exit too, so an unattached segment does not outlive a guest that forgot close().
+        self._finalizer = (weakref.finalize(self, _shm_unlink, name)
+                           if owner and fd is None else None)
 
     @classmethod
-    def create(cls, size: int) -> "SharedGuestMemory":
-        """Guest side: a new zero-filled segment named pvgpu-<pid>-<random hex>."""
+    def create(cls, size: int, *, sealed: bool | None = None) -> "SharedGuestMemory":
+        """Guest side: new zero-filled memory. sealed (default: where the platform has
+        memfd) makes a sealed memfd named /proc/<pid>/fd/<n>; otherwise a POSIX segment
+        named pvgpu-<pid>-<random hex>."""
         if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
             raise GuestMemoryError(f"shared guest memory size must be a positive int, not {size!r}")
+        if sealed is None:
+            sealed = HAVE_MEMFD
+        if sealed:
+            return cls._create_memfd(size)
         for _ in range(8):
             name = f"{SHM_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
             try:
@@ -323,14 +343,40 @@ class SharedGuestMemory(GuestMemory):
         return cls(name, mm, size, owner=True)
 
     @classmethod
-    def attach(cls, name: str, size: int) -> "SharedGuestMemory":
-        """Host side: map an existing segment of at least ``size`` bytes, then unlink it."""
+    def _create_memfd(cls, size: int) -> "SharedGuestMemory":
+        if not HAVE_MEMFD:
+            raise GuestMemoryError("this platform has no sealable memfd")
+        fd = os.memfd_create(f"{SHM_PREFIX}{os.getpid()}", os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(fd, size)
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, MEMFD_SEALS)
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:
+            os.close(fd)
+            raise GuestMemoryError(f"cannot create sealed memory of {size} bytes: {e}") from e
+        return cls(f"/proc/{os.getpid()}/fd/{fd}", mm, size, owner=True, fd=fd)
+
+    @classmethod
+    def attach(cls, name: str, size: int, *, require_sealed: bool | None = None
+               ) -> "SharedGuestMemory":
+        """Host side: map the guest's memory of at least ``size`` bytes. A sealed memfd
+        (/proc/<pid>/fd/<n>) must carry F_SEAL_SHRINK; a POSIX segment name is accepted
+        only when require_sealed is false (default: false only without memfd support),
+        and is unlinked at once."""
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise GuestMemoryError(f"shared guest memory size must be a positive int, not {size!r}")
+        if require_sealed is None:
+            require_sealed = HAVE_MEMFD
+        if isinstance(name, str) and _MEMFD_PATH_RE.fullmatch(name):
+            return cls._attach_memfd(name, size)
+        if require_sealed:
+            raise GuestMemoryError(
+                f"shared memory {name!r} is not a sealed memfd (/proc/<pid>/fd/<n> with "
+                "F_SEAL_SHRINK); unsealed memory could be shrunk under the host")
         if isinstance(name, str) and name.startswith("/"):
             name = name[1:]
         if not isinstance(name, str) or not _SHM_NAME_RE.fullmatch(name):
             raise GuestMemoryError(f"invalid shared-memory name {name!r}")
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise GuestMemoryError(f"shared guest memory size must be a positive int, not {size!r}")
         try:
             fd = _shm_open(name, os.O_RDWR)
         except OSError as e:
@@ -348,6 +394,33 @@ class SharedGuestMemory(GuestMemory):
         _shm_unlink(name)
         return cls(name, mm, size, owner=False)
 
+    @classmethod
+    def _attach_memfd(cls, path: str, size: int) -> "SharedGuestMemory":
+        if not HAVE_MEMFD:
+            raise GuestMemoryError("this platform has no sealable memfd")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError as e:
+            raise GuestMemoryError(f"cannot open shared memory {path!r}: {e}") from e
+        try:
+            try:
+                seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+            except OSError:
+                raise GuestMemoryError(f"{path!r} is not a sealable memfd") from None
+            if not seals & fcntl.F_SEAL_SHRINK:
+                raise GuestMemoryError(
+                    f"shared memory {path!r} is not sealed against shrinking (F_SEAL_SHRINK)")
+            actual = os.fstat(fd).st_size
+            if actual < size:
+                raise GuestMemoryError(
+                    f"shared memory {path!r} has {actual} bytes, fewer than the {size} announced")
+            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        except OSError as e:
+            raise GuestMemoryError(f"cannot map shared memory {path!r}: {e}") from e
+        finally:
+            os.close(fd)
+        return cls(path, mm, size, owner=False)
+
     @property
     def name(self) -> str:
         """The segment name without the leading slash (what set_mem_table carries)."""
@@ -358,9 +431,13 @@ class SharedGuestMemory(GuestMemory):
         return self._mmap is None
 
     def close(self) -> None:
-        """Unmap (deferred while views are alive); the creator also unlinks the name."""
+        """Unmap (deferred while views are alive); the creator also unlinks the name (or
+        closes its memfd)."""
         if self._finalizer is not None:
             self._finalizer()  # unlink, ignoring a name the host already removed
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
         mm = self._mmap
         if mm is None:
             return

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from transport.errors import GuestMemoryError
+from transport import memory as memory_mod
 from transport.memory import GuestMemory, InlineGuestMemory, SharedGuestMemory
 
 SIZE = 4096
@@ -225,7 +226,7 @@ def _shm_exists(name):
 
 @pytest.fixture
 def guest_shm():
-    mem = SharedGuestMemory.create(1 << 16)
+    mem = SharedGuestMemory.create(1 << 16, sealed=False)
     yield mem
     mem.close()
 
@@ -236,7 +237,7 @@ def test_shared_create_attach_visible_both_ways(guest_shm):
     assert _shm_exists(name)
     assert guest_shm.size == 1 << 16 and not guest_shm.buf.any()
     guest_shm.write(100, b"from guest")
-    host = SharedGuestMemory.attach(name, 1 << 16)
+    host = SharedGuestMemory.attach(name, 1 << 16, require_sealed=False)
     try:
         assert not _shm_exists(name)  # the host unlinked the name at once
         assert host.read(100, 10) == b"from guest"
@@ -252,26 +253,26 @@ def test_shared_create_attach_visible_both_ways(guest_shm):
 
 
 def test_shared_second_attach_fails_after_unlink(guest_shm):
-    SharedGuestMemory.attach(guest_shm.name, 1 << 16).close()
+    SharedGuestMemory.attach(guest_shm.name, 1 << 16, require_sealed=False).close()
     with pytest.raises(GuestMemoryError, match="cannot open"):
-        SharedGuestMemory.attach(guest_shm.name, 1 << 16)
+        SharedGuestMemory.attach(guest_shm.name, 1 << 16, require_sealed=False)
 
 
 def test_shared_attach_with_slash_prefix_and_smaller_size(guest_shm):
-    host = SharedGuestMemory.attach("/" + guest_shm.name, 4096)
+    host = SharedGuestMemory.attach("/" + guest_shm.name, 4096, require_sealed=False)
     assert host.size == 4096
     host.close()
 
 
 def test_shared_attach_larger_than_segment_fails(guest_shm):
     with pytest.raises(GuestMemoryError, match="fewer than"):
-        SharedGuestMemory.attach(guest_shm.name, (1 << 16) + 1)
+        SharedGuestMemory.attach(guest_shm.name, (1 << 16) + 1, require_sealed=False)
 
 
 @pytest.mark.parametrize("name", ["../etc/passwd", "pvgpu-a/b", "other-1-ab", "", "pvgpu-", 7])
 def test_shared_attach_rejects_bad_names(name):
     with pytest.raises(GuestMemoryError, match="invalid shared-memory name"):
-        SharedGuestMemory.attach(name, 4096)
+        SharedGuestMemory.attach(name, 4096, require_sealed=False)
 
 
 @pytest.mark.parametrize("size", [0, -1, True, 1.5])
@@ -281,24 +282,24 @@ def test_shared_create_rejects_bad_size(size):
 
 
 def test_shared_guest_close_unlinks_unattached_segment():
-    mem = SharedGuestMemory.create(4096)
+    mem = SharedGuestMemory.create(4096, sealed=False)
     name = mem.name
     assert _shm_exists(name)
     mem.close()
     assert not _shm_exists(name) and mem.closed
     mem.close()  # idempotent
     with pytest.raises(GuestMemoryError):
-        SharedGuestMemory.attach(name, 4096)
+        SharedGuestMemory.attach(name, 4096, require_sealed=False)
 
 
 def test_shared_guest_close_after_host_unlinked_is_quiet(guest_shm):
-    host = SharedGuestMemory.attach(guest_shm.name, 1 << 16)
+    host = SharedGuestMemory.attach(guest_shm.name, 1 << 16, require_sealed=False)
     guest_shm.close()  # the name is already gone: no error
     host.close()
 
 
 def test_shared_close_with_live_views_is_graceful():
-    mem = SharedGuestMemory.create(4096)
+    mem = SharedGuestMemory.create(4096, sealed=False)
     v = mem.view(0, 16)
     whole = mem.buf
     v[:] = 3
@@ -315,3 +316,66 @@ def test_shared_context_manager():
         name = mem.name
         mem.write(0, b"x")
     assert mem.closed and not _shm_exists(name)
+
+
+# ------------------------------------------------- sealed memfd (the default on Linux)
+def test_linux_has_sealable_memfd():
+    assert memory_mod.HAVE_MEMFD  # pvgpu's shared model relies on it on Linux hosts
+
+
+def test_sealed_memfd_is_the_default_and_shared_both_ways():
+    guest = SharedGuestMemory.create(1 << 16)
+    try:
+        assert guest.name == f"/proc/{os.getpid()}/fd/{guest._fd}"
+        host = SharedGuestMemory.attach(guest.name, 1 << 16)
+        guest.write(100, b"from guest")
+        host.write_u64(4096, 0xABCDEF)
+        assert host.read(100, 10) == b"from guest" and guest.read_u64(4096) == 0xABCDEF
+        host.close()
+    finally:
+        guest.close()
+    assert guest._fd is None
+
+
+def test_a_guest_cannot_shrink_or_grow_memory_the_host_mapped():
+    guest = SharedGuestMemory.create(1 << 16)
+    host = SharedGuestMemory.attach(guest.name, 1 << 16)
+    try:
+        for size in (0, 4096, 1 << 20):
+            with pytest.raises(PermissionError):
+                os.ftruncate(guest._fd, size)
+        host.buf[-1] = 7  # the last page is still there: no SIGBUS
+        assert guest.buf[-1] == 7
+    finally:
+        host.close()
+        guest.close()
+
+
+def test_host_refuses_unsealed_memory():
+    fd = os.memfd_create("pvgpu-unsealed", os.MFD_ALLOW_SEALING)
+    try:
+        os.ftruncate(fd, 1 << 16)
+        with pytest.raises(GuestMemoryError, match="F_SEAL_SHRINK"):
+            SharedGuestMemory.attach(f"/proc/{os.getpid()}/fd/{fd}", 1 << 16)
+    finally:
+        os.close(fd)
+    posix = SharedGuestMemory.create(4096, sealed=False)
+    try:
+        with pytest.raises(GuestMemoryError, match="not a sealed memfd"):
+            SharedGuestMemory.attach(posix.name, 4096)
+    finally:
+        posix.close()
+    with open(__file__, "rb") as f:  # a path of the right shape that is not a memfd
+        with pytest.raises(GuestMemoryError, match="not a sealable memfd"):
+            SharedGuestMemory.attach(f"/proc/{os.getpid()}/fd/{f.fileno()}", 16)
+    with pytest.raises(GuestMemoryError, match="cannot open"):
+        SharedGuestMemory.attach(f"/proc/{os.getpid()}/fd/99999", 4096)
+
+
+def test_sealed_attach_checks_size():
+    guest = SharedGuestMemory.create(1 << 16)
+    try:
+        with pytest.raises(GuestMemoryError, match="fewer than"):
+            SharedGuestMemory.attach(guest.name, (1 << 16) + 4096)
+    finally:
+        guest.close()
