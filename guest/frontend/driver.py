@@ -38,7 +38,8 @@ class DeviceResponseError(RuntimeError):
     def __init__(self, resp: int, message: str, info0: int = 0, info1: int = 0, command: int = 0):
         self.resp, self.message, self.info0, self.info1, self.command = resp, message, info0, info1, command
         name = wire.RESP_NAMES.get(resp, hex(resp))
-        cmd = wire.CMD_NAMES.get(command, hex(command))
+        # a fenced NOP is the sync point where earlier asynchronous errors surface
+        cmd = "synchronize" if command == wire.CMD_NOP else wire.CMD_NAMES.get(command, hex(command))
         super().__init__(f"{cmd}: {name}: {message}")
 
     @property

@@ -1,0 +1,35 @@
+"""Device errors are Python exceptions named after the device error.
+
+A kernel that writes through an unmapped device address faults on the GPU; the error
+surfaces at the next synchronizing call, and the context keeps working afterwards.
+
+    python examples/errors.py [ENDPOINT]
+"""
+
+import sys
+
+import numpy as np
+
+import guest
+
+
+def main(argv=None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    with guest.connect(argv[0] if argv else None) as conn:
+        with conn.devices[0].create_context() as ctx:
+            x = ctx.to_device(np.arange(8, dtype=np.float32))
+            ctx.launch("fill", grid=1, block=8, args=(0xDEAD_0000_0000, 1.0, 8))
+            try:
+                ctx.synchronize()
+            except guest.PageFaultError as e:
+                print(f"caught {type(e).__name__}: {e}")
+                print(f"  faulting address {e.address:#x}, access {e.access}")
+            try:
+                ctx.empty(1 << 40, np.uint8)
+            except guest.OutOfMemoryError as e:
+                print(f"caught {type(e).__name__}: {e}")
+            print("the context still works:", x.to_host())
+
+
+if __name__ == "__main__":
+    main()
