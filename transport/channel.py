@@ -74,13 +74,22 @@ from spec.wire import (
     OP_PING,
     OP_REPLY,
 )
-from transport.codec import CodecError, decode, encode, reply_ok
+from transport.codec import ZERO_COPY_MIN, CodecError, decode, encode, reply_ok
 
 log = logging.getLogger(__name__)
 
 _monotonic = time.monotonic
 # Plain ints: pyzmq's enum members and option attributes (sock.rcvmore) cost microseconds.
 _NOBLOCK = int(zmq.NOBLOCK)
+# Frames smaller than codec.ZERO_COPY_MIN are copied when sent; larger ones go zero-copy.
+# pyzmq applies its own copy_threshold only when `copy` is left unset: with copy=False even
+# a 2-byte view is read later by ZeroMQ's I/O thread, after the caller may have changed it.
+
+
+def _copy_flag(frame, copy: bool) -> bool:
+    """Copy small frames always; large ones only if asked (zero-copy: the caller must not
+    modify a large frame's memory until the peer has it)."""
+    return copy or memoryview(frame).nbytes < ZERO_COPY_MIN
 _SNDMORE = int(zmq.SNDMORE)
 _RCVMORE = int(zmq.RCVMORE)
 _EVENTS = int(zmq.EVENTS)
@@ -312,7 +321,7 @@ class HostChannel:
                 raise ValueError("a message needs at least frame 0")
             s.send(identity, _SNDMORE | _NOBLOCK)
             for i, f in enumerate(frames):
-                s.send(f, _NOBLOCK if i == last else _SNDMORE | _NOBLOCK, copy=copy)
+                s.send(f, _NOBLOCK if i == last else _SNDMORE | _NOBLOCK, copy=_copy_flag(f, copy))
         except zmq.Again:
             self.dropped_sends += 1
             log.debug("dropped a message for peer %r: its pipe is full", peer)
@@ -534,17 +543,23 @@ class GuestChannel:
     def _send_locked(self, parts: list, copy: bool) -> None:
         sock = self._sock
         try:
-            if len(parts) == 1:
-                sock.send(parts[0], _NOBLOCK)
-            else:
-                sock.send_multipart(parts, _NOBLOCK, copy=copy)
+            self._send_parts(sock, parts, copy)
         except zmq.Again:
             # The send queue is full: the host is not reading. Give it the liveness window.
             if not sock.poll(int(self._silence * 1000), zmq.POLLOUT):
                 raise HostLost(f"host at {self.endpoint} stopped answering (send queue full "
                                f"for {int(self._silence * 1000)} ms)") from None
-            sock.send_multipart(parts, _NOBLOCK, copy=copy)
+            self._send_parts(sock, parts, copy)
         self._last_sent = _monotonic()
+
+    @staticmethod
+    def _send_parts(sock, parts: list, copy: bool) -> None:
+        if len(parts) == 1:
+            sock.send(parts[0], _NOBLOCK)
+            return
+        last = len(parts) - 1
+        for i, f in enumerate(parts):
+            sock.send(f, _NOBLOCK if i == last else _SNDMORE | _NOBLOCK, copy=_copy_flag(f, copy))
 
     def _send_ping_locked(self) -> None:
         seq = next(self._seq)

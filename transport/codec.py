@@ -65,6 +65,12 @@ _OPTIONAL_FIELDS = {OP_HELLO: (("vgpu", str),)}
 _PATCH_OPS = (OP_KICK, OP_CALL)
 
 
+# Extra frames at least this large may travel zero-copy (the sender keeps the memory
+# unchanged until the peer has it); smaller ones are copied when the message is built or
+# sent, because ring indices and responses change under a queued message.
+ZERO_COPY_MIN = 1 << 16
+
+
 class CodecError(Exception):
     """A control message that cannot be accepted.
 

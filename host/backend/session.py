@@ -24,6 +24,7 @@ from spec import wire
 from host.backend.device import VirtioGpuDevice
 from host.backend.errors import ControlError
 from transport import codec
+from transport.codec import ZERO_COPY_MIN
 from transport.errors import GuestMemoryError
 from transport.memory import InlineGuestMemory, SharedGuestMemory
 
@@ -268,7 +269,12 @@ class Backend:
             buf = session.mem.buf
             msg = {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.CONTROLQ, "notify": notify,
                    "patches": [[gpa, i] for i, (gpa, _n) in enumerate(dirty)]}
-            out.append((session.peer, codec.encode(msg, [buf[gpa:gpa + n] for gpa, n in dirty])))
+            # Ring and response bytes are copied now: the loop sends later, after handling
+            # more messages that may already have moved used.idx on. Large ranges are
+            # device-written buffers nobody touches until the driver has this call.
+            frames = [buf[gpa:gpa + n] if n >= ZERO_COPY_MIN else bytes(buf[gpa:gpa + n])
+                      for gpa, n in dirty]
+            out.append((session.peer, codec.encode(msg, frames)))
         elif added and dev.queue is not None and dev.queue.should_notify():
             out.append((session.peer, codec.encode(
                 {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.CONTROLQ, "notify": True})))

@@ -673,3 +673,4 @@ def test_default_endpoint_is_bindable(tmp_path, monkeypatch, make_guest):
         assert g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=5)[0]["ok"]
     finally:
         host.stop()
+

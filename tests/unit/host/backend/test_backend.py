@@ -265,3 +265,27 @@ def test_full_engine_ring_holds_chains_back_instead_of_blocking(backend_small_ri
                        writable=wire.CTRL_HDR_SIZE + 4 * n)
     assert hdr[0] == wire.RESP_OK_NODATA
     assert list(struct.unpack(f"<{n}f", body[:4 * n])) == [float(i) for i in range(1, N_FLOOD)]
+
+
+def test_calls_built_in_one_loop_iteration_carry_their_own_ring_state(backend):
+    """The host loop handles several messages before it sends anything: each call must
+    carry the used ring as it was when the call was built, not as it is at send time
+    (a used.idx that ran ahead of its elements broke the driver: VQ-USED-ID)."""
+    g = Guest(backend)
+    g.init()
+    outs = []
+    for i in range(3):
+        at = (1 << 20) + 4096 * i
+        g.mem.write(at, cmd(wire.CMD_NOP))
+        g.queue.add_chain([(at, wire.CTRL_HDR_SIZE)], [(at + 2048, wire.MIN_RESPONSE_SIZE)])
+        dirty = g.mem.take_dirty()
+        outs.append(backend.handle(g.peer, codec.encode(
+            {"op": wire.OP_KICK, "dev": 0, "queue": 0,
+             "patches": [[a, k] for k, (a, _n) in enumerate(dirty)]},
+            [g.mem.read(a, n) for a, n in dirty]), 0.0))
+    seen = 0
+    for i, out in enumerate(outs):  # now deliver, in order, like the loop's send phase
+        g._deliver(out)
+        assert g.mem.read_u16(g.queue.layout.used + 2) == i + 1  # used.idx as built
+        seen += len(g.queue.pop_used())
+    assert seen == 3

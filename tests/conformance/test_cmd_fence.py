@@ -1,0 +1,200 @@
+"""spec §6 and §7 — device commands, timelines, fences and held chains (clauses CMD-*,
+FENCE-*), black-box through the virtqueue: requests are raw bytes, responses are read
+back raw, so every header field the device writes is checked."""
+
+import struct
+
+import numpy as np
+import pytest
+
+import guest
+from spec import wire
+
+HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
+LONG_BURN_US = 400_000  # long enough that everything else finishes first
+
+
+def cmd(type_, body=(), *, ctx_id=0, flags=0, fence_id=0, ring_idx=0, extra=b""):
+    if fence_id:
+        flags |= wire.FLAG_FENCE
+    return (HDR.pack(type_, flags, fence_id, ctx_id, ring_idx)
+            + struct.pack(wire.CMD_BODY_FORMATS[type_], *body) + extra)
+
+
+def launch(kernel, *args, ctx_id, fence_id=0, ring_idx=0):
+    sig = wire.BUILTIN_KERNELS[kernel]
+    slots = b"".join(struct.pack("<f", a) + b"\0" * 4 if kind == wire.ARG_F32 else struct.pack("<Q", a)
+                     for (_, kind), a in zip(sig.args, args))
+    return cmd(wire.CMD_LAUNCH, (kernel, 1, 1, 1, 64, 1, 1, len(args)), ctx_id=ctx_id,
+               fence_id=fence_id, ring_idx=ring_idx, extra=slots)
+
+
+class Raw:
+    """Submit raw requests through a real driver; read responses without interpreting them."""
+
+    def __init__(self, conn, dev=0):
+        self.conn = conn
+        self.drv = conn.devices[dev].driver
+        self.heap = conn.session.heap
+        self.ctx_ids = iter(range(100, 10_000))
+
+    def submit(self, command, data=b"", read_back=0):
+        readable, writable = [], []
+        if data:
+            gpa = self.heap.alloc(len(data))
+            self.drv.mem.write(gpa, data)
+            readable.append((gpa, len(data)))
+        if read_back:
+            writable.append((self.heap.alloc(read_back), read_back))
+        return self.drv.submit(command, readable, writable)
+
+    def wait(self, req):
+        self.conn.session.wait_for(lambda: req.done, timeout=30)
+        mem = self.drv.mem
+        raw = b"".join(mem.read(g, n) for g, n in req.writable)[:req.used_len]
+        return HDR.unpack_from(raw), raw[wire.CTRL_HDR_SIZE:], req.used_len
+
+    def call(self, command, data=b"", read_back=0):
+        return self.wait(self.submit(command, data, read_back))
+
+    def context(self):
+        ctx_id = next(self.ctx_ids)
+        hdr, _, _ = self.call(cmd(wire.CMD_CTX_CREATE, (0, b"conformance"), ctx_id=ctx_id))
+        assert hdr[0] == wire.RESP_OK_NODATA
+        return ctx_id
+
+    def alloc(self, ctx_id, size, rid):
+        hdr, body, _ = self.call(cmd(wire.CMD_MEM_ALLOC, (rid, 0, size), ctx_id=ctx_id))
+        assert hdr[0] == wire.RESP_OK_MEM_ALLOC
+        return struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, body)
+
+
+@pytest.fixture(params=["shared", "inline"])
+def raw(request, conformance_host):
+    with guest.connect(conformance_host.endpoint, memory=request.param, mem_size=32 << 20) as conn:
+        yield Raw(conn)
+
+
+def test_cmd_resp_1_header_echo(raw):
+    ctx = raw.context()
+    hdr, _, n = raw.call(cmd(wire.CMD_NOP, ctx_id=ctx, fence_id=0xABCDEF0123, ring_idx=7,
+                             flags=wire.FLAG_INFO_RING_IDX))
+    assert hdr == (wire.RESP_OK_NODATA, wire.FLAG_FENCE | wire.FLAG_INFO_RING_IDX, 0xABCDEF0123, ctx, 7)
+    assert n == wire.CTRL_HDR_SIZE
+    hdr, body, _ = raw.call(cmd(wire.CMD_MEM_FREE, (999,), ctx_id=ctx, fence_id=5, ring_idx=3))
+    assert hdr == (wire.RESP_ERR_INVALID_RESOURCE_ID, wire.FLAG_FENCE, 5, ctx, 3)
+    info0, info1, mlen = struct.unpack_from(wire.RESP_ERROR_FORMAT, body)
+    assert (info0, info1) == (0, 0) and 0 < mlen <= wire.MAX_ERROR_MESSAGE  # ERR-RESP-3
+    hdr, _, _ = raw.call(b"\x01" * 10)  # shorter than a header: nothing to echo
+    assert hdr == (wire.RESP_ERR_SHORT_COMMAND, 0, 0, 0, 0)
+
+
+def test_cmd_check_1_order(raw):
+    # ring_idx is checked before the context, the body length before both
+    assert raw.call(cmd(wire.CMD_NOP, ctx_id=4242, ring_idx=64))[0][0] == wire.RESP_ERR_INVALID_PARAMETER
+    short = cmd(wire.CMD_MEM_ALLOC, (1, 0, 4096), ctx_id=4242, ring_idx=64)[:30]
+    assert raw.call(short)[0][0] == wire.RESP_ERR_SHORT_COMMAND
+    assert raw.call(cmd(wire.CMD_COPY_D2D, (0, 0, 4), ctx_id=4242))[0][0] == wire.RESP_ERR_INVALID_CONTEXT_ID
+    assert raw.call(HDR.pack(0x0499, 0, 0, 4242, 64))[0][0] == wire.RESP_ERR_UNKNOWN_COMMAND
+
+
+def test_cmd_alloc_free_ids_and_layout(raw):
+    ctx = raw.context()
+    va1, size1 = raw.alloc(ctx, 5000, 11)
+    va2, _ = raw.alloc(ctx, 1, 12)
+    assert size1 == 8192 and wire.VA_USER_BASE <= va1 < wire.VA_USER_LIMIT  # CMD-VA-1, ALLOC-2
+    assert va2 >= va1 + size1 or va2 + 4096 <= va1
+    assert raw.call(cmd(wire.CMD_MEM_ALLOC, (11, 0, 4096), ctx_id=ctx))[0][0] == wire.RESP_ERR_INVALID_RESOURCE_ID
+    assert raw.call(cmd(wire.CMD_MEM_ALLOC, (13, 1, 4096), ctx_id=ctx))[0][0] == wire.RESP_ERR_INVALID_PARAMETER
+    assert raw.call(cmd(wire.CMD_MEM_FREE, (11,), ctx_id=ctx))[0][0] == wire.RESP_OK_NODATA
+    raw.alloc(ctx, 4096, 11)  # CMD-FREE-2: the id is free again
+    other = raw.context()  # CMD-FREE-1: a resource belongs to its context
+    assert raw.call(cmd(wire.CMD_MEM_FREE, (12,), ctx_id=other))[0][0] == wire.RESP_ERR_INVALID_RESOURCE_ID
+
+
+def test_cmd_h2d_d2h_d2d_and_used_len(raw):
+    ctx = raw.context()
+    a, _ = raw.alloc(ctx, 4096, 1)
+    b, _ = raw.alloc(ctx, 4096, 2)
+    data = np.arange(1024, dtype=np.float32).tobytes()
+    assert raw.call(cmd(wire.CMD_COPY_H2D, (a, 4096), ctx_id=ctx), data)[0][0] == wire.RESP_OK_NODATA
+    assert raw.call(cmd(wire.CMD_COPY_H2D, (a, 4096), ctx_id=ctx), data[:100])[0][0] == \
+        wire.RESP_ERR_INVALID_PARAMETER  # CMD-H2D-1: fewer data bytes than size
+    assert raw.call(cmd(wire.CMD_COPY_D2D, (a, b, 4096), ctx_id=ctx, fence_id=1))[0][0] == wire.RESP_OK_NODATA
+    hdr, body, used = raw.call(cmd(wire.CMD_COPY_D2H, (b, 4096), ctx_id=ctx), read_back=4096)
+    assert hdr[0] == wire.RESP_OK_NODATA and used == wire.CTRL_HDR_SIZE + 4096  # CMD-D2H-2
+    assert body[:4096] == data
+    for bad in ((a, 0), (a, wire.VA_USER_LIMIT + 1)):  # CMD-FAULT-3
+        assert raw.call(cmd(wire.CMD_COPY_D2D, (*bad[:1], b, bad[1]), ctx_id=ctx))[0][0] == \
+            wire.RESP_ERR_INVALID_PARAMETER
+
+
+def test_cmd_fault_2_a_faulting_copy_writes_nothing(raw):
+    ctx = raw.context()
+    a, size = raw.alloc(ctx, 4096, 1)
+    zero = bytes(4096)
+    # the copy's last page lies past the buffer (the allocator leaves a guard page)
+    hdr, body, _ = raw.call(cmd(wire.CMD_COPY_H2D, (a, 8192), ctx_id=ctx), b"\xff" * 8192)
+    assert hdr[0] == wire.RESP_ERR_PAGE_FAULT
+    info0, info1, _ = struct.unpack_from(wire.RESP_ERROR_FORMAT, body)
+    assert info0 == a + 4096 and info1 == wire.ACCESS_WRITE
+    hdr, body, _ = raw.call(cmd(wire.CMD_COPY_D2H, (a, 4096), ctx_id=ctx), read_back=4096)
+    assert hdr[0] == wire.RESP_OK_NODATA and body[:4096] == zero
+
+
+def test_fence_timeline_2_order_across_engines(raw):
+    """A fill on the compute engine, a D2D on the copy engine, a D2H: in order."""
+    ctx = raw.context()
+    a, _ = raw.alloc(ctx, 4096, 1)
+    b, _ = raw.alloc(ctx, 4096, 2)
+    reqs = [raw.submit(launch(wire.KERNEL_BURN, 50_000, ctx_id=ctx)),
+            raw.submit(launch(wire.KERNEL_FILL, a, 7.0, 64, ctx_id=ctx)),
+            raw.submit(cmd(wire.CMD_COPY_D2D, (a, b, 256), ctx_id=ctx))]
+    hdr, body, _ = raw.call(cmd(wire.CMD_COPY_D2H, (b, 256), ctx_id=ctx), read_back=256)
+    assert hdr[0] == wire.RESP_OK_NODATA
+    assert np.frombuffer(body[:256], np.float32).tolist() == [7.0] * 64
+    assert all(raw.wait(r)[0][0] == wire.RESP_OK_NODATA for r in reqs)  # FENCE-SIGNAL-2
+
+
+def test_fence_signal_held_and_other_timelines_independent(raw):
+    ctx = raw.context()
+    burn = raw.submit(launch(wire.KERNEL_BURN, LONG_BURN_US, ctx_id=ctx))
+    sync0 = raw.submit(cmd(wire.CMD_NOP, ctx_id=ctx, fence_id=1))
+    # FENCE-TIMELINE-1: ring 1 is another timeline; FENCE-HOLD-2: held chains block nothing
+    assert raw.call(cmd(wire.CMD_NOP, ctx_id=ctx, ring_idx=1, fence_id=2))[0][0] == wire.RESP_OK_NODATA
+    assert raw.call(cmd(wire.CMD_GET_DEVICE_INFO))[0][0] == wire.RESP_OK_DEVICE_INFO
+    # CMD-CHECK-2: a rejected fenced command is answered at once, not after the burn
+    assert raw.call(cmd(wire.CMD_NOP, ctx_id=ctx, ring_idx=99, fence_id=3))[0][0] == \
+        wire.RESP_ERR_INVALID_PARAMETER
+    assert raw.wait(burn)[0][0] == wire.RESP_OK_NODATA  # accepted at once
+    assert not sync0.done  # FENCE-SIGNAL-1: still held behind the burn
+    assert raw.wait(sync0)[0] == (wire.RESP_OK_NODATA, wire.FLAG_FENCE, 1, ctx, 0)
+
+
+def test_fence_error_first_wins_and_survives_rejections(raw):
+    ctx = raw.context()
+    bad1, bad2 = 0x2000_0000_0000, 0x2100_0000_0000
+    raw.call(launch(wire.KERNEL_FILL, bad1, 1.0, 64, ctx_id=ctx))
+    raw.call(launch(wire.KERNEL_FILL, bad2, 1.0, 64, ctx_id=ctx))
+    # a command rejected by its checks leaves the remembered error in place
+    assert raw.call(cmd(wire.CMD_COPY_D2D, (0, 0, 0), ctx_id=ctx, fence_id=1))[0][0] == \
+        wire.RESP_ERR_INVALID_PARAMETER
+    hdr, body, _ = raw.call(cmd(wire.CMD_NOP, ctx_id=ctx, fence_id=2))
+    assert hdr[0] == wire.RESP_ERR_PAGE_FAULT and hdr[2] == 2
+    assert struct.unpack_from(wire.RESP_ERROR_FORMAT, body)[0] == bad1  # the first error
+    assert raw.call(cmd(wire.CMD_NOP, ctx_id=ctx, fence_id=3))[0][0] == wire.RESP_OK_NODATA
+
+
+def test_fence_error_3_errors_die_with_their_context(raw):
+    ctx = raw.context()
+    raw.call(launch(wire.KERNEL_FILL, 0x2000_0000_0000, 1.0, 64, ctx_id=ctx))
+    assert raw.call(cmd(wire.CMD_CTX_DESTROY, ctx_id=ctx))[0][0] == wire.RESP_OK_NODATA
+    assert raw.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=ctx))[0][0] == wire.RESP_OK_NODATA
+    assert raw.call(cmd(wire.CMD_NOP, ctx_id=ctx, fence_id=1))[0][0] == wire.RESP_OK_NODATA
+
+
+def test_cmd_va_2_allocations_are_private_to_their_context(raw):
+    a_ctx, b_ctx = raw.context(), raw.context()
+    va, _ = raw.alloc(a_ctx, 4096, 1)
+    hdr, body, _ = raw.call(cmd(wire.CMD_COPY_D2H, (va, 64), ctx_id=b_ctx), read_back=64)
+    assert hdr[0] == wire.RESP_ERR_PAGE_FAULT  # same VA, other context: not mapped
