@@ -129,15 +129,16 @@ def test_cli_errors_are_clear(tmp_endpoint):
     assert r.returncode == 2 and "not a size" in r.stderr
 
 
-def test_two_guest_processes_at_once(host_factory, tmp_endpoint):
+def test_four_guest_processes_at_once(host_factory, tmp_endpoint):
     host = host_factory([tmp_endpoint], vram="256M")
-    procs = [spawn_guest(["run", "vector-add", "gemm", "--connect", host.endpoint, "--memory", m,
-                          "--device", str(i), "--repeat", "3", "--size", "256", "--mem-size", "16M"])
-             for i, m in enumerate(["shared", "inline"])]
+    procs = [spawn_guest(["run", "vector-add", "saxpy", "gemm", "--connect", host.endpoint,
+                          "--memory", m, "--device", str(i % 2), "--repeat", "4", "--size", "256",
+                          "--mem-size", "16M"])
+             for i, m in enumerate(["shared", "inline", "inline", "shared"])]
     for p in procs:
         code, out = reap(p, timeout=120)
         assert code == 0, out
-        assert out.count(" OK ") == 6, out
+        assert out.count(" OK ") == 12, out
 
 
 def test_demo_runs_and_verifies():
