@@ -23,6 +23,7 @@ import collections
 import functools
 import itertools
 import struct
+import threading
 
 import numpy as np
 
@@ -37,18 +38,21 @@ _F32 = struct.Struct("<f")
 
 
 def _api(fn):
-    """Re-raise frontend/transport errors as the API's exceptions."""
+    """One API call: serialized per connection (the frontend's rings and guest memory are
+    not thread-safe; several threads may share a connection), with frontend/transport
+    errors re-raised as the API's exceptions."""
     @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except errors.PvgpuError:
-            raise
-        except Exception as e:
-            mapped = errors.translate(e)
-            if mapped is e:
+    def wrapper(self, *args, **kwargs):
+        with self._conn_lock:
+            try:
+                return fn(self, *args, **kwargs)
+            except errors.PvgpuError:
                 raise
-            raise mapped from None
+            except Exception as e:
+                mapped = errors.translate(e)
+                if mapped is e:
+                    raise
+                raise mapped from None
     return wrapper
 
 
@@ -76,6 +80,7 @@ def connect(endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
 class Connection:
     def __init__(self, session: FrontendSession):
         self.session = session
+        self._conn_lock = threading.RLock()
         self.devices = [Device(self, drv) for drv in session.devices]
 
     @property
@@ -87,7 +92,8 @@ class Connection:
         return self.session.endpoint
 
     def close(self) -> None:
-        self.session.close()
+        with self._conn_lock:
+            self.session.close()
 
     def __enter__(self):
         return self
@@ -102,6 +108,7 @@ class Connection:
 class Device:
     def __init__(self, conn: Connection, driver):
         self.connection = conn
+        self._conn_lock = conn._conn_lock
         self.driver = driver
         self.index = driver.index
         self._ctx_ids = itertools.count(1)
@@ -174,6 +181,7 @@ class Device:
 class Context:
     def __init__(self, device: Device, ctx_id: int):
         self.device = device
+        self._conn_lock = device._conn_lock
         self.ctx_id = ctx_id
         self._driver = device.driver
         self.destroyed = False

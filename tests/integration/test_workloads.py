@@ -127,3 +127,28 @@ def test_every_feature_combination_runs_the_workloads(shared_host, memory, featu
                 assert run_workload(ctx, w, n)["ok"]
             for _ in range(300):  # enough requests to wrap the 256-entry ring
                 dev.nop()
+
+
+@pytest.mark.parametrize("memory", MODELS)
+def test_threads_may_share_a_connection(shared_host, memory):
+    import threading
+
+    with guest.connect(shared_host.endpoint, memory=memory, mem_size=48 << 20) as c:
+        results, failures = {}, []
+
+        def worker(i):
+            try:
+                with c.devices[i % 2].create_context() as ctx:
+                    for rep in range(5):
+                        w = ("vector-add", "gemm", "saxpy")[(i + rep) % 3]
+                        r = run_workload(ctx, w, 48 if w == "gemm" else 5000, seed=i * 10 + rep)
+                        results[(i, rep)] = r["ok"]
+            except Exception as e:  # reported below; a thread must not die silently
+                failures.append(repr(e))
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not failures and len(results) == 20 and all(results.values())
