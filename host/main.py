@@ -128,7 +128,8 @@ def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
         server.serve()
     finally:
         server.close()
-        print("pvgpu host: stopped", flush=True)
+        jobs = sum(k.stats["jobs_submitted"] for k in server.kmds)
+        print(f"pvgpu host: stopped after {server.backend.summary()}; {jobs} GPU job(s)", flush=True)
     return 0
 
 

@@ -180,6 +180,7 @@ class Backend:
         if mem_size > self.max_mem_size:
             raise ControlError(wire.CTL_ERR_LIMIT, f"mem_size {mem_size} exceeds the host limit {self.max_mem_size}")
         sid = f"s{next(self._ids)}"
+        self.stats["sessions"] += 1
         name = str(msg["name"])[:64] or sid
         session = GuestSession(self, peer, sid, name, memory, mem_size, now)
         self.sessions[peer] = session
@@ -301,6 +302,8 @@ class Backend:
         if self.sessions.get(session.peer) is not session:
             return
         del self.sessions[session.peer]
+        for dev in session.devices:
+            self.stats.update(dev.stats)  # keep the totals after the session is gone
         pending = session.teardown() + [f for f in self._inflight if not f.signaled]
         self._releases.append((session, pending))
         self._reap_releases()
@@ -327,6 +330,13 @@ class Backend:
 
     def pending_releases(self) -> int:
         return len(self._releases)
+
+    def summary(self) -> str:
+        st = self.stats
+        return (f"{st['sessions']} session(s), {st['chains']} request(s); rejected: "
+                f"{st['bad_chains']} malformed chain(s), {st['bad_messages']} undecodable "
+                f"message(s), {st['control_errors']} control error(s); "
+                f"{st['expired_sessions']} session(s) reclaimed after missed heartbeats")
 
     def shutdown(self) -> None:
         for session in list(self.sessions.values()):
