@@ -270,6 +270,18 @@ def _shm_path(name: str) -> str:
     return os.path.join(_SHM_DIR, name)
 
 
+def _map_shared(fd: int, name: str, size: int) -> mmap.mmap:
+    """Map `size` bytes of an open shared object read/write, checking it is large enough."""
+    try:
+        actual = os.fstat(fd).st_size
+        if actual < size:
+            raise GuestMemoryError(
+                f"shared memory {name!r} has {actual} bytes, fewer than the {size} announced")
+        return mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+    except OSError as e:
+        raise GuestMemoryError(f"cannot map shared memory {name!r}: {e}") from e
+
+
 def _shm_open(name: str, flags: int, mode: int = 0o600) -> int:
     if _posixshmem is not None:
         return _posixshmem.shm_open("/" + name, flags, mode)
@@ -382,13 +394,7 @@ class SharedGuestMemory(GuestMemory):
         except OSError as e:
             raise GuestMemoryError(f"cannot open shared memory {name!r}: {e}") from e
         try:
-            actual = os.fstat(fd).st_size
-            if actual < size:
-                raise GuestMemoryError(
-                    f"shared memory {name!r} has {actual} bytes, fewer than the {size} announced")
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError as e:
-            raise GuestMemoryError(f"cannot map shared memory {name!r}: {e}") from e
+            mm = _map_shared(fd, name, size)
         finally:
             os.close(fd)
         _shm_unlink(name)
@@ -410,13 +416,7 @@ class SharedGuestMemory(GuestMemory):
             if not seals & fcntl.F_SEAL_SHRINK:
                 raise GuestMemoryError(
                     f"shared memory {path!r} is not sealed against shrinking (F_SEAL_SHRINK)")
-            actual = os.fstat(fd).st_size
-            if actual < size:
-                raise GuestMemoryError(
-                    f"shared memory {path!r} has {actual} bytes, fewer than the {size} announced")
-            mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
-        except OSError as e:
-            raise GuestMemoryError(f"cannot map shared memory {path!r}: {e}") from e
+            mm = _map_shared(fd, path, size)
         finally:
             os.close(fd)
         return cls(path, mm, size, owner=False)
