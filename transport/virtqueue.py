@@ -85,6 +85,7 @@ _RING_IDX = _F
 _RING_ENTRIES = 2 * _F
 _AVAIL_ENTRY = virtq_avail_size(1) - virtq_avail_size(0)
 IDX_MASK = (1 << (8 * _F)) - 1  # indices are free-running le16 counters
+PARKED = 0x8000  # event-index offset that suppresses notifications (beyond any window)
 assert _USED_ELEM.size == VIRTQ_USED_ELEM_SIZE
 assert _AVAIL_ENTRY == _F and virtq_avail_size(0) == 3 * _F and virtq_used_size(0) == 3 * _F
 
@@ -398,8 +399,12 @@ class DriverQueue(_SplitRing):
 
     def _write_used_event(self) -> None:
         # Enabled: notify when the used idx passes the next one we will consume. Disabled:
-        # an index just behind it, which the device cannot cross before we pop again.
-        value = self._last_used if self._interrupts else (self._last_used - 1) & IDX_MASK
+        # park it half the index space ahead, where no window of in-flight entries (at
+        # most the queue size, <= 32768) can reach it. "One behind" is not enough: a
+        # polling driver pops an entry before the device evaluates need_event for it,
+        # re-parks at exactly that entry, and the device notifies (Linux parks far away
+        # too, and updates used_event on pop only while callbacks are enabled).
+        value = self._last_used if self._interrupts else (self._last_used + PARKED) & IDX_MASK
         self._h[(self._used_event_addr) >> 1] = value
         self.mem.mark_dirty(self._used_event_addr, _F)
 
@@ -503,14 +508,14 @@ class DeviceQueue(_SplitRing):
         """Ask the driver not to kick (True) or to kick again (False); a hint.
 
         Without EVENT_IDX this sets/clears used.flags NO_NOTIFY. With EVENT_IDX (flags stay
-        0, §2.7.10) True parks avail_event just behind the device's index and stops
+        0, §2.7.10) True parks avail_event half the index space away and stops
         updating it; False sets it to the next avail index. After re-enabling, check
         has_available() before waiting: the driver may have added entries meanwhile.
         """
         self._no_notify = bool(no_notify)
         mem = self.mem
         if self.event_idx:
-            value = (self._next_avail - 1) & IDX_MASK if no_notify else self._next_avail
+            value = (self._next_avail + PARKED) & IDX_MASK if no_notify else self._next_avail
             self._h[(self._avail_event_addr) >> 1] = value
             mem.mark_dirty(self._avail_event_addr, _F)
         else:

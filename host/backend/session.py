@@ -163,6 +163,7 @@ class Backend:
             return [(peer, codec.encode(codec.reply_ok(seq, **reply)))] + out
         except ControlError as e:
             self.stats["control_errors"] += 1
+            log.info("refused %s from %s: %s: %s", op, session.name if session else peer, e.error, e.message)
             return [(peer, codec.encode(codec.reply_error(seq, e.error, e.message)))]
 
     def _hello(self, peer, msg, now) -> dict:
