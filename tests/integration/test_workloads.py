@@ -154,13 +154,14 @@ def test_threads_may_share_a_connection(shared_host, memory):
         assert not failures and len(results) == 20 and all(results.values())
 
 
-def test_many_requests_leave_no_unread_notifications(shared_host):
+@pytest.mark.parametrize("memory", MODELS)
+def test_many_requests_leave_no_unread_notifications(shared_host, memory):
     """Regression: with notifications suppressed the device must not send calls the
     polling driver never reads; 1000 of them filled ZeroMQ's high-water mark and the host
     then dropped this guest's control replies."""
     from transport.channel import ChannelTimeout
 
-    with guest.connect(shared_host.endpoint, mem_size=16 << 20) as c:
+    with guest.connect(shared_host.endpoint, memory=memory, mem_size=16 << 20) as c:
         dev = c.devices[0]
         for _ in range(3000):
             dev.nop()
