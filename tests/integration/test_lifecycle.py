@@ -146,3 +146,25 @@ def test_demo_runs_and_verifies():
     assert r.returncode == 0, r.stdout + r.stderr
     assert "all results match numpy" in r.stdout
     assert r.stdout.count("verified") == 4
+
+
+def test_a_long_kernel_outlasts_many_heartbeat_periods(host_factory, tmp_endpoint):
+    """Waiting is not silence: pings keep both sides alive while a kernel runs."""
+    host = host_factory([tmp_endpoint], vram="64M", heartbeat_ms=100)
+    with guest.connect(host.endpoint, mem_size=8 << 20, heartbeat_ms=100) as c:
+        with c.devices[0].create_context() as ctx:
+            ctx.launch("burn", 1, 1, (1_500_000,))  # 15 heartbeat periods
+            ctx.synchronize()
+            assert ctx.to_device(np.ones(4, np.float32)).to_host().sum() == 4
+
+
+def test_thousands_of_async_launches_flow_through_the_queue(host_factory, tmp_endpoint):
+    host = host_factory([tmp_endpoint], vram="64M")
+    with guest.connect(host.endpoint, mem_size=16 << 20) as c:
+        with c.devices[0].create_context() as ctx:
+            d = ctx.zeros(4096)
+            for i in range(3000):  # far more than the 256-entry virtqueue holds
+                ctx.launch("fill", grid=4, block=1024, args=(d, float(i), 1 + i % 4096))
+            ctx.synchronize()
+            out = d.to_host()
+            assert out[0] == 2999.0 and out[2999 % 4096] == 2999.0
