@@ -218,7 +218,7 @@ class VirtioGpuDevice:
         self.stalled = True
         generation = self.generation
         fence.add_done_callback(
-            lambda _f: self.session.post_completion(self._resume, generation))
+            lambda _f: self.session.post_completion(self, self._resume, generation))
         return True
 
     def _resume(self, generation: int) -> bool:
@@ -239,7 +239,7 @@ class VirtioGpuDevice:
                 remaining[0] -= 1
                 done = remaining[0] == 0
             if done:
-                self.session.post_completion(self._finish_held, generation, chain, req, pending)
+                self.session.post_completion(self, self._finish_held, generation, chain, req, pending)
 
         for f in pending.fences:
             f.add_done_callback(on_signal)

@@ -58,11 +58,14 @@ class GuestSession:
             m = self._dma[index] = self.backend.kmds[index].dma_map(self.mem.buf)
         return m
 
-    def post_completion(self, fn, *args) -> None:
-        self.backend.post_completion(self, fn, *args)
+    def post_completion(self, device, fn, *args) -> None:
+        """From an engine thread: run fn(*args) -> bool (used entries added) for `device`
+        on the backend thread."""
+        self.backend.post_completion(self, device, fn, *args)
 
     def retire_fences(self, fences) -> None:
-        """Nothing to do now; kept for symmetry with teardown, which waits for them."""
+        """Fences of torn-down work (DEVICE_NEEDS_RESET): guest memory is not released
+        while they are pending, since the engines may still touch it."""
         self.backend.track_inflight(fences)
 
     def set_mem_table(self, regions) -> None:
@@ -116,8 +119,8 @@ class Backend:
         self.stats = collections.Counter()
 
     # ------------------------------------------------------------------ engine side
-    def post_completion(self, session, fn, *args) -> None:
-        self._completions.append((session, fn, args))
+    def post_completion(self, session, device, fn, *args) -> None:
+        self._completions.append((session, device, fn, args))
         self.wakeup()
 
     def track_inflight(self, fences) -> None:
@@ -286,13 +289,12 @@ class Backend:
         out = []
         touched = {}
         while self._completions:
-            session, fn, args = self._completions.popleft()
+            session, device, fn, args = self._completions.popleft()
             if self.sessions.get(session.peer) is not session:
                 continue
             added = fn(*args)
-            device = fn.__self__
-            touched[(id(session), device.index)] = (session, device, touched.get(
-                (id(session), device.index), (None, None, False))[2] or added)
+            key = (id(session), device.index)
+            touched[key] = (session, device, added or (key in touched and touched[key][2]))
         for session, dev, added in touched.values():
             self._after_processing(session, dev, added, out)
         self._reap_releases()
