@@ -114,6 +114,7 @@ class Device:
         self._ctx_ids = itertools.count(1)
         self._resource_ids = itertools.count(1)
         self._staging = []  # free bounce chunks (gpa)
+        self._quarantine = []  # chunks of failed requests, reusable after reset()
         # Every device may hold STAGING_DEPTH chunks; keep them to half of the heap.
         heap = conn.session.heap
         share = heap.size // (2 * STAGING_DEPTH * max(1, len(conn.session.devices)))
@@ -162,8 +163,11 @@ class Device:
     @_api
     def reset(self) -> None:
         """Reset the device after DEVICE_NEEDS_RESET; every context on it is gone."""
-        self._staging = []
-        self.driver.initialize()
+        self.driver.initialize()  # its set_status 0 returns once no DMA is in flight
+        heap = self.connection.session.heap
+        for gpa in self._staging + self._quarantine:
+            heap.free(gpa)
+        self._staging, self._quarantine = [], []
 
     # bounce chunks of guest memory for copies
     def _take_staging(self) -> int:
@@ -173,6 +177,11 @@ class Device:
 
     def _give_staging(self, gpa: int) -> None:
         self._staging.append(gpa)
+
+    def _quarantine_staging(self, gpas) -> None:
+        """Bounce chunks of requests that failed without coming back: the device may still
+        DMA into them until it is reset, so they are reused only after reset()."""
+        self._quarantine.extend(gpas)
 
     def __repr__(self):
         return f"<pvgpu.Device {self.index} {self.name!r} {self.vram_size >> 20} MiB>"
@@ -239,24 +248,32 @@ class Context:
                 first_error = first_error or e
 
         chunk = dev.staging_chunk
-        for off in range(0, n, chunk):
-            size = min(chunk, n - off)
-            if len(inflight) >= STAGING_DEPTH:
-                old = inflight.popleft()
+        try:
+            for off in range(0, n, chunk):
+                size = min(chunk, n - off)
+                if len(inflight) >= STAGING_DEPTH:
+                    old = inflight[0]
+                    drv.session.wait_for(lambda: old.done)
+                    settle(inflight.popleft())
+                gpa = dev._take_staging()
+                try:
+                    mem.view(gpa, size)[:] = src[off:off + size]
+                    if inline:
+                        mem.mark_dirty(gpa, size)
+                    req = drv.submit(command(wire.CMD_COPY_H2D, (va + off, size), ctx_id=self.ctx_id),
+                                     readable=[(gpa, size)])
+                except BaseException:
+                    dev._give_staging(gpa)  # never reached the device
+                    raise
+                req.bounce = gpa
+                inflight.append(req)
+            while inflight:
+                old = inflight[0]
                 drv.session.wait_for(lambda: old.done)
-                settle(old)
-            gpa = dev._take_staging()
-            mem.view(gpa, size)[:] = src[off:off + size]
-            if inline:
-                mem.mark_dirty(gpa, size)
-            req = drv.submit(command(wire.CMD_COPY_H2D, (va + off, size), ctx_id=self.ctx_id),
-                             readable=[(gpa, size)])
-            req.bounce = gpa
-            inflight.append(req)
-        while inflight:
-            old = inflight.popleft()
-            drv.session.wait_for(lambda: old.done)
-            settle(old)
+                settle(inflight.popleft())
+        except BaseException:
+            dev._quarantine_staging(r.bounce for r in inflight)
+            raise
         if first_error is not None:
             raise first_error
         self._raise_async_error()
@@ -279,25 +296,34 @@ class Context:
                 return False
             size = min(chunk, n - off)
             gpa = dev._take_staging()
-            req = drv.submit(command(wire.CMD_COPY_D2H, (va + off, size), ctx_id=self.ctx_id),
-                             writable=[(gpa, size)])
+            try:
+                req = drv.submit(command(wire.CMD_COPY_D2H, (va + off, size), ctx_id=self.ctx_id),
+                                 writable=[(gpa, size)])
+            except BaseException:
+                dev._give_staging(gpa)  # never reached the device
+                raise
             req.bounce = gpa
             pending.append((req, off, size))
             return True
 
-        for _ in range(STAGING_DEPTH):
-            if not submit_next():
-                break
-        while pending:
-            req, off, size = pending.popleft()
-            drv.session.wait_for(lambda: req.done)
-            try:
-                req.response()
-                out[off:off + size] = mem.view(req.bounce, size)
-            except Exception as e:
-                first_error = first_error or e
-            dev._give_staging(req.bounce)
-            submit_next()
+        try:
+            for _ in range(STAGING_DEPTH):
+                if not submit_next():
+                    break
+            while pending:
+                req, off, size = pending[0]
+                drv.session.wait_for(lambda: req.done)
+                pending.popleft()
+                try:
+                    req.response()
+                    out[off:off + size] = mem.view(req.bounce, size)
+                except Exception as e:
+                    first_error = first_error or e
+                dev._give_staging(req.bounce)
+                submit_next()
+        except BaseException:
+            dev._quarantine_staging(r.bounce for r, _o, _s in pending)
+            raise
         if first_error is not None:
             raise first_error
         self._raise_async_error()

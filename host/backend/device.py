@@ -47,6 +47,7 @@ class VirtioGpuDevice:
         self.held = 0  # chains held for a fence
         self.reset_announced = False  # config_changed sent for the current NEEDS_RESET
         self.stalled = False  # holding back chains until the GPU has room again
+        self.abandoned = []  # fences of work torn down by DEVICE_NEEDS_RESET
         self.stats = {"chains": 0, "bad_chains": 0, "unanswerable": 0, "ignored_kicks": 0,
                       "stalls": 0}
 
@@ -126,8 +127,11 @@ class VirtioGpuDevice:
                                      self.session.mem_size, self.driver_features)
 
     def reset(self) -> list:
-        """Device reset (status 0): -> fences still in flight for what was torn down."""
+        """Device reset (status 0): -> fences still in flight for what was torn down,
+        including work abandoned by an earlier DEVICE_NEEDS_RESET (spec DEV-RESET-1)."""
         pending = self.compute.reset() if self.compute is not None else []
+        pending = [f for f in self.abandoned + pending if not f.signaled]
+        self.abandoned = []
         self.generation += 1
         self.status = 0
         self.driver_features = 0
@@ -148,7 +152,9 @@ class VirtioGpuDevice:
     def needs_reset(self, reason: str) -> None:
         log.warning("session %s device %d: DEVICE_NEEDS_RESET: %s", self.session.name, self.index, reason)
         if self.compute is not None:
-            self.session.retire_fences(self.compute.reset())
+            torn = self.compute.reset()
+            self.abandoned += torn  # the driver's reset waits for them
+            self.session.retire_fences(torn)
         self.generation += 1
         self.held = 0
         self.reset_announced = False

@@ -113,6 +113,7 @@ class Backend:
         self.lock = threading.Lock()
         self.sessions: dict = {}  # peer -> GuestSession
         self._completions = collections.deque()
+        self._outbox = []  # deferred control replies (set_status 0 waiting for the GPU)
         self._ids = itertools.count(1)
         self._inflight = []  # fences of torn-down work, kept until they signal
         self._releases = []  # (session, fences) waiting to release guest memory
@@ -163,6 +164,8 @@ class Backend:
                 raise ControlError(wire.CTL_ERR_NO_SESSION, f"{op} before hello")
             out = []
             reply = self._request(session, op, msg, out)
+            if reply is None:  # deferred: sent from run_completions
+                return out
             return [(peer, codec.encode(codec.reply_ok(seq, **reply)))] + out
         except ControlError as e:
             self.stats["control_errors"] += 1
@@ -222,7 +225,11 @@ class Backend:
             return {"status": dev.status}
         if op == wire.OP_SET_STATUS:
             if msg["status"] == 0:
-                self.track_inflight(dev.reset())
+                pending = dev.reset()
+                if pending:  # DEV-RESET-1/2: reply once nothing can write guest memory
+                    self.track_inflight(pending)
+                    self._reply_when_done(session, dev, msg["seq"], pending)
+                    return None
             else:
                 dev.set_status(msg["status"])
             return {}
@@ -284,8 +291,26 @@ class Backend:
             out.append((session.peer, codec.encode(
                 {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.CONTROLQ, "notify": True})))
 
+    def _reply_when_done(self, session, dev, seq: int, fences) -> None:
+        """Send `{ok: true}` for request `seq` once every fence has signalled."""
+        remaining = [len(fences)]
+
+        def reply() -> bool:
+            self._outbox.append((session.peer, codec.encode(codec.reply_ok(seq))))
+            return False
+
+        def on_signal(_fence):  # engine thread
+            with self.lock:
+                remaining[0] -= 1
+                done = remaining[0] == 0
+            if done:
+                self.post_completion(session, dev, reply)
+
+        for f in fences:
+            f.add_done_callback(on_signal)
+
     def run_completions(self) -> list:
-        """Finish held chains whose fences signalled; -> the calls to send."""
+        """Finish held chains whose fences signalled; -> the messages to send."""
         out = []
         touched = {}
         while self._completions:
@@ -297,6 +322,8 @@ class Backend:
             touched[key] = (session, device, added or (key in touched and touched[key][2]))
         for session, dev, added in touched.values():
             self._after_processing(session, dev, added, out)
+        out += self._outbox
+        self._outbox = []
         self._reap_releases()
         return out
 

@@ -289,3 +289,35 @@ def test_calls_built_in_one_loop_iteration_carry_their_own_ring_state(backend):
         assert g.mem.read_u16(g.queue.layout.used + 2) == i + 1  # used.idx as built
         seen += len(g.queue.pop_used())
     assert seen == 3
+
+
+def test_reset_replies_only_when_nothing_can_still_write_guest_memory(backend):
+    """DEV-RESET-1/2: work already on the GPU (here a burn, then a copy into guest memory
+    behind it) finishes before the reply to set_status 0; only then may the driver
+    reuse its buffers."""
+    g = Guest(backend)
+    g.init()
+    g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
+    hdr, body = g.call(cmd(wire.CMD_MEM_ALLOC, (1, 0, 4096), ctx_id=1))
+    va, _ = struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, body)
+    burn, _ = g.submit(cmd(wire.CMD_LAUNCH, (wire.KERNEL_BURN, 1, 1, 1, 1, 1, 1, 1), ctx_id=1,
+                           extra=struct.pack("<Q", 100_000)))
+    g.submit(cmd(wire.CMD_COPY_D2H, (va, 4096), ctx_id=1),
+             writable=wire.CTRL_HDR_SIZE + 4096, at=2 << 20)
+    kmd = backend.kmds[0]
+    assert kmd.oldest_pending_fence() is not None
+    g.seq += 1
+    out = backend.handle(g.peer, codec.encode({"op": wire.OP_SET_STATUS, "seq": g.seq, "dev": 0,
+                                               "status": 0}), 0.0)
+    assert not [r for r in g._deliver(out) if r.get("seq") == g.seq]  # not yet
+    deadline = time.monotonic() + 5
+    replies = []
+    while not replies and time.monotonic() < deadline:
+        replies = [r for r in g._deliver(backend.run_completions()) if r.get("seq") == g.seq]
+        if not replies:
+            assert kmd.oldest_pending_fence() is not None  # still waiting for the GPU
+            time.sleep(0.005)
+    assert replies and replies[0]["ok"]
+    assert kmd.oldest_pending_fence() is None  # the burn and the copy are done
+    # the burn was answered ("accepted") before the reset; the held copy never comes back
+    assert [h for h, _n in g.queue.pop_used()] == [burn]
