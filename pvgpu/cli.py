@@ -1,6 +1,7 @@
 """`pvgpu`: the command line — host, info, run, demo, bench.
 
   pvgpu host [--listen EP]... [--vram SIZE]     start the backend with two emulated GPUs
+                                                  on the local ipc endpoint (+ each EP)
   pvgpu info [--connect EP]                       list the devices as a guest sees them
   pvgpu run WORKLOAD... [--connect EP] [--memory shared|inline] [--size N]
   pvgpu demo                                      host + two guests, every result verified
@@ -49,9 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("host", help="run the host backend with emulated GPUs")
-    p.add_argument("--listen", action="append", metavar="ENDPOINT",
-                   help="endpoint to bind (repeatable): ipc://PATH or tcp://HOST:PORT; "
-                        "default: the local ipc endpoint")
+    p.add_argument("--listen", action="append", metavar="ENDPOINT", default=[],
+                   help="another endpoint to bind (repeatable): ipc://PATH or tcp://HOST:PORT; "
+                        "the local ipc endpoint (%s) is always bound too unless --no-default"
+                        % _default_ep())
+    p.add_argument("--no-default", action="store_true",
+                   help="do not bind the local ipc endpoint (only the --listen ones)")
     p.add_argument("--vram", type=parse_size, default="1G", help="VRAM per device (default %(default)s)")
     p.add_argument("--gpus", type=int, default=2, help="number of emulated GPUs (default 2)")
     p.add_argument("--heartbeat-ms", type=int, default=wire.DEFAULT_HEARTBEAT_MS,
@@ -96,7 +100,11 @@ def cmd_host(args) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from host.main import run_host
-    return run_host(args.listen, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
+    endpoints = list(args.listen) if args.no_default else [_default_ep(), *args.listen]
+    if not endpoints:
+        print("pvgpu host: --no-default needs at least one --listen ENDPOINT", file=sys.stderr)
+        return 2
+    return run_host(endpoints, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
                     num_gpus=args.gpus, max_mem_size=args.max_guest_mem, ready_file=args.ready_file)
 
 

@@ -29,6 +29,8 @@ class HostProcess:
         args = [sys.executable, "-m", "pvgpu", "host", "--vram", vram, "--ready-file", self.ready_file]
         for ep in endpoints:
             args += ["--listen", ep]
+        if endpoints:
+            args.append("--no-default")  # a private host: leave the local endpoint alone
         if heartbeat_ms:
             args += ["--heartbeat-ms", str(heartbeat_ms)]
         args += list(extra_args)

@@ -168,3 +168,24 @@ def test_thousands_of_async_launches_flow_through_the_queue(host_factory, tmp_en
             ctx.synchronize()
             out = d.to_host()
             assert out[0] == 2999.0 and out[2999 % 4096] == 2999.0
+
+
+def test_listen_adds_endpoints_to_the_default_one(monkeypatch, tmp_endpoint):
+    import shutil
+    import tempfile
+
+    runtime = tempfile.mkdtemp(prefix="pvgpu-xdg-")
+    monkeypatch.setenv("XDG_RUNTIME_DIR", runtime)
+    args = [sys.executable, "-m", "pvgpu", "host", "--vram", "64M", "--listen", tmp_endpoint]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert f"ipc://{runtime}/pvgpu.sock" in line and tmp_endpoint in line
+        for ep in (f"ipc://{runtime}/pvgpu.sock", tmp_endpoint):
+            with guest.connect(ep, mem_size=8 << 20) as c:
+                assert len(c.devices) == 2
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(10) == 0
+        proc.stdout.close()
+        shutil.rmtree(runtime, ignore_errors=True)

@@ -22,6 +22,7 @@ def test_parse_size_rejects(text):
 def test_defaults_and_repeatable_listen():
     a = build_parser().parse_args(["host", "--listen", "tcp://127.0.0.1:1", "--listen", "ipc:///tmp/x"])
     assert a.listen == ["tcp://127.0.0.1:1", "ipc:///tmp/x"] and a.vram == 1 << 30 and a.gpus == 2
+    assert not a.no_default and build_parser().parse_args(["host", "--no-default"]).no_default
     a = build_parser().parse_args(["run", "gemm", "saxpy", "--memory", "inline", "--size", "9"])
     assert a.workloads == ["gemm", "saxpy"] and a.memory == "inline" and a.size == 9
     assert a.mem_size == 192 << 20 and a.connect is None
