@@ -38,6 +38,12 @@ def _await_vram_free(endpoint, expected, timeout=10):
     return _vram_free(endpoint)
 
 
+def _host_maps_guest_memory(host, guest_pid) -> bool:
+    """Whether the host process still maps the guest's memfd (named pvgpu-<guest pid>)."""
+    with open(f"/proc/{host.proc.pid}/maps") as f:
+        return f"memfd:pvgpu-{guest_pid} " in f.read()
+
+
 @pytest.mark.parametrize("memory", ["shared", "inline"])
 def test_a_killed_guest_is_reclaimed_by_heartbeat(host_factory, tmp_endpoint, memory):
     host = host_factory([tmp_endpoint], vram="256M", heartbeat_ms=200)
@@ -47,11 +53,16 @@ def test_a_killed_guest_is_reclaimed_by_heartbeat(host_factory, tmp_endpoint, me
     try:
         assert hog.stdout.readline().strip() == "ready"
         assert _vram_free(host.endpoint) <= before - (64 << 20)
+        if memory == "shared":
+            assert _host_maps_guest_memory(host, hog.pid)
         hog.kill()
         hog.wait(10)
         assert _await_vram_free(host.endpoint, before) == before
-        if memory == "shared":
-            assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"pvgpu-{hog.pid}-")]
+        if memory == "shared":  # the host let go of the dead guest's memory too
+            deadline = time.monotonic() + 5
+            while _host_maps_guest_memory(host, hog.pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert not _host_maps_guest_memory(host, hog.pid)
     finally:
         if hog.poll() is None:
             hog.kill()
