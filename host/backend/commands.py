@@ -309,7 +309,9 @@ class ComputeDevice:
         """Answer once everything on the timeline so far has completed (spec §7)."""
         earlier = t.unreported
         t.unreported = []
-        fences = [f for f in earlier + own + ([t.last_fence] if t.last_fence else []) if f is not None]
+        # own fence is usually also the timeline's last one: wait on each fence once
+        fences = list(dict.fromkeys(
+            f for f in earlier + own + [t.last_fence] if f is not None))
 
         def finish() -> Response:
             for f in earlier + own:

@@ -302,7 +302,8 @@ def test_host_lost_when_host_never_answers(endpoint, make_host, make_guest):
     with pytest.raises(HostLost, match="stopped answering") as ei:
         g.request({"op": OP_GET_STATUS, "dev": 0})
     elapsed = time.monotonic() - t0
-    assert HB_MS * HEARTBEAT_MISSES / 1000 * 0.9 <= elapsed < 1.0
+    # after the silence window, and well before any request timeout would have fired
+    assert HB_MS * HEARTBEAT_MISSES / 1000 * 0.9 <= elapsed < 5.0
     assert host.endpoint in str(ei.value)
     # the waiter pinged while it waited
     assert wait_for(lambda: host.pings >= HEARTBEAT_MISSES - 1)
@@ -338,7 +339,7 @@ def test_timeout_is_not_host_lost(endpoint, make_host, make_guest):
     t0 = time.monotonic()
     with pytest.raises(ChannelTimeout):
         g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=0.4)
-    assert 0.4 <= time.monotonic() - t0 < 1.5
+    assert 0.4 <= time.monotonic() - t0 < 5.0  # the timeout, not a hang
     with pytest.raises(TimeoutError):  # ChannelTimeout is a TimeoutError too
         g.recv_until(lambda m: False, timeout=0.05)
 
@@ -454,9 +455,8 @@ def test_sender_is_not_blocked_by_a_long_wait(endpoint, make_host, make_guest):
     waiter.start()
     try:
         time.sleep(0.1)  # the waiter now holds the socket in its poll
-        t0 = time.monotonic()
         g.send({"op": OP_KICK, "dev": 0, "queue": 3})
-        assert time.monotonic() - t0 < 0.2
+        assert waiter.is_alive()  # sent while the waiter still holds its 1 s poll
         assert wait_for(lambda: OP_KICK in host.ops(), timeout=2)
     finally:
         waiter.join(timeout=5)

@@ -235,7 +235,7 @@ def test_full_engine_ring_holds_chains_back_instead_of_blocking(backend_small_ri
     burn = cmd(wire.CMD_LAUNCH, (wire.KERNEL_BURN, 1, 1, 1, 1, 1, 1, 1), ctx_id=1,
                extra=struct.pack("<Q", 30_000))
     g.mem.write(1 << 20, burn)
-    heads, slowest = [], 0.0
+    heads = []
     for i in range(N_FLOOD):  # far more jobs than a 4 KiB ring holds
         at = (1 << 20) + 1024 * i
         launch = cmd(wire.CMD_LAUNCH, (wire.KERNEL_FILL, 1, 1, 1, 1, 1, 1, 3), ctx_id=1,
@@ -244,15 +244,15 @@ def test_full_engine_ring_holds_chains_back_instead_of_blocking(backend_small_ri
         heads.append(g.queue.add_chain([(at, len(burn if i == 0 else launch))],
                                        [(at + (1 << 19), wire.MIN_RESPONSE_SIZE)]))
         dirty = g.mem.take_dirty()
-        t0 = time.monotonic()
         g._deliver(backend.handle(g.peer, codec.encode(
             {"op": wire.OP_KICK, "dev": 0, "queue": 0,
              "patches": [[a, k] for k, (a, _n) in enumerate(dirty)]},
             [g.mem.read(a, n) for a, n in dirty]), 0.0))
-        slowest = max(slowest, time.monotonic() - t0)
+    kmd = backend.kmds[0]
+    assert all(r.full_waits == 0 for r in kmd.rings)  # never waited inside the KMD
+    assert kmd.stats["ib_pool_waits"] == 0
     dev = backend.sessions[g.peer].devices[0]
     assert dev.stats["stalls"] >= 1
-    assert slowest < 0.02  # never waited for the 30 ms burn to drain the ring
     done = set()
     deadline = time.monotonic() + 10
     while len(done) < len(heads) and time.monotonic() < deadline:
