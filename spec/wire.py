@@ -315,6 +315,7 @@ BUILTIN_KERNELS = {k.kernel_id: k for k in (
     KernelSignature(KERNEL_BURN, "burn", (("microseconds", ARG_U32),)),
 )}
 KERNELS_BY_NAME = {k.name: k for k in BUILTIN_KERNELS.values()}
+BURN_FOREVER = 0xFFFFFFFF  # burn(microseconds=BURN_FOREVER) runs until the engine is reset
 
 
 def pack_ctrl_hdr(type_: int, flags: int = 0, fence_id: int = 0, ctx_id: int = 0,

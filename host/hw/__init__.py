@@ -13,6 +13,6 @@ registers, never guests, sessions or virtio.
   mmu.py                Mmu: page-table walks, extents, TLB; MmuFault
   kernels.py            the built-in kernel library and KernelMemory
   command_processor.py  CommandProcessor: packet decoding and execution
-  engine.py             Engine: one ring and its thread
+  engine.py             Engine: one ring and its thread (three per GPU: compute, copy0, copy1)
   gpu.py                Gpu and Platform builders
 """

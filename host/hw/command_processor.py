@@ -9,16 +9,19 @@ ring; the RB_RPTR moves past the IB packet only when the whole IB is done.
 What each packet does:
   NOP              nothing (any body length)
   INDIRECT_BUFFER  ring only; see above (vmid < NUM_VMIDS, IB inside VRAM, dword aligned)
-  COPY             copy engine only: translate src with READ and dst with WRITE, then copy
-                   extent by extent with np.copyto (memcpy speed; numpy drops the GIL).
+  COPY             copy engines only (either of regs.COPY_ENGINES: copy0 and copy1 are
+                   identical DMA engines): translate src with READ and dst with WRITE, then
+                   copy extent by extent with np.copyto (memcpy speed; numpy drops the GIL).
                    As on real DMA engines, overlapping src and dst give undefined results.
   LAUNCH           compute engine only: run a built-in kernel (host/hw/kernels.py)
   FENCE            ring only: write the u64 seq at a VRAM physical address (8-aligned),
                    wake every WAIT of the GPU, then with FENCE_IRQ raise
-                   IRQ_FENCE(engine, address=addr, data=seq)
+                   IRQ_FENCE(engine, address=addr, data=seq, timestamp=the device clock
+                   when seq was written, i.e. when the work before the fence completed)
   WAIT             ring only: stall until the u64 at the VRAM physical address >= value;
                    sleeps on the GPU's fence condition (woken by every FENCE, re-checked
-                   every WAIT_POLL seconds for CPU writes), stoppable by reset/shutdown
+                   every WAIT_POLL seconds for CPU writes), stoppable by reset/shutdown;
+                   the engine counts a stalled WAIT as busy time (RB_BUSY_NS)
   TLB_FLUSH        ring only: flush the TLB of vmid (VM_INVALIDATE_ALL: every VMID)
 
 Errors. A packet that cannot be executed as written — unknown opcode, wrong body length,
@@ -30,11 +33,16 @@ IRQ_PAGE_FAULT(engine, vmid, address, access). Either way, inside an IB the rest
 is skipped; in the ring only that packet is (a packet running past WPTR drops everything
 up to WPTR). Execution then goes on with the next ring packet, so a FENCE after a faulting
 IB still signals. Interrupts of work that was stopped by a reset are not raised.
+
+Every interrupt carries `timestamp`: the device clock (the `clock` callable the Gpu
+passes in, Gpu.clock_ns) read when the CP raised it (for IRQ_FENCE: when it wrote the
+fence value).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
@@ -43,7 +51,7 @@ from host.hw.interrupts import Interrupt
 from host.hw.mmu import MmuFault
 from host.hw.packets import (FENCE_IRQ, PKT_COPY, PKT_FENCE, PKT_INDIRECT_BUFFER, PKT_LAUNCH,
                              PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT, split_header)
-from host.hw.regs import (ENGINE_COMPUTE, ENGINE_COPY, ENGINE_NAMES, IRQ_FENCE,
+from host.hw.regs import (COPY_ENGINES, ENGINE_COMPUTE, ENGINE_NAMES, IRQ_FENCE,
                           IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_VMIDS, VM_INVALIDATE_ALL)
 from spec.wire import ACCESS_READ, ACCESS_WRITE
 
@@ -65,8 +73,10 @@ def _u64(lo: int, hi: int) -> int:
 
 
 class CommandProcessor:
-    def __init__(self, engine: int, vram, mmu, irq, fence_cond, name: str = "gpu", cus=None):
+    def __init__(self, engine: int, vram, mmu, irq, fence_cond, name: str = "gpu", cus=None,
+                 clock=time.monotonic_ns):
         self.engine = engine
+        self.clock = clock  # () -> device time in ns, stamped on every interrupt
         self.cus = cus if cus is not None else kernels.SERIAL
         self.vram = vram
         self.mmu = mmu
@@ -145,7 +155,8 @@ class CommandProcessor:
         except MmuFault as f:
             self.page_faults += 1
             log.info("%s: %s", self.name, f)
-            self._raise(ctl, Interrupt(IRQ_PAGE_FAULT, self.engine, f.vmid, f.address, f.access))
+            self._raise(ctl, Interrupt(IRQ_PAGE_FAULT, self.engine, f.vmid, f.address, f.access,
+                                       timestamp=self.clock()))
         except Exception:  # noqa: BLE001 - a hardware bug must not kill the engine
             self.internal_errors += 1
             log.exception("%s: internal error executing %s", self.name,
@@ -161,7 +172,8 @@ class CommandProcessor:
         self.illegal_packets += 1
         log.info("%s: illegal packet %#010x at %#x (vmid %d): %s", self.name, hdr, offset,
                  vmid, reason)
-        self._raise(ctl, Interrupt(IRQ_ILLEGAL_PACKET, self.engine, vmid, offset, 0, hdr))
+        self._raise(ctl, Interrupt(IRQ_ILLEGAL_PACKET, self.engine, vmid, offset, 0, hdr,
+                                   timestamp=self.clock()))
 
     def _vram_addr(self, addr: int, nbytes: int, align: int) -> int:
         if addr % align or addr + nbytes > self.vram.size:
@@ -192,7 +204,7 @@ class CommandProcessor:
             i += 1 + ndw
 
     def _copy(self, body, vmid, ctl):
-        if self.engine != ENGINE_COPY:
+        if self.engine not in COPY_ENGINES:
             raise _Illegal("COPY on a non-copy engine")
         src = _u64(body[0], body[1])
         dst = _u64(body[2], body[3])
@@ -227,7 +239,8 @@ class CommandProcessor:
         args = [_u64(body[j], body[j + 1]) for j in range(LAUNCH_FIXED_DW, len(body), 2)]
         self.launches += 1
         try:
-            kernels.launch(kernel_id, grid, block, args, kernels.KernelMemory(self.mmu, vmid, self.cus), ctl)
+            kernels.launch(kernel_id, grid, block, args,
+                           kernels.KernelMemory(self.mmu, vmid, self.cus), ctl)
         except kernels.InvalidLaunch as e:
             raise _Illegal(str(e)) from None
 
@@ -236,10 +249,11 @@ class CommandProcessor:
         seq = _u64(body[2], body[3])
         with self.fence_cond:
             self.vram.qwords[addr >> 3] = seq
+            stamp = self.clock()  # the job completed now
             self.fence_cond.notify_all()
         self.fences += 1
         if body[4] & FENCE_IRQ:
-            self._raise(ctl, Interrupt(IRQ_FENCE, self.engine, 0, addr, 0, seq))
+            self._raise(ctl, Interrupt(IRQ_FENCE, self.engine, 0, addr, 0, seq, stamp))
 
     def _wait(self, body, vmid, ctl):
         addr = self._vram_addr(_u64(body[0], body[1]), 8, 8)

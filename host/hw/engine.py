@@ -1,5 +1,8 @@
 """An engine: one ring, its registers and the thread that runs its command processor.
 
+A Gpu has regs.NUM_ENGINES engines (compute, copy0, copy1), each with its own thread, so
+they execute concurrently: a long kernel on the compute engine does not delay copies.
+
 Ring protocol (as in amdgpu_ring.c): the driver writes packets into the ring at WPTR and
 publishes the new WPTR with a doorbell (RB_DOORBELL), which wakes the engine's thread.
 The engine executes packets while RPTR != WPTR and advances RB_RPTR after each packet.
@@ -10,13 +13,23 @@ is published but the engine is not woken (it will see it when it next looks).
 
 RB_STATUS reads BUSY while a packet is executing or RPTR != WPTR.
 
-RB_RESET (write 1): the current packet is abandoned at its next stop check (burn checks
-at least every millisecond, WAIT immediately, COPY between extents and 32 MiB chunks,
-IBs between packets; a numpy kernel call already running finishes first), pending
-packets are dropped and RPTR = WPTR = 0; RB_BASE/RB_SIZE are kept. Work stopped by a
-reset raises no interrupts. The write returns once the engine has left the abandoned
-packet (bounded by RESET_TIMEOUT), except when written from the engine's own thread (an
-interrupt handler), where the engine stops after the handler returns.
+RB_BUSY_NS reads the total device-clock ns the engine has spent executing ring packets
+(an IB counts as the one ring packet that runs it), including the part of a packet that is
+executing now; a WAIT that stalls counts as busy (the engine is occupied, as a GPU's
+busy counter sees it). It only grows: RB_RESET does not clear it. The KMD can sample it
+to compute utilisation. stats()["busy_ns"] reads the same.
+
+RB_RESET (write 1): the current packet is abandoned at its next stop check, pending
+packets are dropped and RPTR = WPTR = 0; RB_BASE/RB_SIZE are kept. Stop checks: burn at
+least every BURN_CHECK_INTERVAL (1 ms; burn(BURN_FOREVER) runs until a reset), WAIT
+immediately, COPY between extents and 32 MiB chunks, IBs between packets, and every
+kernel between chunks of work of at most a few ms (kernels.py: elementwise kernels every
+ELEMENTWISE_CHUNK elements on each compute unit, gemm between row blocks of C, softmax
+between row blocks, reduce_sum between input blocks); only the numpy call of the chunk
+already running finishes first. A stopped kernel leaves its outputs partially written.
+Work stopped by a reset raises no interrupts. The write returns once the engine has left
+the abandoned packet (bounded by RESET_TIMEOUT), except when written from the engine's
+own thread (an interrupt handler), where the engine stops after the handler returns.
 
 A ring configuration that is unusable (RB_SIZE not a power of two >= 4 KiB, RB_BASE not
 page aligned, or the ring outside VRAM) makes a doorbell raise IRQ_ILLEGAL_PACKET
@@ -27,11 +40,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from host.hw.command_processor import CommandProcessor
 from host.hw.kernels import StopToken
-from host.hw.regs import (ENGINE_NAMES, PAGE_SIZE, RB_BASE, RB_DOORBELL, RB_RESET, RB_RPTR,
-                          RB_SIZE, RB_STATUS, RB_STATUS_BUSY, RB_STATUS_IDLE, RB_WPTR,
+from host.hw.regs import (ENGINE_NAMES, PAGE_SIZE, RB_BASE, RB_BUSY_NS, RB_DOORBELL, RB_RESET,
+                          RB_RPTR, RB_SIZE, RB_STATUS, RB_STATUS_BUSY, RB_STATUS_IDLE, RB_WPTR,
                           REG_ENGINE)
 from host.hw.mmio import RO, RW, WO
 
@@ -41,12 +55,14 @@ RESET_TIMEOUT = 1.0
 
 
 class Engine:
-    def __init__(self, engine: int, vram, mmu, irq, fence_cond, name: str = "gpu", cus=None):
+    def __init__(self, engine: int, vram, mmu, irq, fence_cond, name: str = "gpu", cus=None,
+                 clock=time.monotonic_ns):
         self.id = engine
         self.vram = vram
         self.fence_cond = fence_cond
+        self.clock = clock  # () -> device time in ns (Gpu.clock_ns)
         self.name = f"{name}.{ENGINE_NAMES.get(engine, engine)}"
-        self.cp = CommandProcessor(engine, vram, mmu, irq, fence_cond, name, cus)
+        self.cp = CommandProcessor(engine, vram, mmu, irq, fence_cond, name, cus, clock)
         self._cond = threading.Condition()
         self._wake = threading.Event()  # set on reset/shutdown: cuts sleeps short
         self._base = 0
@@ -56,6 +72,8 @@ class Engine:
         self._gen = 0  # bumped by reset and shutdown: work of an older gen is abandoned
         self._exec_gen = None  # gen of the packet executing now, None when idle
         self._shutdown = False
+        self._busy_total = 0  # ns spent in finished ring packets
+        self._busy_since = None  # clock() when the executing packet started, None when idle
         self._thread: threading.Thread | None = None
         self.doorbells = 0
         self.resets = 0
@@ -72,6 +90,7 @@ class Engine:
         mmio.define(r(RB_DOORBELL), "RB_DOORBELL", WO, on_write=self.doorbell)
         mmio.define(r(RB_RESET), "RB_RESET", WO, on_write=self._reset_reg)
         mmio.define(r(RB_STATUS), "RB_STATUS", RO, on_read=self.status)
+        mmio.define(r(RB_BUSY_NS), "RB_BUSY_NS", RO, on_read=lambda: self.busy_ns)
 
     def _set_base(self, value: int) -> None:
         with self._cond:
@@ -104,6 +123,15 @@ class Engine:
     def status(self) -> int:
         busy = self._exec_gen is not None or self._rptr != self._wptr
         return RB_STATUS_BUSY if busy else RB_STATUS_IDLE
+
+    @property
+    def busy_ns(self) -> int:
+        """Total ns spent executing packets, the one executing now included (RB_BUSY_NS)."""
+        with self._cond:
+            total, since = self._busy_total, self._busy_since
+            if since is not None:
+                total += max(0, self.clock() - since)
+            return total
 
     def _reset_reg(self, value: int) -> None:
         if value & 1:
@@ -163,6 +191,7 @@ class Engine:
                 gen = self._gen
                 self._wake.clear()
                 self._exec_gen = gen
+                self._busy_since = self.clock()
                 base, size, rptr, wptr = self._base, self._size, self._rptr, self._wptr
                 ring_ok = self._ring_ok() and rptr < size and wptr < size
             ctl = StopToken(lambda: self._gen != gen, self._wake)
@@ -178,10 +207,12 @@ class Engine:
                               self.name)
             with self._cond:
                 self._exec_gen = None
+                self._busy_total += max(0, self.clock() - self._busy_since)
+                self._busy_since = None
                 if self._gen == gen:
                     self._rptr = new_rptr
                 self._cond.notify_all()
 
     def stats(self) -> dict:
         return dict(self.cp.stats(), doorbells=self.doorbells, resets=self.resets,
-                    engine_internal_errors=self.internal_errors)
+                    engine_internal_errors=self.internal_errors, busy_ns=self.busy_ns)

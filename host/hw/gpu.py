@@ -1,13 +1,20 @@
 """Builders: one emulated GPU from its blocks, and the platform that holds the GPUs.
 
 Gpu wires VRAM, the MMIO register file, the interrupt controller, the MMU and one Engine
-(ring + command processor + thread) per regs.ENGINE_*. The KMD drives it only through:
+(ring + command processor + thread) per regs.ENGINE_* (NUM_ENGINES = 3: compute, copy0,
+copy1; all run concurrently). The KMD drives it only through:
   gpu.vram        CPU access through the BAR: read/write/view/read_u64/... (physical)
   gpu.mmio        read(offset) / write(offset, value)  (host/hw/regs.py)
   gpu.irq         set_handler(fn(Interrupt))
   gpu.sysmem      dma_map(buf) -> bus address / dma_unmap(bus address)
+  gpu.clock_ns()  the device clock (also MMIO REG_TIMESTAMP)
   gpu.index, gpu.name, gpu.vram.size
 Everything else (gpu.mmu, gpu.engines, stats()) is for tests and benchmarks.
+
+The device clock counts nanoseconds on the host's monotonic base: Gpu.clock_ns() is
+time.monotonic_ns(), so device timestamps (REG_TIMESTAMP, Interrupt.timestamp, engine
+busy time) compare directly with the host's time.monotonic_ns() — as if the driver had
+calibrated the GPU clock against the CPU clock. It never goes backwards.
 
 Platform builds one SystemMemory shared by all devices and `num_gpus` GPUs (the PCIe
 topology and P2P come later).
@@ -23,9 +30,9 @@ from host.hw.engine import Engine
 from host.hw.interrupts import InterruptController
 from host.hw.mmio import RO, RW, WO, RegisterFile
 from host.hw.mmu import Mmu
-from host.hw.regs import (DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, NUM_ENGINES, NUM_VMIDS, REG_DEVICE_ID,
-                          REG_IRQ_ENABLE, REG_VM_INVALIDATE, REG_VM_PT_BASE, REG_VRAM_SIZE,
-                          VM_INVALIDATE_ALL)
+from host.hw.regs import (DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, NUM_ENGINES, NUM_VMIDS,
+                          REG_DEVICE_ID, REG_IRQ_ENABLE, REG_TIMESTAMP, REG_VM_INVALIDATE,
+                          REG_VM_PT_BASE, REG_VRAM_SIZE, VM_INVALIDATE_ALL)
 from host.hw.sysmem import SystemMemory
 from host.hw.vram import Vram
 
@@ -46,13 +53,14 @@ class Gpu:
         self.fence_cond = threading.Condition()  # every FENCE write notifies it
         self.cus = ComputeUnits(compute_units, tag)
         self.engines = [Engine(e, self.vram, self.mmu, self.irq, self.fence_cond, tag,
-                               self.cus if e == ENGINE_COMPUTE else None)
+                               self.cus if e == ENGINE_COMPUTE else None, self.clock_ns)
                         for e in range(NUM_ENGINES)]
         self._started = False
 
         m = self.mmio
         m.define(REG_DEVICE_ID, "DEVICE_ID", RO, DEVICE_ID_PVGPU_EMU)
         m.define(REG_VRAM_SIZE, "VRAM_SIZE", RO, vram_size)
+        m.define(REG_TIMESTAMP, "TIMESTAMP", RO, on_read=self.clock_ns)
         m.define(REG_IRQ_ENABLE, "IRQ_ENABLE", RW,
                  on_write=lambda v: self.irq.set_enabled(v & 1))
         m.define(REG_VM_INVALIDATE, "VM_INVALIDATE", WO, on_write=self._vm_invalidate)
@@ -61,6 +69,11 @@ class Gpu:
                      on_write=lambda v, vmid=vmid: self.mmu.set_root(vmid, v))
         for engine in self.engines:
             engine.attach(m)
+
+    @staticmethod
+    def clock_ns() -> int:
+        """The device clock in ns: time.monotonic_ns() (the host's monotonic base)."""
+        return time.monotonic_ns()
 
     def _vm_invalidate(self, value: int) -> None:
         if value == VM_INVALIDATE_ALL:

@@ -11,6 +11,11 @@ While REG_IRQ_ENABLE is 0 interrupts are latched (up to MAX_LATCHED, oldest drop
 counted); writing 1 delivers the latched ones, in order, on the writing thread.
 
 A handler exception never reaches the engine: it is logged and counted.
+
+Every Interrupt carries `timestamp`, the device clock (Gpu.clock_ns, ns on the host's
+monotonic base) when the hardware raised it, like the timestamp in an amdgpu IV ring
+entry: for IRQ_FENCE it is when the fence value was written (the job completed), not when
+the handler runs, so a latched interrupt keeps its original time.
 """
 
 from __future__ import annotations
@@ -35,11 +40,13 @@ class Interrupt:
     address: int = 0
     access: int = 0  # spec.wire.ACCESS_* (page faults)
     data: int = 0
+    timestamp: int = 0  # device clock (ns) when the interrupt was raised
 
     def __str__(self):
         return (f"{IRQ_NAMES.get(self.source, self.source)} "
                 f"engine={ENGINE_NAMES.get(self.engine, self.engine)} vmid={self.vmid} "
-                f"address={self.address:#x} access={self.access} data={self.data:#x}")
+                f"address={self.address:#x} access={self.access} data={self.data:#x} "
+                f"timestamp={self.timestamp}")
 
 
 class InterruptController:

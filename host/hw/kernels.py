@@ -1,4 +1,4 @@
-"""The compute engine's built-in kernel library (spec/pvgpu.md §7, spec.wire BUILTIN_KERNELS).
+"""The compute engine's built-in kernel library (spec/pvgpu.md §8, spec.wire BUILTIN_KERNELS).
 
 Kernels run with numpy on views of translated memory. Every argument is one u64 slot:
 ARG_PTR is a GPU virtual address of the launching VMID, ARG_U32 the low 32 bits, ARG_F32
@@ -12,19 +12,44 @@ an IEEE binary32 in the low 32 bits. Data are float32, little-endian, row-major.
   reduce_sum  dst[0] = sum(src[0:n])               accumulated in float64, stored as float32
   gemm        C[m,n] = A[m,k] @ B[k,n]             np.matmul (float32 BLAS)
   softmax     dst[r,:] = softmax(src[r,:])         rows x cols, max-subtracted (stable)
-  burn        busy for `microseconds` of wall time (sleeps in <= 1 ms steps; stoppable)
+  burn        busy for `microseconds` of wall time; BURN_FOREVER: until reset/shutdown
 
 threads = gx*gy*gz*bx*by*bz (Python ints, no overflow). Elementwise kernels split their
-index range over the engine's compute units (compute_units.py) when it is large. reduce_sum, gemm and softmax
-process their whole problem regardless of the launch shape.
+index range over the engine's compute units (compute_units.py) when it is large.
+reduce_sum, gemm and softmax process their whole problem regardless of the launch shape.
+
+burn models *device* time, not host CPU work: it sleeps (in steps of at most
+BURN_CHECK_INTERVAL, waking early on a reset) while its engine stays busy, so a burning
+engine costs the host no CPU. `microseconds` == spec.wire.BURN_FOREVER (0xFFFFFFFF)
+never ends by itself: the engine stays busy until RB_RESET or shutdown (a TDR test hang).
+
+Stopping (RB_RESET, shutdown): every kernel checks ctl.stopped() between chunks of work
+sized to take a few ms at most, and returns early when it is set:
+  elementwise kernels  before every ELEMENTWISE_CHUNK elements, on every compute unit
+  gemm                 between row blocks of C of at most GEMM_BLOCK_MACS multiply-adds,
+                       equal-sized, except that blocks never go below 8 rows (unless C
+                       has fewer): BLAS computes 1-3 row products by other code paths,
+                       with other rounding, and results must not depend on blocking
+  softmax              between row blocks of at most SOFTMAX_BLOCK elements (>= 1 row)
+  reduce_sum           between REDUCE_BLOCK-element blocks of the input (float64 partial
+                       sums added in float64: the summation order is unspecified, KRN-SEM-3)
+  burn                 at least every BURN_CHECK_INTERVAL
+Only the numpy call of the chunk already running finishes first. A stopped kernel leaves
+its outputs partially written (the chunks done so far; an output computed into a
+temporary, below, is not written at all). Chunking does not change results: gemm and
+softmax rows are computed exactly as by one whole-matrix call. Gathering a scattered
+input (a memory copy) is not interrupted.
 
 Memory access (KernelMemory): each kernel first translates *every* argument range
 (READ for inputs, WRITE for outputs, READ|WRITE for saxpy's y) and only then computes, so
 a page fault (MmuFault) leaves memory untouched. A range that is one extent is used as
 a view in place; a range of several extents is gathered into a copy (inputs) or computed
-into a temporary that commit() scatters (outputs). Aliasing: numpy ufuncs with out=
-handle overlapping operands; gemm and softmax use a temporary when the output may share
-memory with an input. Floating-point exceptions (overflow to inf, NaN) are not errors.
+into a temporary that commit() scatters (outputs). Aliasing: results are as if every
+input was read before any output was written. An output that *is* an input (same range)
+is computed in place; an input that partially overlaps an output is copied first
+(KernelMemory.unshare; elementwise kernels, softmax); gemm computes into a temporary
+when C may share memory with A or B. Floating-point exceptions (overflow to inf, NaN)
+are not errors.
 """
 
 from __future__ import annotations
@@ -36,12 +61,19 @@ import time
 import numpy as np
 
 from host.hw.compute_units import SERIAL, ComputeUnits
+from spec import wire
 from spec.wire import (ACCESS_READ, ACCESS_WRITE, ARG_F32, ARG_PTR, ARG_U32,
                        BUILTIN_KERNELS, KERNEL_BURN, KERNEL_FILL, KERNEL_GEMM, KERNEL_REDUCE_SUM,
                        KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE, KERNEL_SOFTMAX, KERNEL_VECTOR_ADD)
 
 F32 = np.dtype("<f4")
 BURN_CHECK_INTERVAL = 0.001  # seconds between stop-flag checks in burn
+BURN_FOREVER = wire.BURN_FOREVER  # burn(BURN_FOREVER) runs until the engine is reset
+ELEMENTWISE_CHUNK = 1 << 20  # elements per stop check of an elementwise kernel (per CU)
+GEMM_BLOCK_MACS = 1 << 29  # multiply-adds per gemm row block (~6 ms at ~90 GMAC/s fp32)
+GEMM_MIN_ROWS = 16  # gemm blocks aim at >= this many rows (balanced: >= 8 rows)
+SOFTMAX_BLOCK = 1 << 20  # elements per softmax row block (~1.5 ms)
+REDUCE_BLOCK = 1 << 22  # input elements per reduce_sum block (~1.5 ms)
 
 
 class InvalidLaunch(Exception):
@@ -84,18 +116,35 @@ class KernelMemory:
         self.vmid = vmid
         self.cus = cus
 
-    def elementwise(self, count: int, fn, outputs=(), inputs=()) -> None:
-        """fn(lo, hi) over [0, count), split across the compute units. Split only when
-        no output partially overlaps an input: exact aliasing (out is in) is safe piece
-        by piece, a shifted overlap is not (numpy buffers it only for a whole call)."""
-        for o in outputs:
-            for x in inputs:
-                if np.may_share_memory(o, x) and not (
-                        o.__array_interface__["data"][0] == x.__array_interface__["data"][0]
-                        and o.nbytes == x.nbytes):
-                    fn(0, count)
+    def elementwise(self, ctl: "StopToken", count: int, fn) -> None:
+        """fn(lo, hi) over [0, count), split across the compute units; each CU runs its
+        piece in chunks of at most ELEMENTWISE_CHUNK elements and checks ctl.stopped()
+        before each chunk (a stopped kernel returns with later chunks not done). Piece by
+        piece is only right when no output partially overlaps an input: pass the inputs
+        through unshare() first."""
+        chunk = ELEMENTWISE_CHUNK
+
+        def piece(lo, hi):
+            for start in range(lo, hi, chunk):
+                if ctl.stopped():
                     return
-        self.cus.run(count, fn)
+                fn(start, min(start + chunk, hi))
+        self.cus.run(count, piece)
+
+    @staticmethod
+    def unshare(outputs, *inputs):
+        """-> inputs, each one that partially overlaps an output replaced by a copy, so
+        that the results are as if all reads came first (numpy's rule for one call).
+        Exact aliasing (the output *is* the input) is left alone: it is safe element by
+        element."""
+        out = []
+        for x in inputs:
+            for o in outputs:
+                if np.may_share_memory(o, x) and not _same_memory(o, x):
+                    x = x.copy()
+                    break
+            out.append(x)
+        return out if len(out) != 1 else out[0]
 
     def _translate(self, va: int, count: int, dtype, access: int):
         dtype = np.dtype(dtype)
@@ -123,6 +172,26 @@ class KernelMemory:
         return tmp.view(dtype), lambda: _scatter(tmp, ext)
 
 
+def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and a.nbytes == b.nbytes)
+
+
+def _finish(ctl, commit) -> None:
+    """Scatter a temporary output unless the kernel was stopped (then it stays unwritten)."""
+    if not ctl.stopped():
+        commit()
+
+
+def _block_rows(rows: int, per_row: int, budget: int, min_rows: int = 1) -> int:
+    """Rows per block so a block costs at most `budget` (at least min_rows), balanced."""
+    if rows <= 0:
+        return 1
+    step = max(min_rows, budget // max(1, per_row))
+    nblocks = -(-rows // step)
+    return -(-rows // nblocks)
+
+
 def _gather(ext: list) -> np.ndarray:
     if len(ext) == 1:
         return ext[0]
@@ -145,8 +214,8 @@ def _scatter(tmp: np.ndarray, ext: list) -> None:
 def fill(mem, ctl, threads, dst, value, n):
     count = min(n, threads)
     out, commit = mem.output(dst, count)
-    mem.elementwise(count, lambda lo, hi: out[lo:hi].fill(value))
-    commit()
+    mem.elementwise(ctl, count, lambda lo, hi: out[lo:hi].fill(value))
+    _finish(ctl, commit)
 
 
 def vector_add(mem, ctl, threads, a, b, c, n):
@@ -154,46 +223,53 @@ def vector_add(mem, ctl, threads, a, b, c, n):
     x = mem.input(a, count)
     y = mem.input(b, count)
     out, commit = mem.output(c, count)
-    mem.elementwise(count, lambda lo, hi: np.add(x[lo:hi], y[lo:hi], out=out[lo:hi]),
-                    outputs=(out,), inputs=(x, y))
-    commit()
+    x, y = mem.unshare((out,), x, y)
+    mem.elementwise(ctl, count, lambda lo, hi: np.add(x[lo:hi], y[lo:hi], out=out[lo:hi]))
+    _finish(ctl, commit)
 
 
 def saxpy(mem, ctl, threads, alpha, x, y, n):
     count = min(n, threads)
     xs = mem.input(x, count)
     ys, commit = mem.inout(y, count)
+    xs = mem.unshare((ys,), xs)
 
     def piece(lo, hi):
-        t = np.multiply(xs[lo:hi], alpha)  # a temporary: x may overlap y
+        t = np.multiply(xs[lo:hi], alpha)  # a temporary: x may be y
         np.add(t, ys[lo:hi], out=ys[lo:hi])
-    mem.elementwise(count, piece, outputs=(ys,), inputs=(xs,))
-    commit()
+    mem.elementwise(ctl, count, piece)
+    _finish(ctl, commit)
 
 
 def scale(mem, ctl, threads, dst, src, alpha, n):
     count = min(n, threads)
     xs = mem.input(src, count)
     out, commit = mem.output(dst, count)
-    mem.elementwise(count, lambda lo, hi: np.multiply(xs[lo:hi], alpha, out=out[lo:hi]),
-                    outputs=(out,), inputs=(xs,))
-    commit()
+    xs = mem.unshare((out,), xs)
+    mem.elementwise(ctl, count, lambda lo, hi: np.multiply(xs[lo:hi], alpha, out=out[lo:hi]))
+    _finish(ctl, commit)
 
 
 def relu(mem, ctl, threads, dst, src, n):
     count = min(n, threads)
     xs = mem.input(src, count)
     out, commit = mem.output(dst, count)
-    mem.elementwise(count, lambda lo, hi: np.maximum(xs[lo:hi], np.float32(0), out=out[lo:hi]),
-                    outputs=(out,), inputs=(xs,))
-    commit()
+    xs = mem.unshare((out,), xs)
+    mem.elementwise(ctl, count,
+                    lambda lo, hi: np.maximum(xs[lo:hi], np.float32(0), out=out[lo:hi]))
+    _finish(ctl, commit)
 
 
 def reduce_sum(mem, ctl, threads, src, dst, n):
     xs = mem.input(src, n)
     out, commit = mem.output(dst, 1)
-    out[0] = np.float32(np.add.reduce(xs, dtype=np.float64))
-    commit()
+    total = 0.0  # float64
+    for lo in range(0, n, REDUCE_BLOCK):
+        if ctl.stopped():
+            return  # dst is not written
+        total += float(np.add.reduce(xs[lo:lo + REDUCE_BLOCK], dtype=np.float64))
+    out[0] = np.float32(total)
+    _finish(ctl, commit)
 
 
 def gemm(mem, ctl, threads, a, b, c, m, n, k):
@@ -201,11 +277,16 @@ def gemm(mem, ctl, threads, a, b, c, m, n, k):
     bm = mem.input(b, k * n).reshape(k, n)
     out, commit = mem.output(c, m * n)
     cm = out.reshape(m, n)
-    if np.may_share_memory(cm, am) or np.may_share_memory(cm, bm):
-        np.copyto(cm, np.matmul(am, bm))
-    else:
-        np.matmul(am, bm, out=cm)
-    commit()
+    # C may share memory with an input: compute into a temporary, copy when complete
+    work = np.empty_like(cm) if np.may_share_memory(cm, am) or np.may_share_memory(cm, bm) else cm
+    rows = _block_rows(m, n * k, GEMM_BLOCK_MACS, GEMM_MIN_ROWS)
+    for lo in range(0, m, rows):
+        if ctl.stopped():
+            return
+        np.matmul(am[lo:lo + rows], bm, out=work[lo:lo + rows])
+    if work is not cm:
+        np.copyto(cm, work)
+    _finish(ctl, commit)
 
 
 def softmax(mem, ctl, threads, dst, src, rows, cols):
@@ -213,16 +294,23 @@ def softmax(mem, ctl, threads, dst, src, rows, cols):
     out, commit = mem.output(dst, rows * cols)
     if rows and cols:
         y = out.reshape(rows, cols)
-        work = np.empty_like(y) if np.may_share_memory(y, x) else y
-        np.subtract(x, x.max(axis=1, keepdims=True), out=work)
-        np.exp(work, out=work)
-        np.divide(work, work.sum(axis=1, keepdims=True), out=work)
-        if work is not y:
-            np.copyto(y, work)
-    commit()
+        x = mem.unshare((y,), x)  # in place (y is x) works row block by row block
+        step = _block_rows(rows, cols, SOFTMAX_BLOCK)
+        for lo in range(0, rows, step):
+            if ctl.stopped():
+                return
+            xb, yb = x[lo:lo + step], y[lo:lo + step]
+            np.subtract(xb, xb.max(axis=1, keepdims=True), out=yb)
+            np.exp(yb, out=yb)
+            np.divide(yb, yb.sum(axis=1, keepdims=True), out=yb)
+    _finish(ctl, commit)
 
 
 def burn(mem, ctl, threads, microseconds):
+    if microseconds == BURN_FOREVER:
+        while not ctl.sleep(BURN_CHECK_INTERVAL):
+            pass
+        return
     deadline = time.perf_counter() + microseconds * 1e-6
     while not ctl.stopped():
         left = deadline - time.perf_counter()

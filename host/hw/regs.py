@@ -36,11 +36,16 @@ PTE_ADDR_MASK = ((1 << 52) - 1) & ~(PAGE_SIZE - 1)
 NUM_VMIDS = 64
 VMID_KERNEL = 0
 
-# Engines: one ring each.
+# Engines: one ring and one thread each; they run concurrently. The compute engine runs
+# LAUNCH packets; the two copy engines are identical DMA engines that run COPY packets
+# (the KMD uses copy0 for host->device and copy1 for device->host transfers).
 ENGINE_COMPUTE = 0
-ENGINE_COPY = 1
-NUM_ENGINES = 2
-ENGINE_NAMES = {ENGINE_COMPUTE: "compute", ENGINE_COPY: "copy"}
+ENGINE_COPY0 = 1
+ENGINE_COPY1 = 2
+ENGINE_COPY = ENGINE_COPY0  # alias kept for drivers that know one copy engine
+NUM_ENGINES = 3
+COPY_ENGINES = frozenset({ENGINE_COPY0, ENGINE_COPY1})
+ENGINE_NAMES = {ENGINE_COMPUTE: "compute", ENGINE_COPY0: "copy0", ENGINE_COPY1: "copy1"}
 
 # MMIO registers: byte offsets of 64-bit registers.
 REG_DEVICE_ID = 0x0000  # RO: reads DEVICE_ID_PVGPU_EMU
@@ -49,6 +54,7 @@ REG_VRAM_SIZE = 0x0008  # RO
 REG_IRQ_ENABLE = 0x0010  # RW: 1 = deliver interrupts
 REG_VM_INVALIDATE = 0x0020  # WO: vmid -> drop that VMID's TLB entries; VM_INVALIDATE_ALL drops all
 VM_INVALIDATE_ALL = 0xFFFFFFFF
+REG_TIMESTAMP = 0x0030  # RO: the device clock in ns (Gpu.clock_ns: the host's monotonic clock)
 REG_VM_PT_BASE0 = 0x1000  # RW, one per VMID: root page directory (VRAM physical), 0 = none
 
 
@@ -65,6 +71,7 @@ RB_WPTR = 0x18  # RW: byte offset one past the last packet the driver committed
 RB_DOORBELL = 0x20  # WO: write the new wptr; wakes the engine
 RB_RESET = 0x28  # WO: 1 = stop, drop pending packets, rptr = wptr = 0
 RB_STATUS = 0x30  # RO: RB_STATUS_IDLE / RB_STATUS_BUSY
+RB_BUSY_NS = 0x38  # RO: total ns this engine spent executing packets (a stalled WAIT counts)
 
 
 def REG_ENGINE(engine: int, reg: int) -> int:
@@ -75,7 +82,8 @@ RB_STATUS_IDLE = 0
 RB_STATUS_BUSY = 1
 
 # Interrupt sources (InterruptController delivers host.hw.interrupts.Interrupt records).
-IRQ_FENCE = 1  # engine, data = the sequence number written
+# Every record also carries `timestamp`: the device clock (ns) when it was raised.
+IRQ_FENCE = 1  # engine, address = fence address, data = the sequence number written
 IRQ_PAGE_FAULT = 2  # engine, vmid, address, access (spec.wire ACCESS_*)
 IRQ_ILLEGAL_PACKET = 3  # engine, vmid, address = ring/IB byte offset, data = header dword
 IRQ_NAMES = {IRQ_FENCE: "fence", IRQ_PAGE_FAULT: "page_fault", IRQ_ILLEGAL_PACKET: "illegal_packet"}

@@ -60,17 +60,25 @@ from host.kmd import errors
 from host.kmd import fence as fence_mod
 from host.kmd.bo import BufferObject, GpuFault
 from host.kmd.buddy import CONTIGUOUS, TOPDOWN, BuddyAllocator
-from host.kmd.errors import (Busy, DeviceLost, InvalidAddress, InvalidArgument, InvalidContext,
-                             KmdError, NoVmid, OutOfMemory)
+from host.kmd.errors import (Busy, ContextLost, DeviceLost, InvalidAddress, InvalidArgument,
+                             InvalidContext, KmdError, NoVmid, OutOfMemory)
 from host.kmd.fence import Fence, FenceDriver
 from host.kmd.ring import DEFAULT_RING_SIZE, Ring
+from host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BUFFER_NS,
+                            DEFAULT_TIMEOUT_NS, PRIORITY_NORMAL, GpuScheduler, SchedJob,
+                            VgpuShares)
 from host.kmd.vm import VA_MAX_ALIGN, GpuVm
 from spec import wire
 
 log = logging.getLogger("pvgpu.kmd")
 
 PAGE_SIZE = regs.PAGE_SIZE
-ENGINE_FOR_JOB = {"copy": regs.ENGINE_COPY, "launch": regs.ENGINE_COMPUTE}
+# host->device copies on copy engine 0, device->host on copy engine 1, so both directions
+# overlap each other and compute
+ENGINE_FOR_COPY = {"h2d": regs.ENGINE_COPY0, "d2h": regs.ENGINE_COPY1, "d2d": regs.ENGINE_COPY0}
+DEFAULT_VGPU = VgpuShares("default")
+MAX_QUEUED_JOBS = 8192  # jobs queued in the schedulers of one device
+MAX_CLIENT_QUEUED_JOBS = 1024  # ... of one client (a guest session)
 DEFAULT_IB_POOL_SIZE = 1 << 20
 IB_ALIGN = 256
 FENCE_SLOT_STRIDE = 64  # one write-back slot per engine, a cache line apart
@@ -166,7 +174,12 @@ class KmdDevice:
     """The driver bound to one host.hw.gpu.Gpu."""
 
     def __init__(self, gpu, *, ring_size: int = DEFAULT_RING_SIZE, ib_pool_size: int | None = None,
-                 timeout: float = DEFAULT_TIMEOUT):
+                 timeout: float = DEFAULT_TIMEOUT, policy: str = "fifo",
+                 hw_limit: int = DEFAULT_HW_LIMIT, job_timeout_ns: int = DEFAULT_TIMEOUT_NS,
+                 period_ns: int = DEFAULT_PERIOD_NS,
+                 time_buffer_ns: int = DEFAULT_TIME_BUFFER_NS, vgpus=(),
+                 max_queued_jobs: int = MAX_QUEUED_JOBS,
+                 max_client_queued_jobs: int = MAX_CLIENT_QUEUED_JOBS):
         self.gpu = gpu
         self.vram = gpu.vram
         self.mmio = gpu.mmio
@@ -214,6 +227,27 @@ class KmdDevice:
 
         for ring in self.rings:
             ring.init()
+
+        # the GPU scheduler: one per ring, and the worker that runs its timers
+        now = self.clock_ns()
+        self.policy = policy
+        self.max_queued_jobs = max_queued_jobs
+        self.max_client_queued_jobs = max_client_queued_jobs
+        self.schedulers = [
+            GpuScheduler(f"gpu{gpu.index}.{regs.ENGINE_NAMES.get(e, e)}", self, engine=e,
+                         policy=policy,
+                         share_kind="compute" if e == regs.ENGINE_COMPUTE else "copy",
+                         hw_limit=hw_limit, timeout_ns=job_timeout_ns, period_ns=period_ns,
+                         time_buffer_ns=time_buffer_ns, now=now)
+            for e in range(regs.NUM_ENGINES)]
+        self.vgpus = {}
+        self._vgpu_mem = collections.Counter()  # vGPU name -> bytes allocated
+        for v in (DEFAULT_VGPU, *vgpus):
+            self.add_vgpu(v)
+        self._timer_cond = threading.Condition()
+        self._timer_target = None
+        self._timer_thread = None
+        self._timer_stop = False
         self.mmio.write(regs.REG_VM_INVALIDATE, regs.VM_INVALIDATE_ALL)
         gpu.irq.set_handler(self._irq)
         self.mmio.write(regs.REG_IRQ_ENABLE, 1)
@@ -244,6 +278,10 @@ class KmdDevice:
         self.reclaim()
         return self.mm.largest_free_block()
 
+    def clock_ns(self) -> int:
+        """The device clock (ns, REG_TIMESTAMP), the time base of fence timestamps."""
+        return self.mmio.read(regs.REG_TIMESTAMP)
+
     @property
     def num_contexts(self) -> int:
         return len(self.contexts)
@@ -258,6 +296,9 @@ class KmdDevice:
         if not self.running:
             self.gpu.start()
             self.running = True
+            self._timer_thread = threading.Thread(target=self._timer_worker, daemon=True,
+                                                  name=f"gpu{self.index}.sched")
+            self._timer_thread.start()
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop the engines; every fence still pending signals with an error."""
@@ -265,22 +306,35 @@ class KmdDevice:
             return
         self.stopped = True
         self.running = False
+        with self._timer_cond:
+            self._timer_stop = True
+            self._timer_cond.notify_all()
+        if self._timer_thread is not None and self._timer_thread is not threading.current_thread():
+            self._timer_thread.join(timeout)
         self.gpu.stop(timeout)
         for fd in self.fences:
             self._retire(fd, fd.retire())  # whatever did complete, completes normally
             with self.lock:
                 pending = list(fd.pending)
             self._retire(fd, pending, error=DEVICE_STOPPED)
+        with self.lock:
+            now = self.clock_ns()
+            for sched in self.schedulers:
+                sched.fail_all(DEVICE_STOPPED, now)
+            signals = self._take_signals()
+        self._signal(signals)
         self.reclaim()
 
     def wait_idle(self, timeout: float | None = None) -> bool:
-        """Wait until every fence emitted so far has signalled."""
+        """Wait until every job submitted so far has finished."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        for fd in self.fences:
-            last = fd.last_emitted()
-            if last is not None:
+        with self.lock:
+            fences = [f for ctx in self.contexts.values() for f in ctx.pending_fences()]
+            fences += [fd.last_emitted() for fd in self.fences]
+        for f in fences:
+            if f is not None:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                if not last.wait(left):
+                if not f.wait(left):
                     return False
         return True
 
@@ -293,22 +347,37 @@ class KmdDevice:
 
     # ------------------------------------------------------------------ system memory
     # ------------------------------------------------------------------ flow control
-    RING_HEADROOM = 4096  # bytes: room for dozens of jobs' ring packets
-    IB_HEADROOM = 64 << 10  # bytes of IB pool
-
-    def has_headroom(self) -> bool:
-        """Whether a submission now would find ring and IB space without waiting. Callers
-        that must not block (the host's I/O loop) hold back new work until it is true."""
+    def has_headroom(self, client=None) -> bool:
+        """Whether the schedulers take more jobs now: fewer than max_queued_jobs queued on
+        this device and fewer than max_client_queued_jobs of `client` (a context's
+        `client` tag, e.g. a guest session). Callers that must not block (the host's I/O
+        loop) hold back new work until it is true — one client's flood holds back only
+        that client."""
         with self.lock:
-            return (all(r.free_bytes() >= min(self.RING_HEADROOM, r.size // 4) for r in self.rings)
-                    and self.ib_pool.free_bytes() >= min(self.IB_HEADROOM, self.ib_pool.size // 4))
+            if sum(s.queued() for s in self.schedulers) >= self.max_queued_jobs:
+                return False
+            if client is None:
+                return True
+            return self._client_queued(client) < self.max_client_queued_jobs
 
-    def oldest_pending_fence(self) -> Fence | None:
-        """The fence whose signal frees ring and IB space first (None when idle)."""
+    def _client_queued(self, client) -> int:
+        return sum(len(e.jobs) for s in self.schedulers for e in s.entities
+                   if e.owner is not None and e.owner.client is client)
+
+    def oldest_pending_fence(self, client=None) -> Fence | None:
+        """The finished fence of the oldest unfinished job (of `client`), None when idle."""
         with self.lock:
-            pending = [fd.oldest_pending() for fd in self.fences]
-        pending = [f for f in pending if f is not None]
-        return min(pending, key=lambda f: f.seq) if pending else None
+            best = None
+            for s in self.schedulers:
+                cands = list(s.in_flight) + [e.jobs[0] for e in s.entities if e.jobs]
+                for job in cands:
+                    owner = job.entity.owner
+                    if client is not None and (owner is None or owner.client is not client):
+                        continue
+                    if best is None or job.arrival_ns < best.arrival_ns or (
+                            job.arrival_ns == best.arrival_ns and job.seq < best.seq):
+                        best = job
+            return best.finished if best is not None else None
 
     def dma_map(self, buf) -> DmaMapping:
         """Make a host buffer reachable by the GPU; -> DmaMapping(bus_addr, size)."""
@@ -329,7 +398,14 @@ class KmdDevice:
             raise InvalidArgument(str(e)) from None
 
     # ------------------------------------------------------------------ contexts
-    def create_context(self, name: str = "") -> "Context":
+    def create_context(self, name: str = "", *, vgpu: VgpuShares | None = None,
+                       priority: int = PRIORITY_NORMAL, client=None) -> "Context":
+        """A new context (VMID + VM) scheduled as part of `vgpu` (default: the device's
+        "default" vGPU) at `priority`; `client` tags the contexts of one submitter (a
+        guest session) for per-client flow control."""
+        if vgpu is None:
+            vgpu = DEFAULT_VGPU
+        self.add_vgpu(vgpu)
         with self.lock:
             self._reclaim_locked()
             if not self._vmids:
@@ -342,14 +418,17 @@ class KmdDevice:
                 self._vmids.insert(0, vmid)
                 raise
             ctx = Context(self, self._next_ctx_id, vmid, vm, name)
+            ctx.vgpu, ctx.priority, ctx.client = self.vgpus[vgpu.name], priority, client
             self._next_ctx_id += 1
             self.contexts[ctx.id] = ctx
             self.mmio.write(regs.REG_VM_PT_BASE(vmid), vm.root)
             self.mmio.write(regs.REG_VM_INVALIDATE, vmid)
             return ctx
 
-    def destroy_context(self, ctx: "Context") -> None:
-        """Tear a context down; memory is released once its in-flight work has signalled."""
+    def destroy_context(self, ctx: "Context", cancel: bool = False) -> None:
+        """Tear a context down; memory is released once its work has finished. Work it
+        queued still runs, unless `cancel` (its owner is gone): then queued jobs fail
+        with ContextLost and only what is on the hardware completes."""
         with self.lock:
             if ctx.device is not self:
                 raise InvalidContext("context belongs to another device")
@@ -357,13 +436,19 @@ class KmdDevice:
                 return
             ctx.destroyed = True
             self.contexts.pop(ctx.id, None)
+            for ent in ctx._entities.values():
+                ent.sched.close_entity(
+                    ent, ContextLost(f"context {ctx.id} was destroyed") if cancel else None)
+            signals = self._take_signals()
             bos = [bo for bo in ctx._bos.values()]
             ctx._bos.clear()
+            self._vgpu_mem[ctx.vgpu.name] -= sum(bo.size for bo in bos)
             for bo in bos:
                 bo.freed = True
             ctx._sys_maps.clear()
             self._defer(ctx.pending_fences(), lambda: self._release_context(ctx, bos))
             self._reclaim_locked()
+        self._signal(signals)
 
     def _release_context(self, ctx: "Context", bos: list) -> None:
         self.mmio.write(regs.REG_VM_PT_BASE(ctx.vmid), 0)
@@ -414,83 +499,258 @@ class KmdDevice:
         return len(self._deferred)
 
     # ------------------------------------------------------------------ submission
-    def _ib_alloc(self, nbytes: int):
-        """-> (phys, dedicated buddy block or None); waits for space while the lock is released."""
-        if nbytes > self.ib_pool.size // 2:
-            blocks = self.mm.alloc_blocks(_round_up(nbytes, PAGE_SIZE), flags=CONTIGUOUS | TOPDOWN)
-            return min(b.offset for b in blocks), blocks
-        deadline = time.monotonic() + self.timeout
-        while True:
-            phys = self.ib_pool.alloc(nbytes)
-            if phys is not None:
-                return phys, None
-            if time.monotonic() >= deadline:
-                raise Busy("indirect-buffer pool exhausted")
-            self.stats["ib_pool_waits"] += 1
-            self._cond.wait(0.001)
-
     def _ib_free(self, phys: int, blocks) -> None:
         if blocks is not None:
             self._release_vram(blocks)
         else:
             self.ib_pool.free(phys)
 
-    def _submit(self, ctx: "Context", kind: str, ib: bytes, wait) -> Fence:
-        engine = ENGINE_FOR_JOB[kind]
-        # dependencies this device cannot express as a WAIT packet: wait on the CPU
-        local = []
+    def _submit(self, ctx: "Context", engine: int, ib: bytes, wait, timeline: int = 0) -> Fence:
+        """Queue a job (its IB's packets) on the scheduler of `engine`, on the entity of
+        timeline `timeline` of ctx; -> the job's finished fence. Never waits: the job runs
+        when its dependencies have signalled and the scheduler picks it."""
+        deps = []
         for f in wait or ():
             if f is None:
                 continue
             if not isinstance(f, Fence):
                 raise InvalidArgument(f"not a fence: {f!r}")
-            if f.signaled:
-                continue
-            if f.driver is None or f.driver.device is not self:
-                if not f.wait(self.timeout):
-                    raise Busy(f"timed out waiting for {f!r}")
-                continue
-            local.append(f)
+            if not f.signaled:
+                deps.append(f)
         with self.lock:
             if ctx.device is not self or ctx.destroyed:
                 raise InvalidContext("context was destroyed or belongs to another device")
             if self.stopped:
                 raise DeviceLost("device stopped")
+            if ctx.lost:
+                raise ContextLost(f"context {ctx.id} was lost after a GPU hang "
+                                  f"({ctx.lost_reason}); destroy it")
             self._reclaim_locked()
-            phys, ib_blocks = self._ib_alloc(len(ib))
-            try:
-                self.vram.write(phys, ib)
-                waits = {}
-                for f in local:
-                    if f.engine != engine and not f.signaled and f.seq > waits.get(f.driver, 0):
-                        waits[f.driver] = f.seq
-                ring = self.rings[engine]
-                ring.alloc(5 * len(waits) + 5 + fence_mod.FENCE_DW)
-                # the waits above released the lock: the context may be gone by now
-                if ctx.destroyed or self.stopped:
-                    ring.undo()
-                    raise InvalidContext("context destroyed during submission")
-            except BaseException:
-                self._ib_free(phys, ib_blocks)
-                raise
-            for drv, seq in waits.items():
-                ring.write(packets.wait(drv.wb_addr, seq))
-            ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
-            fence = self.fences[engine].emit(ring)
-            self._jobs[fence] = _Job(fence, ctx, kind, phys, ib_blocks)
-            ring.commit()
-            ctx._last[engine] = fence
-            ctx.last_fence = fence
+            sched = self.schedulers[engine]
+            ent = ctx._entity(sched, timeline)
+            now = self.clock_ns()
+            job = sched.push(SchedJob(ent, ib, deps), now)
+            ent.last_finished = job.finished
+            ctx.last_fence = job.finished
             ctx.stats["jobs_submitted"] += 1
             self.stats["jobs_submitted"] += 1
-            if waits:
-                self.stats["cross_engine_waits"] += len(waits)
-            return fence
+            sched.schedule(now)
+            signals = self._take_signals()
+            self._arm_timer(sched)
+        self._signal(signals)
+        return job.finished
 
-    def _retire(self, fd: FenceDriver, done: list, error=None) -> None:
+    # ------------------------------------------------------------------ scheduler ops
+    def run_job(self, job: SchedJob) -> Fence:
+        """drm_sched backend op (lock held): write the job's IB, then INDIRECT_BUFFER and
+        a FENCE into its ring; -> the hardware fence."""
+        engine = job.entity.sched.engine
+        ctx = job.entity.owner
+        ib = job.payload
+        phys, ib_blocks = self._ib_alloc_nowait(len(ib))
+        self.vram.write(phys, ib)
+        ring = self.rings[engine]
+        ring.alloc(5 + fence_mod.FENCE_DW)  # never waits: hw_limit jobs fit many times over
+        ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
+        fence = self.fences[engine].emit(ring)
+        self._jobs[fence] = _Job(fence, ctx, engine, phys, ib_blocks)
+        ring.commit()
+        fence.add_done_callback(lambda f, job=job: self._hw_done(job, f))
+        return fence
+
+    def _ib_alloc_nowait(self, nbytes: int):
+        if nbytes <= self.ib_pool.size // 2:
+            phys = self.ib_pool.alloc(nbytes)
+            if phys is not None:
+                return phys, None
+            self.stats["ib_pool_full"] += 1
+        blocks = self.mm.alloc_blocks(_round_up(nbytes, PAGE_SIZE), flags=CONTIGUOUS | TOPDOWN)
+        return min(b.offset for b in blocks), blocks
+
+    def _hw_done(self, job: SchedJob, hw_fence: Fence) -> None:
+        """The hardware fence of a job signalled (on an interrupt thread, no lock held)."""
+        with self.lock:
+            sched = job.entity.sched
+            now = self.clock_ns()
+            end = hw_fence.timestamp if hw_fence.timestamp is not None else now
+            if sched.job_done(job, hw_fence, end, now):
+                sched.schedule(now)
+                self._arm_timer(sched)
+            signals = self._take_signals()
+        self._signal(signals)
+
+    def wake(self, sched: GpuScheduler) -> None:
+        """A dependency of a queued job signalled (any thread, no lock held)."""
+        with self.lock:
+            if self.stopped:
+                return
+            sched.schedule(self.clock_ns())
+            self._arm_timer(sched)
+            signals = self._take_signals()
+        self._signal(signals)
+
+    def _take_signals(self) -> list:
+        out = []
+        for sched in self.schedulers:
+            out += sched.take_signals()
+        return out
+
+    @staticmethod
+    def _signal(signals) -> None:
+        for fence, error in signals:
+            fence.signal(error)
+
+    # ------------------------------------------------------------------ timers and TDR
+    def _arm_timer(self, sched: GpuScheduler) -> None:
+        """Wake the timer worker if `sched` now has an earlier deadline than it sleeps to."""
+        deadline = sched.next_deadline()
+        if deadline is None:
+            return
+        target = self._timer_target
+        if target is None or deadline < target:
+            with self._timer_cond:
+                self._timer_target = deadline
+                self._timer_cond.notify()
+
+    def _timer_worker(self) -> None:
+        """drm_sched's timeout work and the BAND time-buffer timer, for every ring."""
+        while True:
+            timed_out = None
+            with self.lock:
+                now = self.clock_ns()
+                deadlines = []
+                for sched in self.schedulers:
+                    job = sched.timed_out(now)
+                    if job is not None:
+                        timed_out = (sched, job)
+                        break
+                    if sched.hold_until is not None and now >= sched.hold_until:
+                        sched.schedule(now)
+                    d = sched.next_deadline()
+                    if d is not None:
+                        deadlines.append(d)
+                signals = self._take_signals()
+            self._signal(signals)
+            if timed_out is not None:
+                try:
+                    self.recover(*timed_out)
+                except Exception:  # noqa: BLE001 - the timer must survive anything
+                    log.exception("gpu%d: recovery failed", self.index)
+                continue
+            with self._timer_cond:
+                if self._timer_stop:
+                    return
+                target = min(deadlines) if deadlines else None
+                if self._timer_target is not None and (target is None or self._timer_target < target):
+                    target = self._timer_target
+                self._timer_target = target
+                wait = None if target is None else max(0.0, (target - self.clock_ns()) / 1e9)
+                if wait is None or wait > 0:
+                    self._timer_cond.wait(wait)
+                self._timer_target = None
+                if self._timer_stop:
+                    return
+
+    def recover(self, sched: GpuScheduler, job: SchedJob) -> bool:
+        """TDR: `job` ran past its timeout on `sched`'s ring. Stop that ring's scheduler,
+        reset the engine, force-complete its hardware fences, mark the job's context lost
+        (its queued work on every ring fails with ContextLost), hand the innocent jobs
+        that were in the ring to the hardware again, and restart. -> False if the job
+        completed in the meantime."""
+        engine = sched.engine
+        with self.lock:
+            now = self.clock_ns()
+            if sched.timed_out(now) is not job:
+                return False
+            sched.stopped = True
+            for j in sched.in_flight:
+                j.hw_fence = None  # what the reset abandons must not complete the jobs
+            ctx = job.entity.owner
+            ctx.lost = True
+            ctx.lost_reason = (f"a job on {sched.name} ran past the "
+                               f"{sched.timeout_ns / 1e9:g} s timeout")
+            self.stats["timeouts"] += 1
+            self.stats["engine_resets"] += 1
+            log.warning("gpu%d: %s timed out (context %d); resetting %s", self.index, job,
+                        ctx.id, sched.name)
+        try:
+            self.mmio.write(regs.REG_ENGINE(engine, regs.RB_RESET), 1)  # waits for the engine
+        finally:
+            with self.lock:
+                ring = self.rings[engine]
+                ring.wptr = ring._rptr = 0
+                fd = self.fences[engine]
+                self.vram.write_u64(fd.wb_addr, fd.emitted_seq)  # force completion
+                stale = fd.retire()
+        self._retire(fd, stale, error="engine reset")
+        with self.lock:
+            now = self.clock_ns()
+            sched.stopped = False
+            sched.recover(job, now, lost_owners=[ctx])
+            for other in self.schedulers:
+                if other is not sched:
+                    other.mark_lost([ctx], now)
+            for s in self.schedulers:
+                s.schedule(now)
+                self._arm_timer(s)
+            signals = self._take_signals()
+        self._signal(signals)
+        return True
+
+    # ------------------------------------------------------------------ vGPUs and statistics
+    def add_vgpu(self, shares: VgpuShares) -> VgpuShares:
+        """Make a vGPU known to every ring's scheduler (idempotent for equal shares)."""
+        if not isinstance(shares, VgpuShares):
+            raise InvalidArgument("add_vgpu needs VgpuShares")
+        with self.lock:
+            old = self.vgpus.get(shares.name)
+            if old is not None:
+                if old != shares:
+                    raise InvalidArgument(f"vGPU {shares.name!r} already exists with other shares")
+                return old
+            self.vgpus[shares.name] = shares
+            now = self.clock_ns()
+            for sched in self.schedulers:
+                sched.add_vgpu(shares, now)
+            return shares
+
+    def vgpu_mem_limit(self, shares: VgpuShares) -> int:
+        """Bytes of VRAM a vGPU may hold on this device (its memory share)."""
+        return (self.vram_size - self.kernel_vram) * shares.mem // 100
+
+    def sched_stats(self) -> dict:
+        """Per engine and per vGPU accounting (msgpack-able)."""
+        with self.lock:
+            now = self.clock_ns()
+            engines = {regs.ENGINE_NAMES.get(s.engine, str(s.engine)): s.snapshot(now)
+                       for s in self.schedulers}
+            vgpus = {}
+            for name, shares in self.vgpus.items():
+                entry = {"shares": {"compute": shares.compute, "copy": shares.copy,
+                                    "mem": shares.mem},
+                         "mem_bytes": self._vgpu_mem[name],
+                         "mem_limit": self.vgpu_mem_limit(shares),
+                         "contexts": sum(1 for c in self.contexts.values() if c.vgpu is shares)}
+                for ename, snap in engines.items():
+                    v = snap["vgpus"].get(name)
+                    if v is not None:
+                        entry[ename] = {"utilisation": v["utilisation"], "busy_ns": v["busy_ns"],
+                                        "jobs": v["jobs"], "credit_us": v["credit_us"]}
+                vgpus[name] = entry
+            return {"device": self.index, "policy": self.policy, "now_ns": now,
+                    "engines": engines, "vgpus": vgpus,
+                    "timeouts": self.stats["timeouts"],
+                    "contexts_lost": sum(1 for c in self.contexts.values() if c.lost)}
+
+    def _retire(self, fd: FenceDriver, done: list, error=None, timestamp=None) -> None:
         """Bookkeeping for completed fences, then signal them (outside the lock)."""
         if not done:
             return
+        if timestamp is None:
+            timestamp = self.clock_ns()
+        for f in done:
+            if f.timestamp is None:
+                f.timestamp = timestamp
         with self.lock:
             if error is not None:
                 for f in done:
@@ -518,7 +778,7 @@ class KmdDevice:
         fd = self.fences[irq.engine]
         if irq.source == regs.IRQ_FENCE:
             self.stats["irq_fence"] += 1
-            self._retire(fd, fd.retire(irq.data))
+            self._retire(fd, fd.retire(irq.data), timestamp=getattr(irq, "timestamp", None) or None)
         elif irq.source == regs.IRQ_PAGE_FAULT:
             self.stats["irq_page_fault"] += 1
             self._job_error(fd, irq.vmid, GpuFault(irq.vmid, irq.address, irq.access, irq.engine))
@@ -563,10 +823,26 @@ class Context:
         self.destroyed = False
         self._bos = {}  # va -> BufferObject
         self._sys_maps = {}  # va -> (DmaMapping, size)
-        self._last = [None] * regs.NUM_ENGINES  # last fence submitted per engine
-        self.last_fence = None  # the most recent fence of any engine
+        self._entities = {}  # (engine, timeline) -> SchedEntity
+        self.last_fence = None  # finished fence of the most recent job
         self.faults = []  # every error attached to one of this context's jobs
         self.stats = collections.Counter()
+        self.vgpu = DEFAULT_VGPU
+        self.priority = PRIORITY_NORMAL
+        self.client = None
+        self.lost = False  # guilty of a GPU hang (TDR): no more work is accepted
+        self.lost_reason = ""
+
+    def _entity(self, sched: GpuScheduler, timeline: int):
+        """The scheduler entity of one timeline on one ring (created on first use)."""
+        key = (sched.engine, timeline)
+        ent = self._entities.get(key)
+        if ent is None:
+            ent = sched.entity(f"ctx{self.id}.t{timeline}", self.vgpu, self.priority, owner=self,
+                               now=self.device.clock_ns())
+            ent.last_finished = None
+            self._entities[key] = ent
+        return ent
 
     def __repr__(self) -> str:
         return f"Context(id={self.id}, vmid={self.vmid}, name={self.name!r})"
@@ -576,8 +852,10 @@ class Context:
             raise InvalidContext(f"context {self.id} was destroyed")
 
     def pending_fences(self) -> list:
-        """This context's fences that may still be running (the last one of each engine)."""
-        return [f for f in self._last if f is not None and not f.signaled]
+        """Finished fences of this context's jobs that may still be queued or running
+        (the last job of each entity: an entity's jobs finish in order)."""
+        return [e.last_finished for e in self._entities.values()
+                if e.last_finished is not None and not e.last_finished.signaled]
 
     def idle(self) -> bool:
         return not self.pending_fences()
@@ -610,6 +888,10 @@ class Context:
         with dev.lock:
             self._check()
             dev._reclaim_locked()
+            used, limit = dev._vgpu_mem[self.vgpu.name], dev.vgpu_mem_limit(self.vgpu)
+            if used + psize > limit:
+                raise OutOfMemory(f"vGPU {self.vgpu.name!r} memory share exhausted: {used} of "
+                                  f"{limit} bytes in use, {psize} more requested")
             blocks = dev.mm.alloc_blocks(psize)
             try:
                 align = min(VA_MAX_ALIGN, 1 << (psize.bit_length() - 1))
@@ -624,6 +906,7 @@ class Context:
                 dev.mm.free_blocks(blocks)
                 raise
             self._bos[va] = bo
+            dev._vgpu_mem[self.vgpu.name] += psize
             self.stats["bytes_allocated"] += psize
             self.stats["bos_allocated"] += 1
             return bo
@@ -637,6 +920,7 @@ class Context:
                 raise InvalidArgument(f"{bo!r} is not a live buffer object of this context")
             del self._bos[bo.va]
             bo.freed = True
+            dev._vgpu_mem[self.vgpu.name] -= bo.size
             self.stats["bytes_allocated"] -= bo.size
             self.stats["bos_freed"] += 1
             if bo.put():
@@ -711,11 +995,13 @@ class Context:
             if not isinstance(v, (int, np.integer)) or not 0 <= v <= _U64:
                 raise InvalidArgument(f"bad address or size {v!r}")
 
-    def submit_copy(self, src_va: int, dst_va: int, size: int, wait=()) -> Fence:
-        """Copy `size` bytes from src_va to dst_va (this context's VAs) on the copy engine."""
-        return self.submit_copies([(src_va, dst_va, size)], wait)
+    def submit_copy(self, src_va: int, dst_va: int, size: int, wait=(), *,
+                    direction: str = "d2d", timeline: int = 0) -> Fence:
+        """Copy `size` bytes from src_va to dst_va (this context's VAs) on a copy engine."""
+        return self.submit_copies([(src_va, dst_va, size)], wait, direction=direction,
+                                  timeline=timeline)
 
-    def submit_copies(self, copies, wait=()) -> Fence:
+    def submit_copies(self, copies, wait=(), *, direction: str = "h2d", timeline: int = 0) -> Fence:
         """Several copies in one job (one IB of COPY packets, one fence)."""
         copies = list(copies)
         if not copies:
@@ -734,12 +1020,16 @@ class Context:
             total += int(size)
         if not parts:
             parts.append(packets.nop(1))
-        fence = self.device._submit(self, "copy", b"".join(parts), wait)
+        engine = ENGINE_FOR_COPY.get(direction)
+        if engine is None:
+            raise InvalidArgument(f"bad copy direction {direction!r}")
+        fence = self.device._submit(self, engine, b"".join(parts), wait, timeline)
         self.stats["copies"] += len(copies)
         self.stats["copy_bytes"] += total
         return fence
 
-    def submit_launch(self, kernel_id: int, grid, block, args, wait=()) -> Fence:
+    def submit_launch(self, kernel_id: int, grid, block, args, wait=(), *,
+                      timeline: int = 0) -> Fence:
         """Run built-in kernel `kernel_id` on the compute engine; pointer args are VAs."""
         grid = self._dim3(grid, "grid")
         block = self._dim3(block, "block")
@@ -752,7 +1042,7 @@ class Context:
             if not isinstance(a, (int, np.integer)) or not -(1 << 63) <= a <= _U64:
                 raise InvalidArgument(f"bad kernel argument {a!r}")
         ib = packets.launch(int(kernel_id), grid, block, [int(a) for a in args])
-        fence = self.device._submit(self, "launch", ib, wait)
+        fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline)
         self.stats["launches"] += 1
         return fence
 

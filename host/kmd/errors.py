@@ -16,6 +16,9 @@ RING_FULL = "ring_full"
 BUSY = "busy"
 DEVICE_LOST = "device_lost"
 NO_DEVICE = "no_device"
+CONTEXT_LOST = "context_lost"
+JOB_TIMEOUT = "job_timeout"
+QUOTA = "quota"
 
 
 class KmdError(Exception):
@@ -59,3 +62,19 @@ class Busy(KmdError):
 
 class DeviceLost(KmdError):
     code = DEVICE_LOST
+
+
+class ContextLost(KmdError):
+    """The context was marked guilty of a GPU hang (TDR) and accepts no more work.
+
+    Raised by submissions to a lost context, and used as the error of that context's jobs
+    that were queued or running when it was marked lost."""
+
+    code = CONTEXT_LOST
+
+
+class JobTimedOut(KmdError):
+    """The error of a job that ran past the scheduler's timeout and was stopped by an
+    engine reset (drm_sched timedout_job); its context is marked lost."""
+
+    code = JOB_TIMEOUT

@@ -33,14 +33,15 @@ FENCE_DW = 6  # dwords of one FENCE packet
 class Fence:
     """A point on one engine's timeline: `seq` on `engine`."""
 
-    __slots__ = ("engine", "seq", "driver", "error", "_signaled", "_callbacks", "_event",
-                 "__weakref__")
+    __slots__ = ("engine", "seq", "driver", "error", "timestamp", "_signaled", "_callbacks",
+                 "_event", "__weakref__")
 
     def __init__(self, engine: int, seq: int, driver: "FenceDriver | None" = None):
         self.engine = engine
         self.seq = seq
         self.driver = driver
         self.error = None
+        self.timestamp = None  # device clock (ns) when the work completed, once known
         self._signaled = False
         self._callbacks = []
         self._event = None

@@ -114,7 +114,7 @@ def backend():
 
 @pytest.fixture
 def backend_small_ring():
-    yield from _backend(ring_size=4096)
+    yield from _backend(ring_size=4096, max_queued_jobs=16)
 
 
 def test_launch_without_compute_feature_is_an_unknown_command(backend):
@@ -224,8 +224,8 @@ N_FLOOD = 120  # chains of two descriptors in a 256-entry queue
 
 
 def test_full_engine_ring_holds_chains_back_instead_of_blocking(backend_small_ring):
-    """Flow control: with the compute ring full the device leaves chains in the avail
-    ring (no handle() call waits inside the KMD) and resumes as jobs complete."""
+    """Flow control: with the GPU scheduler's queue full the device leaves chains in the
+    avail ring (no handle() call waits inside the KMD) and resumes as jobs complete."""
     backend = backend_small_ring
     g = Guest(backend)
     g.init(qsize=256)

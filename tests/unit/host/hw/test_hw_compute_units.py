@@ -1,5 +1,7 @@
 """host/hw/compute_units.py and the elementwise kernels split across compute units."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -73,7 +75,7 @@ def test_split_vector_add_matches_numpy_and_handles_aliasing(cus):
     assert cus.split_launches == 2
 
 
-def test_shifted_overlap_runs_whole_like_numpy(cus):
+def test_shifted_overlap_copies_the_input_then_splits_like_numpy(cus):
     vram, mem = _vram_kernel_memory(cus, 16 * N + (1 << 20))
     f = vram.mem.view(np.float32)
     x = np.arange(N + 1, dtype=np.float32)
@@ -82,7 +84,42 @@ def test_shifted_overlap_runs_whole_like_numpy(cus):
     expected = x.copy()
     np.multiply(expected[:N], np.float32(2.0), out=expected[1:N + 1])
     np.testing.assert_array_equal(f[:N + 1], expected)
-    assert cus.split_launches == 0
+    assert cus.split_launches == 1
+
+
+class StopAfter:
+    """A stop token that reports stopped from the (k+1)-th check on (thread-safe)."""
+
+    def __init__(self, k):
+        self.k = k
+        self.checks = 0
+        self._lock = threading.Lock()
+
+    def stopped(self):
+        with self._lock:
+            self.checks += 1
+            return self.checks > self.k
+
+    def sleep(self, seconds):
+        return self.stopped()
+
+
+def test_split_elementwise_kernel_checks_for_a_stop_before_every_chunk(cus, monkeypatch):
+    monkeypatch.setattr(kernels, "ELEMENTWISE_CHUNK", ALIGN)
+    vram, mem = _vram_kernel_memory(cus, 16 * N + (1 << 20))
+    f = vram.mem.view(np.float32)
+    ctl = StopAfter(5)
+    sig = wire.BUILTIN_KERNELS[wire.KERNEL_FILL]
+    raw = [struct_arg(kind, v) for (_, kind), v in zip(sig.args, (0, 1.0, N))]
+    kernels.launch(wire.KERNEL_FILL, (N // 256 + 1, 1, 1), (256, 1, 1), raw, mem, ctl)
+    assert cus.split_launches == 1
+    done = f[:N] == 1
+    assert done.sum() == 5 * ALIGN  # five chunks, spread over the pieces, then every CU stopped
+    # chunks are whole: each ALIGN-sized chunk is either all done or untouched
+    per_chunk = done[:N // ALIGN * ALIGN].reshape(-1, ALIGN)
+    assert np.all(per_chunk.all(axis=1) | ~per_chunk.any(axis=1))
+    # every CU checked once more after the stop and gave up; the kernel checks once more
+    assert ctl.checks == 5 + cus.count + 1
 
 
 def test_split_fill_relu_saxpy(cus):

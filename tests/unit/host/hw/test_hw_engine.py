@@ -9,19 +9,24 @@ from hwtest import RO, Ring, irq_collector, poll, vm_setup, wait_for
 
 from host.hw import packets as P
 from host.hw.gpu import Gpu, Platform
-from host.hw.regs import (DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, ENGINE_COPY, IRQ_FENCE,
-                          IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, PAGE_SIZE, PTE_SYSTEM, PTE_WRITE,
-                          RB_DOORBELL, RB_RESET, RB_RPTR, RB_SIZE, RB_STATUS, RB_STATUS_BUSY,
-                          RB_STATUS_IDLE, RB_WPTR, REG_DEVICE_ID, REG_ENGINE, REG_IRQ_ENABLE,
-                          REG_VM_INVALIDATE, REG_VRAM_SIZE)
+from host.hw import kernels
+from host.hw.engine import RESET_TIMEOUT
+from host.hw.regs import (COPY_ENGINES, DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, ENGINE_COPY,
+                          ENGINE_COPY0, ENGINE_COPY1, ENGINE_NAMES, IRQ_FENCE,
+                          IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_ENGINES, PAGE_SIZE, PTE_SYSTEM,
+                          PTE_WRITE, RB_BUSY_NS, RB_DOORBELL, RB_RESET, RB_RPTR, RB_SIZE,
+                          RB_STATUS, RB_STATUS_BUSY, RB_STATUS_IDLE, RB_WPTR, REG_DEVICE_ID,
+                          REG_ENGINE, REG_IRQ_ENABLE, REG_TIMESTAMP, REG_VM_INVALIDATE,
+                          REG_VRAM_SIZE)
 from host.hw.sysmem import SystemMemory
-from spec.wire import (ACCESS_READ, ACCESS_WRITE, KERNEL_BURN, KERNEL_SCALE,
-                       KERNEL_VECTOR_ADD)
+from spec.wire import (ACCESS_READ, ACCESS_WRITE, BURN_FOREVER, KERNEL_BURN, KERNEL_GEMM,
+                       KERNEL_REDUCE_SUM, KERNEL_SCALE, KERNEL_SOFTMAX, KERNEL_VECTOR_ADD)
 
 VRAM_SIZE = 64 << 20
 TABLES = 1 << 20
 RING_C = 2 << 20  # compute ring
-RING_D = RING_C + (64 << 10)  # copy ring
+RING_D = RING_C + (64 << 10)  # copy0 ring
+RING_E = RING_C + (128 << 10)  # copy1 ring
 IBS = 3 << 20
 FENCES = 4 << 20
 DATA = 8 << 20  # VA 1 << 32 maps here (16 MiB)
@@ -41,7 +46,8 @@ class Dev:
         self.pt = vm_setup(gpu, VMID, TABLES)
         self.pt.map(VA, DATA, 4096)
         self.comp = Ring(gpu, ENGINE_COMPUTE, RING_C)
-        self.copy = Ring(gpu, ENGINE_COPY, RING_D)
+        self.copy = Ring(gpu, ENGINE_COPY0, RING_D)
+        self.copy1 = Ring(gpu, ENGINE_COPY1, RING_E)
         self.ib_next = IBS
 
     def ib(self, data: bytes, vmid=VMID) -> bytes:
@@ -182,7 +188,8 @@ def test_copy_between_system_memory_and_vram(dev):
 
 @pytest.mark.parametrize("case", [
     "unknown_opcode", "fence_in_ib", "ib_in_ib", "copy_on_compute", "unknown_kernel",
-    "wrong_nargs", "bad_length", "past_ib_end", "ib_outside_vram", "launch_on_copy"])
+    "wrong_nargs", "bad_length", "past_ib_end", "ib_outside_vram", "launch_on_copy",
+    "launch_on_copy1"])
 def test_illegal_packets(dev, case):
     engine, ring = ENGINE_COMPUTE, dev.comp
     marker = P.launch(KERNEL_SCALE, ONE, (4, 1, 1), [VA + 0x100, VA, 0x40000000, 4])
@@ -207,7 +214,9 @@ def test_illegal_packets(dev, case):
     elif case == "ib_outside_vram":
         bad, in_ib = P.indirect_buffer(VRAM_SIZE - 4, 2, VMID), False
     elif case == "launch_on_copy":
-        engine, ring, bad, in_ib = ENGINE_COPY, dev.copy, marker, True
+        engine, ring, bad, in_ib = ENGINE_COPY0, dev.copy, marker, True
+    elif case == "launch_on_copy1":
+        engine, ring, bad, in_ib = ENGINE_COPY1, dev.copy1, marker, True
     if in_ib:
         stream = dev.ib(bad if case == "past_ib_end" else bad + marker, ib_vmid)
     else:
@@ -306,15 +315,18 @@ def test_rb_reset_releases_a_wait(dev):
     assert dev.reg(ENGINE_COPY, RB_STATUS) == RB_STATUS_IDLE
 
 
-def test_gpu_stop_returns_promptly_while_burning_and_waiting():
+@pytest.mark.parametrize("burn_us", [60_000_000, BURN_FOREVER])
+def test_gpu_stop_returns_promptly_while_burning_and_waiting(burn_us):
     g = Gpu(0, 16 << 20, SystemMemory())
     g.start()
     comp = Ring(g, ENGINE_COMPUTE, 1 << 20)
-    copy = Ring(g, ENGINE_COPY, 2 << 20)
-    comp.submit(P.launch(KERNEL_BURN, ONE, ONE, [60_000_000]))
+    copy = Ring(g, ENGINE_COPY0, 2 << 20)
+    copy1 = Ring(g, ENGINE_COPY1, (2 << 20) + PAGE_SIZE)
+    comp.submit(P.launch(KERNEL_BURN, ONE, ONE, [burn_us]))
     copy.submit(P.wait(3 << 20, 1))
+    copy1.submit(P.wait(3 << 20, 1))
     poll(lambda: g.engines[ENGINE_COMPUTE].cp.launches == 1
-         and g.engines[ENGINE_COPY].cp.waits == 1)
+         and g.engines[ENGINE_COPY0].cp.waits == 1 and g.engines[ENGINE_COPY1].cp.waits == 1)
     t = time.monotonic()
     assert g.stop(timeout=1.0)
     assert time.monotonic() - t < 1.0
@@ -384,3 +396,217 @@ def test_64mib_copy_throughput(capsys):
         print(f"\n64 MiB COPY through the ring: {min(times) * 1e3:.2f} ms "
               f"({size / min(times) / 1e9:.1f} GB/s); np.copyto: {min(ref) * 1e3:.2f} ms "
               f"({size / min(ref) / 1e9:.1f} GB/s)")
+
+
+# ------------------------------------------------------ three engines, clock, busy time
+
+def test_three_engines_each_with_its_own_thread(gpu):
+    assert NUM_ENGINES == 3 and len(gpu.engines) == 3
+    assert (ENGINE_COMPUTE, ENGINE_COPY0, ENGINE_COPY1) == (0, 1, 2)
+    assert ENGINE_COPY == ENGINE_COPY0 and COPY_ENGINES == {ENGINE_COPY0, ENGINE_COPY1}
+    assert ENGINE_NAMES == {0: "compute", 1: "copy0", 2: "copy1"}
+    assert [e.id for e in gpu.engines] == [0, 1, 2]
+    assert [e.name for e in gpu.engines] == ["gpu0.compute", "gpu0.copy0", "gpu0.copy1"]
+    threads = {e._thread for e in gpu.engines}
+    assert len(threads) == 3 and all(t.is_alive() for t in threads)
+    for e in range(NUM_ENGINES):
+        assert gpu.mmio.read(REG_ENGINE(e, RB_STATUS)) == RB_STATUS_IDLE
+        assert gpu.mmio.read(REG_ENGINE(e, RB_BUSY_NS)) == 0
+    assert set(gpu.stats()["engines"]) == {"gpu0.compute", "gpu0.copy0", "gpu0.copy1"}
+
+
+def test_copy_on_copy1_between_vram_and_system_memory(dev):
+    host = np.random.default_rng(3).integers(0, 256, 2 * PAGE_SIZE, dtype=np.uint8)
+    back = np.zeros_like(host)
+    hva, bva = VA + (1 << 30), VA + (2 << 30)
+    dev.pt.map(hva, dev.gpu.sysmem.dma_map(host), 2, RO | PTE_SYSTEM)
+    dev.pt.map(bva, dev.gpu.sysmem.dma_map(back), 2, RO | PTE_SYSTEM | PTE_WRITE)
+    dev.copy.submit(dev.ib(P.copy(hva, VA, 2 * PAGE_SIZE)) + P.fence(fence_addr(0), 1))
+    dev.wait_irq(IRQ_FENCE, 1)
+    dev.copy1.submit(dev.ib(P.copy(VA, bva, 2 * PAGE_SIZE)) + P.fence(fence_addr(1), 2))
+    irq = dev.wait_irq(IRQ_FENCE, 2)
+    assert irq.engine == ENGINE_COPY1 and np.array_equal(back, host)
+    assert dev.gpu.engines[ENGINE_COPY1].cp.copies == 1
+    assert dev.gpu.engines[ENGINE_COPY1].cp.bytes_copied == 2 * PAGE_SIZE
+    assert not [i for i in dev.irqs if i.source != IRQ_FENCE]
+
+
+def test_copies_on_both_copy_engines_run_while_the_compute_engine_burns(dev):
+    gpu = dev.gpu
+    dev.comp.submit(P.launch(KERNEL_BURN, ONE, ONE, [BURN_FOREVER]) + P.fence(fence_addr(0), 1))
+    poll(lambda: gpu.engines[ENGINE_COMPUTE].cp.launches == 1)  # the burn is running
+    dev.put(VA, np.arange(4096, dtype=np.float32))
+    dev.copy.submit(dev.ib(P.copy(VA, VA + 0x10000, 4 * 4096)) + P.fence(fence_addr(1), 2))
+    dev.copy1.submit(dev.ib(P.copy(VA, VA + 0x20000, 4 * 4096)) + P.fence(fence_addr(2), 3))
+    assert dev.wait_irq(IRQ_FENCE, 2).engine == ENGINE_COPY0
+    assert dev.wait_irq(IRQ_FENCE, 3).engine == ENGINE_COPY1
+    # both copies completed while the burn still holds the compute engine
+    assert dev.reg(ENGINE_COMPUTE, RB_STATUS) == RB_STATUS_BUSY
+    assert gpu.vram.read_u64(fence_addr(0)) == 0
+    assert np.array_equal(dev.get(VA + 0x10000, 4096), np.arange(4096, dtype=np.float32))
+    assert np.array_equal(dev.get(VA + 0x20000, 4096), np.arange(4096, dtype=np.float32))
+    gpu.mmio.write(REG_ENGINE(ENGINE_COMPUTE, RB_RESET), 1)
+    assert dev.reg(ENGINE_COMPUTE, RB_STATUS) == RB_STATUS_IDLE
+
+
+def test_timestamp_register_is_the_monotonic_device_clock(gpu):
+    before = time.monotonic_ns()
+    stamps = [gpu.mmio.read(REG_TIMESTAMP) for _ in range(100)]
+    after = time.monotonic_ns()
+    assert stamps == sorted(stamps) and before <= stamps[0] and stamps[-1] <= after
+    assert before <= gpu.clock_ns() <= time.monotonic_ns()
+    time.sleep(0.002)
+    assert gpu.mmio.read(REG_TIMESTAMP) > stamps[-1]
+    gpu.mmio.write(REG_TIMESTAMP, 0)  # read-only
+    assert gpu.mmio.ignored_writes == 1 and gpu.mmio.read(REG_TIMESTAMP) > stamps[-1]
+
+
+def test_fence_interrupts_carry_the_time_the_fence_was_written(dev):
+    before = time.monotonic_ns()
+    dev.comp.submit(P.fence(fence_addr(0), 1) + P.launch(KERNEL_BURN, ONE, ONE, [2000])
+                    + P.fence(fence_addr(0), 2) + P.fence(fence_addr(1), 3))
+    dev.wait_irq(IRQ_FENCE, 3)
+    after = time.monotonic_ns()
+    stamps = [dev.wait_irq(IRQ_FENCE, seq).timestamp for seq in (1, 2, 3)]
+    assert before <= stamps[0] <= stamps[1] <= stamps[2] <= after
+    assert stamps[1] - stamps[0] >= 2_000_000  # the 2 ms burn ran between them
+    # other interrupts are stamped too
+    dev.copy.submit(P.copy(VRAM_SIZE, 0, 8) + P.fence(fence_addr(2), 4))  # faults
+    dev.copy1.submit(bytes.fromhex("7f000000") + P.fence(fence_addr(3), 5))  # illegal
+    fault, ill = dev.wait_irq(IRQ_PAGE_FAULT), dev.wait_irq(IRQ_ILLEGAL_PACKET)
+    assert after <= fault.timestamp <= dev.wait_irq(IRQ_FENCE, 4).timestamp <= time.monotonic_ns()
+    assert after <= ill.timestamp <= dev.wait_irq(IRQ_FENCE, 5).timestamp <= time.monotonic_ns()
+
+
+def test_latched_interrupts_keep_the_time_they_were_raised(dev):
+    gpu = dev.gpu
+    gpu.mmio.write(REG_IRQ_ENABLE, 0)
+    dev.comp.submit(P.fence(fence_addr(0), 1) + P.fence(fence_addr(1), 1, flags=0))
+    with gpu.fence_cond:
+        assert gpu.fence_cond.wait_for(lambda: gpu.vram.read_u64(fence_addr(1)) == 1, 5)
+    raised = time.monotonic_ns()
+    time.sleep(0.005)
+    gpu.mmio.write(REG_IRQ_ENABLE, 1)
+    assert dev.irqs[0].timestamp <= raised
+
+
+def test_busy_ns_counts_packet_execution(dev):
+    gpu = dev.gpu
+    busy = lambda e: dev.reg(e, RB_BUSY_NS)  # noqa: E731
+    assert busy(ENGINE_COMPUTE) == 0
+    dev.comp.submit(P.launch(KERNEL_BURN, ONE, ONE, [50_000]) + P.fence(fence_addr(0), 1))
+    dev.wait_irq(IRQ_FENCE, 1)
+    after_burn = busy(ENGINE_COMPUTE)
+    assert after_burn >= 50_000_000  # the burn's 50 ms (loose lower bound only)
+    assert gpu.engines[ENGINE_COMPUTE].stats()["busy_ns"] == after_burn  # idle: not growing
+    assert busy(ENGINE_COPY0) == 0 == busy(ENGINE_COPY1)
+    # a stalled WAIT counts as busy, and the running packet is included while it runs
+    dev.copy1.submit(P.wait(fence_addr(5), 1) + P.fence(fence_addr(6), 1))
+    poll(lambda: gpu.engines[ENGINE_COPY1].cp.waits == 1)
+    time.sleep(0.03)
+    mid = busy(ENGINE_COPY1)
+    assert mid >= 30_000_000
+    time.sleep(0.01)
+    assert busy(ENGINE_COPY1) >= mid + 10_000_000
+    gpu.vram.write_u64(fence_addr(5), 1)
+    dev.wait_irq(IRQ_FENCE, 1)
+    poll(lambda: dev.reg(ENGINE_COPY1, RB_STATUS) == RB_STATUS_IDLE)
+    total = busy(ENGINE_COPY1)
+    assert total >= mid + 10_000_000 and busy(ENGINE_COPY1) == total
+    gpu.mmio.write(REG_ENGINE(ENGINE_COPY1, RB_BUSY_NS), 0)  # read-only
+    gpu.mmio.write(REG_ENGINE(ENGINE_COPY1, RB_RESET), 1)  # and not cleared by a reset
+    assert busy(ENGINE_COPY1) == total
+
+
+def test_burn_forever_holds_the_engine_until_reset_then_it_runs_new_work(dev):
+    gpu = dev.gpu
+    dev.comp.submit(P.launch(KERNEL_BURN, ONE, ONE, [BURN_FOREVER]) + P.fence(fence_addr(0), 1))
+    poll(lambda: gpu.engines[ENGINE_COMPUTE].cp.launches == 1)
+    time.sleep(0.1)
+    assert dev.reg(ENGINE_COMPUTE, RB_STATUS) == RB_STATUS_BUSY
+    assert gpu.vram.read_u64(fence_addr(0)) == 0
+    busy = dev.reg(ENGINE_COMPUTE, RB_BUSY_NS)
+    assert busy >= 100_000_000
+    t = time.monotonic()
+    gpu.mmio.write(REG_ENGINE(ENGINE_COMPUTE, RB_RESET), 1)
+    assert time.monotonic() - t < RESET_TIMEOUT
+    assert dev.reg(ENGINE_COMPUTE, RB_STATUS) == RB_STATUS_IDLE
+    assert gpu.engines[ENGINE_COMPUTE].resets == 1
+    # new packets from the start of the ring: a kernel and a fence run
+    dev.comp.wptr = 0
+    dev.put(VA, np.ones(16, np.float32))
+    dev.comp.submit(dev.ib(P.launch(KERNEL_SCALE, ONE, (16, 1, 1), [VA + 64, VA, 0x40000000, 16]))
+                    + P.fence(fence_addr(0), 2))
+    dev.wait_irq(IRQ_FENCE, 2)
+    assert (dev.get(VA + 64, 16) == 2).all()
+    assert not [i for i in dev.irqs if i.data == 1]
+    assert dev.reg(ENGINE_COMPUTE, RB_BUSY_NS) >= busy
+
+
+# --------------------------------------------- big kernels are stopped by a reset
+
+def _reset_while_running(gpu, ring, launch, fence, started=None):
+    """Submit a LAUNCH (ring: VMID 0) and a fence, reset once the kernel runs (and
+    started() is true); the reset returns with the engine idle: it left the kernel, not
+    just the RESET_TIMEOUT."""
+    cp = gpu.engines[ENGINE_COMPUTE].cp
+    launches = cp.launches
+    ring.submit(launch + fence)
+    poll(lambda: cp.launches == launches + 1 and (started is None or started()), timeout=30)
+    t = time.monotonic()
+    gpu.mmio.write(REG_ENGINE(ENGINE_COMPUTE, RB_RESET), 1)
+    took = time.monotonic() - t
+    assert gpu.mmio.read(REG_ENGINE(ENGINE_COMPUTE, RB_STATUS)) == RB_STATUS_IDLE
+    assert took < RESET_TIMEOUT
+
+
+@pytest.fixture
+def big_gpu():
+    g = Gpu(0, 256 << 20, SystemMemory())
+    g.start()
+    yield g
+    assert g.stop(), "engine threads did not stop"
+
+
+def test_reset_stops_a_big_gemm_between_row_blocks(big_gpu):
+    g = big_gpu
+    got, cond = irq_collector(g)
+    n = 4096  # 64 Gi multiply-adds: around a second of BLAS; row blocks of a few ms
+    size = 4 * n * n
+    A, B, C = 16 << 20, (16 << 20) + size, (16 << 20) + 2 * size
+    g.vram.mem[A:A + 2 * size].view(np.float32)[:] = 1
+    ring = Ring(g, ENGINE_COMPUTE, 1 << 20)
+    c = g.vram.mem[C:C + size].view(np.float32).reshape(n, n)
+    _reset_while_running(g, ring, P.launch(KERNEL_GEMM, ONE, ONE, [A, B, C, n, n, n]),
+                         P.fence(2 << 20, 1), started=lambda: c[0, 0] == n)
+    assert not c[-1].any()  # the last row block was never computed
+    assert not got  # no fence, no interrupt
+    ring.wptr = 0  # the engine runs new work
+    ring.submit(P.launch(KERNEL_GEMM, ONE, ONE, [A, B, C, 16, 16, 16]) + P.fence(2 << 20, 2))
+    wait_for(cond, lambda: got)
+    assert got[0].data == 2 and (c.reshape(-1)[:256] == 16).all()
+
+
+def test_reset_stops_softmax_and_reduce_sum_between_blocks(big_gpu, monkeypatch):
+    """Small blocks make a kernel of modest size run for seconds; a reset stops it in the
+    middle (a big softmax/reduce_sum at the real block sizes is checked for results in
+    test_hw_kernels.py)."""
+    g = big_gpu
+    got, cond = irq_collector(g)
+    ring = Ring(g, ENGINE_COMPUTE, 1 << 20)
+    rows, cols = 1 << 20, 16  # one row per block: ~1 Mi blocks
+    monkeypatch.setattr(kernels, "SOFTMAX_BLOCK", 1)
+    src, dst = 16 << 20, 96 << 20
+    y = g.vram.mem[dst:dst + 4 * rows * cols].view(np.float32).reshape(rows, cols)
+    _reset_while_running(g, ring, P.launch(KERNEL_SOFTMAX, ONE, ONE, [dst, src, rows, cols]),
+                         P.fence(2 << 20, 1), started=lambda: y[0, 0] != 0)
+    np.testing.assert_allclose(y[0], 1 / cols)  # started ...
+    assert not y[-1].any()  # ... and stopped long before the end
+    monkeypatch.setattr(kernels, "REDUCE_BLOCK", 16)
+    ring.wptr = 0
+    out = 2 << 20
+    g.vram.write_u64(out, 0xFFFFFFFF)
+    _reset_while_running(g, ring, P.launch(KERNEL_REDUCE_SUM, ONE, ONE, [src, out, rows * cols]),
+                         P.fence(2 << 20, 1))
+    assert g.vram.read_u64(out) == 0xFFFFFFFF  # dst not written
+    assert not got  # no fence, no interrupt

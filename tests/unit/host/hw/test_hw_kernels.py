@@ -15,8 +15,8 @@ from host.hw.mmu import Mmu, MmuFault
 from host.hw.regs import PAGE_SIZE
 from host.hw.sysmem import SystemMemory
 from host.hw.vram import Vram
-from spec.wire import (ACCESS_READ, ACCESS_WRITE, KERNEL_BURN, KERNEL_FILL, KERNEL_GEMM,
-                       KERNEL_REDUCE_SUM, KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE,
+from spec.wire import (ACCESS_READ, ACCESS_WRITE, BURN_FOREVER, KERNEL_BURN, KERNEL_FILL,
+                       KERNEL_GEMM, KERNEL_REDUCE_SUM, KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE,
                        KERNEL_SOFTMAX, KERNEL_VECTOR_ADD, KERNELS_BY_NAME)
 
 VMID = 5
@@ -49,10 +49,10 @@ class Env:
         ext = self.mmu.translate(VMID, va, 4 * n, ACCESS_READ)
         return np.concatenate(ext).view(np.float32).copy() if ext else np.empty(0, np.float32)
 
-    def launch(self, name, *args, grid=(1 << 20, 1, 1), block=ONE_D):
+    def launch(self, name, *args, grid=(1 << 20, 1, 1), block=ONE_D, ctl=kernels.NEVER_STOP):
         sig = KERNELS_BY_NAME[name]
         raw = [f32(a) if kind == "f32" else int(a) for a, (_, kind) in zip(args, sig.args)]
-        kernels.launch(sig.kernel_id, grid, block, raw, self.mem)
+        kernels.launch(sig.kernel_id, grid, block, raw, self.mem, ctl)
 
 
 def f32(x) -> int:
@@ -252,3 +252,157 @@ def test_every_builtin_kernel_has_an_implementation():
     assert set(kernels.KERNEL_IMPLS) == {KERNEL_FILL, KERNEL_VECTOR_ADD, KERNEL_SAXPY,
                                          KERNEL_SCALE, KERNEL_REDUCE_SUM, KERNEL_GEMM,
                                          KERNEL_RELU, KERNEL_SOFTMAX, KERNEL_BURN}
+
+
+# ------------------------------------------------------- stopping and chunked kernels
+
+class StopAfter:
+    """A stop token that reports stopped from the (k+1)-th check on."""
+
+    def __init__(self, k):
+        self.k = k
+        self.checks = 0
+
+    def stopped(self):
+        self.checks += 1
+        return self.checks > self.k
+
+    def sleep(self, seconds):
+        return self.stopped()
+
+
+def test_burn_forever_runs_until_stopped():
+    assert kernels.BURN_FOREVER == BURN_FOREVER == 0xFFFFFFFF
+    ctl = StopAfter(50)
+    kernels.launch(KERNEL_BURN, ONE_D, ONE_D, [BURN_FOREVER], None, ctl)
+    assert ctl.checks == 51  # it only ended because it was stopped
+    stop = threading.Event()
+    done = threading.Event()
+    ctl = StopToken(stop.is_set, stop)
+    th = threading.Thread(target=lambda: (kernels.launch(KERNEL_BURN, ONE_D, ONE_D,
+                                                         [BURN_FOREVER], None, ctl), done.set()))
+    th.start()
+    assert not done.wait(0.05)  # still burning
+    stop.set()
+    assert done.wait(5.0)
+    th.join()
+
+
+def test_burn_sleeps_instead_of_spinning():
+    cpu = time.thread_time()
+    kernels.launch(KERNEL_BURN, ONE_D, ONE_D, [100_000], None)
+    assert time.thread_time() - cpu < 0.05  # 100 ms of device time, little host CPU
+
+
+def test_elementwise_kernel_stops_between_chunks(env, monkeypatch):
+    monkeypatch.setattr(kernels, "ELEMENTWISE_CHUNK", 1000)
+    env.put(CONTIG, np.zeros(10000, np.float32))
+    env.launch("fill", CONTIG, 2.0, 10000, ctl=StopAfter(3))
+    got = env.get(CONTIG, 10000)
+    assert (got[:3000] == 2).all() and (got[3000:] == 0).all()  # partially written
+
+
+def test_scattered_output_of_a_stopped_kernel_is_not_written(env, monkeypatch):
+    monkeypatch.setattr(kernels, "ELEMENTWISE_CHUNK", 1000)
+    env.put(SCATTER, np.zeros(10000, np.float32))
+    env.launch("fill", SCATTER, 2.0, 10000, ctl=StopAfter(3))
+    assert (env.get(SCATTER, 10000) == 0).all()  # computed into a temporary, never committed
+
+
+def test_gemm_stops_between_row_blocks(env, monkeypatch):
+    m, n, k = 64, 20, 30
+    monkeypatch.setattr(kernels, "GEMM_BLOCK_MACS", 16 * n * k)  # 16-row blocks
+    a, b = rand(m * k, 1).reshape(m, k), rand(k * n, 2).reshape(k, n)
+    env.put(CONTIG, a)
+    env.put(CONTIG + 100000, b)
+    env.launch("gemm", CONTIG, CONTIG + 100000, CONTIG + 200000, m, n, k, ctl=StopAfter(2))
+    got = env.get(CONTIG + 200000, m * n).reshape(m, n)
+    np.testing.assert_array_equal(got[:32], (a @ b)[:32])
+    assert (got[32:] == 0).all()
+
+
+def test_softmax_stops_between_row_blocks(env, monkeypatch):
+    rows, cols = 40, 100
+    monkeypatch.setattr(kernels, "SOFTMAX_BLOCK", 10 * cols)  # 10-row blocks
+    env.put(CONTIG, rand(rows * cols, 3))
+    env.launch("softmax", CONTIG + 100000, CONTIG, rows, cols, ctl=StopAfter(1))
+    got = env.get(CONTIG + 100000, rows * cols).reshape(rows, cols)
+    np.testing.assert_allclose(got[:10].sum(axis=1), 1, rtol=1e-5)
+    assert (got[10:] == 0).all()
+
+
+def test_reduce_sum_stops_between_blocks_without_writing(env, monkeypatch):
+    monkeypatch.setattr(kernels, "REDUCE_BLOCK", 1000)
+    env.put(CONTIG, np.ones(10000, np.float32))
+    env.put(CONTIG + 100000, np.full(1, -1, np.float32))
+    ctl = StopAfter(4)
+    env.launch("reduce_sum", CONTIG, CONTIG + 100000, 10000, ctl=ctl)
+    assert env.get(CONTIG + 100000, 1)[0] == -1 and ctl.checks == 5
+
+
+class Physical:
+    """Kernels in VMID 0 (VRAM physical addresses) on a larger VRAM."""
+
+    def __init__(self, size):
+        self.vram = Vram(size)
+        self.f = self.vram.mem.view(np.float32)
+        self.mem = KernelMemory(Mmu(self.vram, SystemMemory()), 0)
+
+    def launch(self, kernel, *args):
+        kernels.launch(kernel, ONE_D, ONE_D, list(args), self.mem)
+
+
+def _softmax_whole(x):
+    """The pre-chunking implementation: one whole-matrix pass."""
+    work = np.empty_like(x)
+    np.subtract(x, x.max(axis=1, keepdims=True), out=work)
+    np.exp(work, out=work)
+    np.divide(work, work.sum(axis=1, keepdims=True), out=work)
+    return work
+
+
+@pytest.mark.parametrize("macs", [None, "small"])
+def test_blocked_gemm_equals_one_whole_matmul(monkeypatch, macs):
+    m, n, k = 2100, 512, 512  # > GEMM_BLOCK_MACS: two blocks of 1050 rows by default
+    assert m * n * k > kernels.GEMM_BLOCK_MACS
+    if macs == "small":
+        monkeypatch.setattr(kernels, "GEMM_BLOCK_MACS", 1)  # GEMM_MIN_ROWS-row blocks
+    p = Physical(16 << 20)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    A, B, C = 0, 4 * m * k, 4 * (m * k + k * n)
+    p.f[:m * k], p.f[m * k:m * k + k * n] = a.ravel(), b.ravel()
+    p.launch(KERNEL_GEMM, A, B, C, m, n, k)
+    np.testing.assert_array_equal(p.f[C // 4:C // 4 + m * n].reshape(m, n), np.matmul(a, b))
+    p.launch(KERNEL_GEMM, A, B, A, m, n, k)  # C == A: through the temporary
+    np.testing.assert_array_equal(p.f[:m * n].reshape(m, n), np.matmul(a, b))
+
+
+@pytest.mark.parametrize("block", [None, 1])
+def test_blocked_softmax_equals_the_whole_matrix_pass(monkeypatch, block):
+    rows, cols = 700, 3001  # > SOFTMAX_BLOCK elements: several row blocks
+    assert rows * cols > kernels.SOFTMAX_BLOCK
+    if block:
+        monkeypatch.setattr(kernels, "SOFTMAX_BLOCK", block)  # one row per block
+    p = Physical(32 << 20)
+    x = (np.random.default_rng(1).standard_normal((rows, cols)) * 20).astype(np.float32)
+    n = rows * cols
+    p.f[:n] = x.ravel()
+    p.launch(KERNEL_SOFTMAX, 4 * n, 0, rows, cols)
+    np.testing.assert_array_equal(p.f[n:2 * n].reshape(rows, cols), _softmax_whole(x))
+    p.launch(KERNEL_SOFTMAX, 0, 0, rows, cols)  # in place
+    np.testing.assert_array_equal(p.f[:n].reshape(rows, cols), _softmax_whole(x))
+    p.f[:n] = x.ravel()
+    p.launch(KERNEL_SOFTMAX, 4 * cols, 0, rows - 1, cols)  # dst = src one row further
+    np.testing.assert_array_equal(p.f[cols:n].reshape(rows - 1, cols), _softmax_whole(x[:-1]))
+
+
+def test_blocked_reduce_sum_accumulates_in_float64():
+    n = 3 * kernels.REDUCE_BLOCK + 12345
+    p = Physical(64 << 20)
+    x = (np.random.default_rng(2).standard_normal(n) + 0.25).astype(np.float32)
+    p.f[:n] = x
+    p.launch(KERNEL_REDUCE_SUM, 0, 4 * n, n)
+    assert p.f[n] == np.float32(np.add.reduce(x, dtype=np.float64))  # as before chunking
+    assert p.f[n] == pytest.approx(float(x.sum(dtype=np.float64)), rel=1e-6)

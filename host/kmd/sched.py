@@ -1,0 +1,552 @@
+"""The GPU scheduler (drivers/gpu/drm/scheduler) with Gdev's vGPU policies, as pure logic.
+
+One GpuScheduler per hardware ring. Work reaches it as SchedJobs pushed onto an
+SchedEntity — a submission timeline's FIFO on that ring, with a priority, a `guilty` flag
+and the vGPU it belongs to. A job carries dependency fences and two fences of its own:
+`scheduled` (signalled when the job is handed to the hardware) and `finished` (signalled
+when the hardware fence of the job signals, with its error and completion timestamp).
+
+Readiness (drm_sched_entity_pop_job): the head job of an entity is ready when every
+dependency has signalled. A dependency that is the finished fence of a job on this same
+ring only needs that job to have been *scheduled*: the ring executes in order.
+
+Selection, whenever fewer than `hw_limit` jobs are in flight (the hardware submission
+limit, drm_sched credits):
+  fifo    the ready entity of the most urgent priority whose head job arrived first
+          (DRM_SCHED_POLICY_FIFO; also the policy within one vGPU under credit/band);
+  credit  Gdev's Credit scheduler: the vGPUs form a rotation; the first vGPU in it with
+          ready work owns the ring until its in-flight jobs complete; a vGPU whose credit
+          is exhausted (<= 0) when its last job completes goes to the tail;
+  band    Gdev's BAND (Bandwidth-Aware Non-preemptive Device) scheduler: as credit, but a
+          vGPU goes to the tail only when its credit is exhausted *and* its measured
+          utilisation is above its share; and when the vGPU that would get the ring next
+          is over its share, the ring is held idle for a short time buffer (Gdev: 500 µs)
+          so that another vGPU's job, arriving in a gap between its jobs, can take it.
+Credits (Gdev): every `period` a vGPU's credit grows by period * share / 100, and is
+reset to 0 when it leaves [-period, period]; a job's device time (end - start) is
+charged when it completes. Utilisation is the vGPU's device time over the last `window`.
+
+Timeouts (drm_sched_job_timedout): the job at the head of the hardware queue has
+`timeout` of device time from the moment it became the head; timed_out(now) reports it,
+the driver resets the engine and calls recover(): the guilty job fails with JobTimedOut,
+its entity (and, through the driver, its whole context) becomes guilty, and the other
+jobs that were in flight are handed to the hardware again, in order. Jobs of a guilty
+entity are not run: they complete with ContextLost (drm_sched's -ECANCELED).
+
+Everything here is called with the driver's lock held, never sleeps and never signals a
+fence: fences to signal are queued (take_signals()) and signalled by the caller once the
+lock is released, so no callback ever runs under the lock. Time comes in as `now`
+arguments (ns), so tests drive it with a clock they advance.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+from dataclasses import dataclass
+
+from host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut
+from host.kmd.fence import Fence
+
+PRIORITY_KERNEL = 0
+PRIORITY_HIGH = 1
+PRIORITY_NORMAL = 2
+PRIORITY_LOW = 3
+PRIORITIES = (PRIORITY_KERNEL, PRIORITY_HIGH, PRIORITY_NORMAL, PRIORITY_LOW)
+PRIORITY_NAMES = {PRIORITY_KERNEL: "kernel", PRIORITY_HIGH: "high", PRIORITY_NORMAL: "normal",
+                  PRIORITY_LOW: "low"}
+
+POLICIES = ("fifo", "credit", "band")
+DEFAULT_PERIOD_NS = 30_000_000  # Gdev: 30 ms
+DEFAULT_TIME_BUFFER_NS = 500_000  # Gdev: 500 µs
+DEFAULT_WINDOW_PERIODS = 10  # utilisation window = 10 periods
+DEFAULT_TIMEOUT_NS = 10_000_000_000  # amdgpu's default lockup timeout: 10 s
+DEFAULT_HW_LIMIT = 2
+
+
+@dataclass(frozen=True)
+class VgpuShares:
+    """A vGPU's configured shares, in percent of one device's compute engine, copy
+    engines and VRAM (Gdev's vGPU model)."""
+
+    name: str
+    compute: int = 100
+    copy: int = 100
+    mem: int = 100
+
+    def __post_init__(self):
+        if not self.name or not isinstance(self.name, str):
+            raise InvalidArgument("a vGPU needs a name")
+        for what in ("compute", "copy", "mem"):
+            v = getattr(self, what)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 100:
+                raise InvalidArgument(f"vGPU {self.name}: {what} share {v!r} must be 1..100")
+
+
+class SchedFence(Fence):
+    """The scheduled or finished fence of a SchedJob (drm_sched_fence)."""
+
+    __slots__ = ("job",)
+
+    def __init__(self, job: "SchedJob", engine: int, seq: int):
+        super().__init__(engine, seq)
+        self.job = job
+
+
+class SchedJob:
+    """One unit of hardware work: `payload` is opaque to the scheduler (the driver's IB)."""
+
+    __slots__ = ("entity", "deps", "payload", "scheduled", "finished", "hw_fence", "seq",
+                 "arrival_ns", "run_ns", "start_ns", "end_ns", "karma", "resubmits")
+
+    def __init__(self, entity: "SchedEntity", payload, deps=()):
+        self.entity = entity
+        self.payload = payload
+        self.deps = [d for d in deps if d is not None]
+        self.seq = 0
+        self.scheduled = None
+        self.finished = None
+        self.hw_fence = None
+        self.arrival_ns = self.run_ns = self.start_ns = self.end_ns = None
+        self.karma = 0
+        self.resubmits = 0
+
+    def __repr__(self) -> str:
+        return f"SchedJob({self.entity.name}#{self.seq})"
+
+
+class SchedEntity:
+    """A submission timeline on one ring (drm_sched_entity)."""
+
+    def __init__(self, sched: "GpuScheduler", name: str, vgpu: str, priority: int = PRIORITY_NORMAL,
+                 owner=None):
+        if priority not in PRIORITIES:
+            raise InvalidArgument(f"bad priority {priority!r}")
+        self.sched = sched
+        self.name = name
+        self.vgpu = vgpu
+        self.priority = priority
+        self.owner = owner  # the driver's context
+        self.jobs = collections.deque()
+        self.guilty = False
+        self.in_flight = 0
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return f"SchedEntity({self.name!r}, vgpu={self.vgpu!r}, prio={self.priority})"
+
+
+class VgpuSchedState:
+    """Per-ring state of one vGPU: credit, utilisation, accounting."""
+
+    def __init__(self, shares: VgpuShares, share: int, now: int, period: int, window: int):
+        self.shares = shares
+        self.share = share  # percent of this ring
+        self.credit = 0  # ns, signed
+        self.replenished = now  # start of the current period
+        self.in_flight = 0
+        self.busy_ns = 0  # total device time
+        self.jobs = 0
+        self.last_active = None  # when it last had work queued or running
+        self._period = period
+        self._buckets = collections.deque([0] * window, maxlen=window)  # busy ns per period
+        self._bucket_start = now
+
+    def _roll(self, now: int) -> None:
+        n = (now - self._bucket_start) // self._period
+        if n > 0:
+            for _ in range(min(n, self._buckets.maxlen)):
+                self._buckets.append(0)
+            self._bucket_start += n * self._period
+
+    def charge(self, busy: int, now: int) -> None:
+        self._roll(now)
+        self._buckets[-1] += busy
+        self.busy_ns += busy
+        self.jobs += 1
+        self.credit -= busy
+
+    def utilisation(self, now: int) -> float:
+        """Busy fraction over the window (the current, partial period included)."""
+        self._roll(now)
+        span = (len(self._buckets) - 1) * self._period + max(1, now - self._bucket_start)
+        return min(1.0, sum(self._buckets) / span)
+
+    def replenish(self, now: int) -> None:
+        """Gdev's replenish, once per elapsed period (lazily)."""
+        periods = (now - self.replenished) // self._period
+        if periods <= 0:
+            return
+        self.replenished += periods * self._period
+        add = self._period * self.share // 100
+        for _ in range(min(periods, 4)):  # after a few idle periods the credit is 0 anyway
+            self.credit += add
+            if not -self._period <= self.credit <= self._period:
+                self.credit = 0
+        if periods > 4:
+            self.credit = 0
+
+
+class GpuScheduler:
+    """The scheduler of one ring. `ops` is the driver: run_job(job) -> hardware fence."""
+
+    def __init__(self, name: str, ops, *, engine: int = 0, policy: str = "fifo",
+                 share_kind: str = "compute", hw_limit: int = DEFAULT_HW_LIMIT,
+                 timeout_ns: int = DEFAULT_TIMEOUT_NS, period_ns: int = DEFAULT_PERIOD_NS,
+                 time_buffer_ns: int = DEFAULT_TIME_BUFFER_NS,
+                 window_periods: int = DEFAULT_WINDOW_PERIODS, now: int = 0):
+        if policy not in POLICIES:
+            raise InvalidArgument(f"unknown scheduling policy {policy!r} (one of {', '.join(POLICIES)})")
+        if hw_limit < 1 or timeout_ns <= 0 or period_ns <= 0 or time_buffer_ns < 0:
+            raise InvalidArgument("bad scheduler parameters")
+        self.name = name
+        self.ops = ops
+        self.engine = engine
+        self.policy = policy
+        self.share_kind = share_kind
+        self.hw_limit = hw_limit
+        self.timeout_ns = timeout_ns
+        self.period_ns = period_ns
+        self.time_buffer_ns = time_buffer_ns
+        self.window_periods = window_periods
+        self.entities = []
+        self.vgpus = {}  # name -> VgpuSchedState
+        self.rotation = []  # vGPU names, head first (credit / band)
+        self.current = None  # the vGPU owning the ring (credit / band)
+        self.in_flight = collections.deque()  # jobs handed to the hardware, in ring order
+        self.stopped = False
+        self.hold_until = None  # band: ring held idle for a time buffer until then
+        self._hold_for = None  # the vGPU the hold was taken against
+        self._head_since = None  # when the current head job became the head
+        self._last_end = now
+        self._seq = itertools.count(1)
+        self._signals = []  # (fence, error) to signal once the lock is released
+        self.busy_ns = 0
+        self.stats = collections.Counter()
+        self.created_ns = now
+
+    def __repr__(self) -> str:
+        return f"GpuScheduler({self.name!r}, {self.policy}, in_flight={len(self.in_flight)})"
+
+    # ------------------------------------------------------------------ vGPUs, entities
+    def add_vgpu(self, shares: VgpuShares, now: int) -> VgpuSchedState:
+        state = self.vgpus.get(shares.name)
+        if state is None:
+            share = shares.compute if self.share_kind == "compute" else shares.copy
+            state = VgpuSchedState(shares, share, now, self.period_ns, self.window_periods)
+            state.credit = self.period_ns * share // 100
+            self.vgpus[shares.name] = state
+            self.rotation.append(shares.name)
+        return state
+
+    def entity(self, name: str, vgpu: VgpuShares, priority: int = PRIORITY_NORMAL, owner=None,
+               now: int = 0) -> SchedEntity:
+        self.add_vgpu(vgpu, now)
+        ent = SchedEntity(self, name, vgpu.name, priority, owner)
+        self.entities.append(ent)
+        return ent
+
+    def close_entity(self, ent: SchedEntity, cancel=None) -> None:
+        """Take no more jobs on an entity (drm_sched_entity_fini). Its queued jobs still
+        run, unless `cancel` (an error) is given: then they complete with it at once. The
+        entity goes away once it has drained."""
+        ent.closed = True
+        if cancel is not None:
+            self._cancel_queued(ent, cancel)
+        self._drop_if_drained(ent)
+
+    def _drop_if_drained(self, ent: SchedEntity) -> None:
+        if ent.closed and ent.in_flight == 0 and not ent.jobs and ent in self.entities:
+            self.entities.remove(ent)
+
+    # ------------------------------------------------------------------ submission
+    def push(self, job: SchedJob, now: int) -> SchedJob:
+        """drm_sched_entity_push_job: queue a job; -> it, with its fences created."""
+        ent = job.entity
+        if ent.sched is not self or ent.closed:
+            raise InvalidArgument(f"{ent!r} is not an open entity of {self.name}")
+        job.seq = next(self._seq)
+        job.scheduled = SchedFence(job, self.engine, job.seq)
+        job.finished = SchedFence(job, self.engine, job.seq)
+        job.arrival_ns = now
+        if ent.guilty:
+            self._finish(job, ContextLost(f"{ent.name} is guilty of a GPU hang"), now)
+            return job
+        for dep in job.deps:
+            if not dep.signaled:
+                self.stats["dependencies"] += 1
+                dep.add_done_callback(self._dependency_signalled)
+        ent.jobs.append(job)
+        self.vgpus[ent.vgpu].last_active = now
+        self.stats["jobs_pushed"] += 1
+        return job
+
+    def _dependency_signalled(self, _fence) -> None:
+        wake = getattr(self.ops, "wake", None)
+        if wake is not None:
+            wake(self)
+
+    def _dep_ok(self, dep) -> bool:
+        if dep.signaled:
+            return True
+        job = getattr(dep, "job", None)
+        # same ring: in-order execution makes "scheduled" enough (drm_sched optimisation)
+        return (job is not None and job.entity.sched is self and dep is job.finished
+                and job.hw_fence is not None)
+
+    def _ready(self, ent: SchedEntity) -> bool:
+        return bool(ent.jobs) and all(self._dep_ok(d) for d in ent.jobs[0].deps)
+
+    # ------------------------------------------------------------------ selection
+    def _pick_fifo(self, entities):
+        best = None
+        for ent in entities:
+            if ent.jobs and self._ready(ent):
+                key = (ent.priority, ent.jobs[0].seq)
+                if best is None or key < best[0]:
+                    best = (key, ent)
+        return best[1] if best else None
+
+    def _vgpu_has_ready(self, name: str):
+        return self._pick_fifo([e for e in self.entities if e.vgpu == name])
+
+    def _over_share(self, v: VgpuSchedState, now: int) -> bool:
+        return v.utilisation(now) * 100 > v.share
+
+    def _others_active(self, name: str, now: int) -> bool:
+        horizon = now - 2 * self.period_ns
+        for other, v in self.vgpus.items():
+            if other == name:
+                continue
+            if v.in_flight or any(e.jobs for e in self.entities if e.vgpu == other):
+                return True
+            if v.last_active is not None and v.last_active >= horizon:
+                return True
+        return False
+
+    def _pick(self, now: int):
+        """-> the entity whose head job runs next, or None."""
+        if self.policy == "fifo":
+            return self._pick_fifo(self.entities)
+        for v in self.vgpus.values():
+            v.replenish(now)
+        # the owner keeps the ring while it has work in flight (Gdev: launch_instances)
+        if self.current is not None and self.vgpus[self.current].in_flight:
+            # ... but one with exhausted credit may not keep refilling it while others wait
+            if self.vgpus[self.current].credit <= 0 and any(
+                    self._vgpu_has_ready(n) for n in self.rotation if n != self.current):
+                return None
+            return self._vgpu_has_ready(self.current)
+        # the ring is free: first vGPU in the rotation with ready work
+        for name in list(self.rotation):
+            ent = self._vgpu_has_ready(name)
+            if ent is None:
+                continue
+            if self.policy == "band" and self.time_buffer_ns:
+                v = self.vgpus[name]
+                if self._over_share(v, now) and v.credit <= 0 and self._others_active(name, now):
+                    if self._hold_for != name or self.hold_until is None:
+                        self.hold_until = now + self.time_buffer_ns
+                        self._hold_for = name
+                        self.stats["time_buffer_holds"] += 1
+                    if now < self.hold_until:
+                        return None
+            self.hold_until = self._hold_for = None
+            self.current = name
+            return ent
+        return None
+
+    def _complete_owner(self, name: str, now: int) -> None:
+        """A vGPU's last in-flight job completed: maybe move it to the tail (Gdev)."""
+        v = self.vgpus[name]
+        exhausted = v.credit <= 0
+        if self.policy == "band":
+            exhausted = exhausted and self._over_share(v, now)
+        if exhausted and name in self.rotation:
+            self.rotation.remove(name)
+            self.rotation.append(name)
+            self.stats["rotations"] += 1
+        if self.current == name:
+            self.current = None
+
+    # ------------------------------------------------------------------ running
+    def schedule(self, now: int) -> int:
+        """Hand ready jobs to the hardware while there is room; -> how many."""
+        if self.stopped:
+            return 0
+        ran = 0
+        while len(self.in_flight) < self.hw_limit:
+            ent = self._pick(now)
+            if ent is None:
+                break
+            job = ent.jobs.popleft()
+            if ent.guilty:
+                self._finish(job, ContextLost(f"{ent.name} is guilty of a GPU hang"), now)
+            else:
+                self._run(job, now)
+                ran += 1
+            self._drop_if_drained(ent)
+        return ran
+
+    def _run(self, job: SchedJob, now: int) -> None:
+        ent = job.entity
+        job.run_ns = now
+        job.hw_fence = self.ops.run_job(job)
+        if not self.in_flight:
+            self._head_since = now
+        self.in_flight.append(job)
+        ent.in_flight += 1
+        v = self.vgpus[ent.vgpu]
+        v.in_flight += 1
+        v.last_active = now
+        self.stats["jobs_run"] += 1
+        self._signals.append((job.scheduled, None))
+
+    def job_done(self, job: SchedJob, hw_fence, end_ns: int, now: int | None = None) -> bool:
+        """The hardware fence of `job` signalled at device time end_ns; -> False if that
+        fence is stale (the job was resubmitted or recovered since)."""
+        if job.hw_fence is not hw_fence or job not in self.in_flight:
+            return False
+        now = end_ns if now is None else now
+        self.in_flight.remove(job)
+        job.start_ns = max(job.run_ns, self._last_end)
+        job.end_ns = max(end_ns, job.start_ns)
+        self._last_end = job.end_ns
+        self._head_since = max(job.end_ns, self.in_flight[0].run_ns) if self.in_flight else None
+        busy = job.end_ns - job.start_ns
+        self.busy_ns += busy
+        ent = job.entity
+        ent.in_flight -= 1
+        v = self.vgpus[ent.vgpu]
+        v.in_flight -= 1
+        v.charge(busy, now)
+        v.last_active = now
+        if v.in_flight == 0 and self.policy != "fifo":
+            self._complete_owner(ent.vgpu, now)
+        self._drop_if_drained(ent)
+        self._finish(job, getattr(hw_fence, "error", None), job.end_ns)
+        return True
+
+    def _finish(self, job: SchedJob, error, timestamp: int) -> None:
+        job.finished.timestamp = timestamp
+        if job.scheduled is not None and not job.scheduled.signaled:
+            self._signals.append((job.scheduled, None))
+        self._signals.append((job.finished, error))
+        self.stats["jobs_failed" if error is not None else "jobs_completed"] += 1
+
+    def _cancel_queued(self, ent: SchedEntity, error) -> int:
+        n = 0
+        while ent.jobs:
+            job = ent.jobs.popleft()
+            self._finish(job, error, job.arrival_ns or 0)
+            n += 1
+        return n
+
+    def take_signals(self) -> list:
+        """-> [(fence, error)] to signal, in order, once the driver's lock is released."""
+        out, self._signals = self._signals, []
+        return out
+
+    # ------------------------------------------------------------------ timers
+    def next_deadline(self) -> int | None:
+        """The next time timed_out() or schedule() needs to be called (ns), or None."""
+        deadlines = []
+        if self.in_flight and self._head_since is not None and not self.stopped:
+            deadlines.append(self._head_since + self.timeout_ns)
+        if self.hold_until is not None:
+            deadlines.append(self.hold_until)
+        return min(deadlines) if deadlines else None
+
+    def timed_out(self, now: int) -> SchedJob | None:
+        """The head job if it has run past its timeout (drm_sched_job_timedout)."""
+        if self.stopped or not self.in_flight or self._head_since is None:
+            return None
+        if now - self._head_since >= self.timeout_ns:
+            return self.in_flight[0]
+        return None
+
+    def recover(self, guilty: SchedJob, now: int, lost_owners=()) -> list:
+        """After the driver reset the engine: fail the guilty job, cancel the jobs of lost
+        owners (contexts) and hand every other in-flight job to the hardware again.
+        -> the entities made guilty."""
+        jobs = list(self.in_flight)
+        self.in_flight.clear()
+        self._head_since = None
+        self._last_end = now
+        lost = set(lost_owners)
+        guilty.karma += 1
+        guilty.entity.guilty = True
+        lost.add(guilty.entity.owner)
+        for job in jobs:
+            ent = job.entity
+            ent.in_flight -= 1
+            v = self.vgpus[ent.vgpu]
+            v.in_flight -= 1
+            job.hw_fence = None
+            if job is guilty:
+                self._finish(job, JobTimedOut(
+                    f"job ran past the {self.timeout_ns / 1e9:g} s timeout on {self.name} "
+                    f"and was stopped by an engine reset"), now)
+            elif ent.owner in lost and ent.owner is not None or ent.guilty:
+                self._finish(job, ContextLost(f"{ent.name}: context lost after a GPU hang"), now)
+        self.current = None
+        self.hold_until = self._hold_for = None
+        self.stats["timeouts"] += 1
+        made_guilty = []
+        for ent in self.entities:
+            if ent.owner in lost and ent.owner is not None or ent is guilty.entity:
+                if not ent.guilty or ent is guilty.entity:
+                    made_guilty.append(ent)
+                ent.guilty = True
+                self._cancel_queued(ent, ContextLost(f"{ent.name}: context lost after a GPU hang"))
+        # resubmit the innocent ones in their original ring order (drm_sched_resubmit_jobs)
+        for job in jobs:
+            if job.finished.signaled or any(f is job.finished for f, _e in self._signals):
+                continue
+            job.resubmits += 1
+            self.stats["resubmitted"] += 1
+            self._run(job, now)
+        for ent in list(self.entities):
+            self._drop_if_drained(ent)
+        return made_guilty
+
+    def mark_lost(self, owners, now: int) -> None:
+        """Another ring found these owners (contexts) guilty: cancel their queued jobs here
+        and refuse new ones; their in-flight jobs here finish normally."""
+        owners = set(owners)
+        for ent in self.entities:
+            if ent.owner in owners:
+                ent.guilty = True
+                self._cancel_queued(ent, ContextLost(f"{ent.name}: context lost after a GPU hang"))
+
+    def fail_all(self, error, now: int) -> None:
+        """Device stop: every queued and in-flight job completes with `error`."""
+        jobs = list(self.in_flight)
+        self.in_flight.clear()
+        for job in jobs:
+            job.entity.in_flight -= 1
+            self.vgpus[job.entity.vgpu].in_flight -= 1
+            job.hw_fence = None
+            self._finish(job, error, now)
+        for ent in self.entities:
+            self._cancel_queued(ent, error)
+        self.stopped = True
+
+    # ------------------------------------------------------------------ accounting
+    def queued(self, owner=None) -> int:
+        return sum(len(e.jobs) for e in self.entities if owner is None or e.owner is owner)
+
+    def snapshot(self, now: int) -> dict:
+        span = max(1, now - self.created_ns)
+        vgpus = {}
+        for name, v in self.vgpus.items():
+            v.replenish(now) if self.policy != "fifo" else None
+            vgpus[name] = {"share": v.share, "utilisation": round(v.utilisation(now), 4),
+                           "busy_ns": v.busy_ns, "jobs": v.jobs, "credit_us": v.credit // 1000,
+                           "in_flight": v.in_flight,
+                           "queued": sum(len(e.jobs) for e in self.entities if e.vgpu == name)}
+        return {"policy": self.policy, "busy_ns": self.busy_ns,
+                "utilisation_total": round(min(1.0, self.busy_ns / span), 4),
+                "in_flight": len(self.in_flight), "queued": self.queued(),
+                "hw_limit": self.hw_limit, "timeout_ms": self.timeout_ns // 1_000_000,
+                "stats": dict(self.stats), "vgpus": vgpus}
