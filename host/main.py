@@ -17,6 +17,7 @@ import time
 from spec import wire
 from host.backend.session import Backend
 from host.hw.gpu import Platform
+from host.config import SchedConfig
 from host.kmd.device import KmdDevice
 from transport.channel import HostChannel, default_endpoint
 
@@ -28,14 +29,15 @@ DEFAULT_VRAM = 1 << 30
 class HostServer:
     def __init__(self, endpoints=None, *, vram_size: int = DEFAULT_VRAM, num_gpus: int = 2,
                  heartbeat_ms: int = wire.DEFAULT_HEARTBEAT_MS,
-                 max_mem_size: int = wire.MAX_GUEST_MEM_SIZE):
+                 max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, sched: SchedConfig | None = None):
+        self.sched = (sched or SchedConfig()).validate()
         self.platform = Platform(num_gpus=num_gpus, vram_size=vram_size)
-        self.kmds = [KmdDevice(gpu) for gpu in self.platform.gpus]
+        self.kmds = [KmdDevice(gpu, **self.sched.kmd_kwargs()) for gpu in self.platform.gpus]
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self.backend = Backend(self.kmds, heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size,
-                               wakeup=self._wakeup)
+                               wakeup=self._wakeup, vgpus=self.sched.vgpus)
         self.channel = HostChannel(list(endpoints or [default_endpoint()]))
         self._stop = False
 
@@ -105,9 +107,10 @@ class HostServer:
 
 
 def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
-             max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, ready_file: str | None = None) -> int:
+             max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, ready_file: str | None = None,
+             sched: SchedConfig | None = None) -> int:
     server = HostServer(endpoints, vram_size=vram_size, num_gpus=num_gpus,
-                        heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size)
+                        heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size, sched=sched)
 
     def on_signal(signum, _frame):
         log.info("received %s, shutting down", signal.Signals(signum).name)
@@ -119,8 +122,9 @@ def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
     try:
         for ep in server.endpoints:
             log.info("listening on %s", ep)
-        print("pvgpu host: %d GPU(s), %d MiB VRAM each; listening on %s" % (
-            len(server.kmds), vram_size >> 20, " ".join(server.endpoints)), flush=True)
+        print("pvgpu host: %d GPU(s), %d MiB VRAM each; %s; listening on %s" % (
+            len(server.kmds), vram_size >> 20, server.sched.describe(),
+            " ".join(server.endpoints)), flush=True)
         if ready_file:
             with open(ready_file + ".tmp", "w") as f:
                 f.write("\n".join(server.endpoints))

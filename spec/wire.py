@@ -170,19 +170,30 @@ FLAG_INFO_RING_IDX = 2
 # Commands: 0x04xx, clear of virtio-gpu's 0x01xx-0x03xx.
 CMD_NOP = 0x0400
 CMD_GET_DEVICE_INFO = 0x0401
+CMD_GET_STATS = 0x0402
 CMD_CTX_CREATE = 0x0410
 CMD_CTX_DESTROY = 0x0411
+CMD_CTX_SYNC = 0x0412
 CMD_MEM_ALLOC = 0x0420
 CMD_MEM_FREE = 0x0421
 CMD_COPY_H2D = 0x0430
 CMD_COPY_D2H = 0x0431
 CMD_COPY_D2D = 0x0432
 CMD_LAUNCH = 0x0440
+CMD_EVENT_RECORD = 0x0450
+CMD_EVENT_WAIT = 0x0451
+CMD_EVENT_QUERY = 0x0452
+CMD_EVENT_DESTROY = 0x0453
+CMD_EVENT_EXPORT = 0x0454
+CMD_EVENT_IMPORT = 0x0455
 
 # Responses: OK 0x11xx, errors 0x12xx (virtio-gpu codes kept, compute from 0x1180/0x1280)
 RESP_OK_NODATA = 0x1100
 RESP_OK_DEVICE_INFO = 0x1180
 RESP_OK_MEM_ALLOC = 0x1181
+RESP_OK_EVENT = 0x1182
+RESP_OK_EVENT_HANDLE = 0x1183
+RESP_OK_STATS = 0x1184
 RESP_ERR_UNSPEC = 0x1200
 RESP_ERR_OUT_OF_MEMORY = 0x1201
 RESP_ERR_INVALID_RESOURCE_ID = 0x1203
@@ -194,11 +205,17 @@ RESP_ERR_PAGE_FAULT = 0x1282
 RESP_ERR_INVALID_KERNEL = 0x1283
 RESP_ERR_INVALID_ADDRESS = 0x1284  # reserved in v0.1: untranslatable addresses are page faults
 RESP_ERR_DEVICE_LOST = 0x1285  # reserved for recovery (later versions)
+RESP_ERR_CONTEXT_LOST = 0x1286  # the context was found guilty of a hang; it takes no more work
+RESP_ERR_JOB_TIMEOUT = 0x1287  # the job ran past the host's timeout and was stopped
+RESP_ERR_INVALID_EVENT = 0x1288  # event id 0 or unknown; export handle unknown or wrong token
 
 RESP_NAMES = {
     RESP_OK_NODATA: "OK_NODATA",
     RESP_OK_DEVICE_INFO: "OK_DEVICE_INFO",
     RESP_OK_MEM_ALLOC: "OK_MEM_ALLOC",
+    RESP_OK_EVENT: "OK_EVENT",
+    RESP_OK_EVENT_HANDLE: "OK_EVENT_HANDLE",
+    RESP_OK_STATS: "OK_STATS",
     RESP_ERR_UNSPEC: "ERR_UNSPEC",
     RESP_ERR_OUT_OF_MEMORY: "ERR_OUT_OF_MEMORY",
     RESP_ERR_INVALID_RESOURCE_ID: "ERR_INVALID_RESOURCE_ID",
@@ -210,6 +227,9 @@ RESP_NAMES = {
     RESP_ERR_INVALID_KERNEL: "ERR_INVALID_KERNEL",
     RESP_ERR_INVALID_ADDRESS: "ERR_INVALID_ADDRESS",
     RESP_ERR_DEVICE_LOST: "ERR_DEVICE_LOST",
+    RESP_ERR_CONTEXT_LOST: "ERR_CONTEXT_LOST",
+    RESP_ERR_JOB_TIMEOUT: "ERR_JOB_TIMEOUT",
+    RESP_ERR_INVALID_EVENT: "ERR_INVALID_EVENT",
 }
 
 
@@ -221,27 +241,43 @@ def is_error_response(resp_type: int) -> bool:
 CMD_BODY_FORMATS = {
     CMD_NOP: "<",
     CMD_GET_DEVICE_INFO: "<",
+    CMD_GET_STATS: "<",  # response: RESP_STATS_FORMAT, then the msgpack map
     CMD_CTX_CREATE: "<I32s",  # flags (0), debug name
     CMD_CTX_DESTROY: "<",
+    CMD_CTX_SYNC: "<",
     CMD_MEM_ALLOC: "<IIQ",  # resource_id, flags (0), size
     CMD_MEM_FREE: "<I4x",  # resource_id
     CMD_COPY_H2D: "<QQ",  # dst_va, size; data: the rest of the readable part
     CMD_COPY_D2H: "<QQ",  # src_va, size; data: the writable part after the response
     CMD_COPY_D2D: "<QQQ",  # src_va, dst_va, size
     CMD_LAUNCH: "<I3I3II",  # kernel_id, grid[3], block[3], nargs; then nargs x le64 args
+    CMD_EVENT_RECORD: "<I4x",  # event_id
+    CMD_EVENT_WAIT: "<I4x",  # event_id
+    CMD_EVENT_QUERY: "<I4x",  # event_id; response RESP_EVENT_FORMAT
+    CMD_EVENT_DESTROY: "<I4x",  # event_id
+    CMD_EVENT_EXPORT: "<I4x",  # event_id; response RESP_EVENT_HANDLE_FORMAT
+    CMD_EVENT_IMPORT: "<I4xQQ",  # event_id, handle_id, token
 }
 CMD_BODY_SIZES = {k: struct.calcsize(v) for k, v in CMD_BODY_FORMATS.items()}
 CMD_NAMES = {
     CMD_NOP: "NOP",
     CMD_GET_DEVICE_INFO: "GET_DEVICE_INFO",
+    CMD_GET_STATS: "GET_STATS",
     CMD_CTX_CREATE: "CTX_CREATE",
     CMD_CTX_DESTROY: "CTX_DESTROY",
+    CMD_CTX_SYNC: "CTX_SYNC",
     CMD_MEM_ALLOC: "MEM_ALLOC",
     CMD_MEM_FREE: "MEM_FREE",
     CMD_COPY_H2D: "COPY_H2D",
     CMD_COPY_D2H: "COPY_D2H",
     CMD_COPY_D2D: "COPY_D2D",
     CMD_LAUNCH: "LAUNCH",
+    CMD_EVENT_RECORD: "EVENT_RECORD",
+    CMD_EVENT_WAIT: "EVENT_WAIT",
+    CMD_EVENT_QUERY: "EVENT_QUERY",
+    CMD_EVENT_DESTROY: "EVENT_DESTROY",
+    CMD_EVENT_EXPORT: "EVENT_EXPORT",
+    CMD_EVENT_IMPORT: "EVENT_IMPORT",
 }
 LAUNCH_ARG_SIZE = 8
 MAX_KERNEL_ARGS = 16
@@ -251,11 +287,26 @@ MAX_BLOCK_THREADS = 1024
 # Response bodies (after the 24-byte header).
 RESP_DEVICE_INFO_FORMAT = "<QQQI4x32s"  # vram_size, vram_free, max_alloc, num_contexts, name
 RESP_MEM_ALLOC_FORMAT = "<QQ"  # va, size (rounded to pages)
+# status, error (a RESP_ERR_* code or 0), timestamp_ns, info0, info1 (of the error)
+RESP_EVENT_FORMAT = "<IIQQI4x"
+RESP_EVENT_HANDLE_FORMAT = "<QQ"  # handle_id, token
+RESP_STATS_FORMAT = "<I4x"  # length of the msgpack map that follows the body
+RESP_STATS_SIZE = struct.calcsize(RESP_STATS_FORMAT)
 RESP_ERROR_FORMAT = "<QII"  # info0 (e.g. fault address), info1 (e.g. access), message_len
 RESP_ERROR_SIZE = struct.calcsize(RESP_ERROR_FORMAT)
 MAX_ERROR_MESSAGE = 200
 # Every request chain offers at least this many writable bytes for its response.
 MIN_RESPONSE_SIZE = CTRL_HDR_SIZE + RESP_ERROR_SIZE + MAX_ERROR_MESSAGE
+
+# EVENT_QUERY status (RESP_EVENT_FORMAT `status`)
+EVENT_STATUS_PENDING = 0  # some captured work has not completed
+EVENT_STATUS_COMPLETE = 1  # all captured work completed without error
+EVENT_STATUS_ERROR = 2  # all captured work completed; some of it failed (`error`, info0/1)
+EVENT_STATUS_NAMES = {EVENT_STATUS_PENDING: "pending", EVENT_STATUS_COMPLETE: "complete",
+                      EVENT_STATUS_ERROR: "error"}
+MAX_EVENTS = 4096  # live event ids per session and device
+MAX_EVENT_EXPORTS = 1024  # live exports per session; exporting more withdraws the oldest
+STATS_BUFFER_SIZE = 64 << 10  # a writable size a driver may offer GET_STATS (a hint)
 
 # Page-fault access kinds (RESP_ERR_PAGE_FAULT info1)
 ACCESS_READ = 1

@@ -1,5 +1,5 @@
-"""The compute API (the user-mode driver): connections, devices, contexts, device arrays,
-launches and copies — numpy in, numpy out, in the manner of CuPy / cuda-python.
+"""The compute API (the user-mode driver): connections, devices, contexts, streams, events,
+device arrays, launches and copies — numpy in, numpy out, in the manner of CuPy / cuda-python.
 
     import guest
     with guest.connect() as conn:
@@ -13,8 +13,21 @@ Copies between numpy arrays and the device go through guest memory and the host'
 engine: host->device fills bounce chunks and submits one COPY_H2D per chunk, so the
 guest's memcpy of chunk N+1 overlaps the device's DMA of chunk N (split transaction);
 device->host submits the chunks ahead and copies each out as it completes. Launches are
-asynchronous (the default stream); their errors surface at the next synchronizing call
-(a copy, synchronize()), as in CUDA.
+asynchronous; their errors surface at the next synchronizing call (a copy,
+synchronize()), as in CUDA.
+
+Streams and events (spec §7): a `Stream` is one timeline (ctx_id, ring_idx) of a
+context; ring_idx 0 is the context's default stream, which every call uses unless given
+`stream=`. Work of one stream runs in order; work of different streams may overlap.
+An `Event` captures the work submitted to a stream so far (`record`); another stream can
+be made to wait for it (`wait_event`) — the host's scheduler holds that stream's next
+job back, the guest never blocks. Events can be exported as a small handle and imported
+by another guest (or on the other device) to order work across them. Asynchronous copies
+(`copy_h2d_async`, `copy_d2h_async`) stage through the same bounce chunks and return at
+once; a chunk goes back (and D2H data lands in the destination array) when its request
+completes, which the stream's next synchronize (or an event's) waits for. Errors of
+asynchronous work are kept per stream and raised by that stream's next synchronizing
+call; `Context.synchronize()` raises the first of any of its streams.
 """
 
 from __future__ import annotations
@@ -22,19 +35,34 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import re
 import struct
 import threading
+from dataclasses import dataclass
 
+import msgpack
 import numpy as np
 
 from spec import wire
 from guest.api import errors
-from guest.frontend.driver import command
+from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
+from guest.frontend.driver import DeviceResponseError, command
 from guest.frontend.session import FrontendSession
 
 STAGING_CHUNK = 8 << 20
-STAGING_DEPTH = 4
+STAGING_DEPTH = 4  # bounce chunks per device: in flight at once for one copy, and the pool size
 _F32 = struct.Struct("<f")
+_EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
+_HANDLE = struct.Struct(wire.RESP_EVENT_HANDLE_FORMAT)
+_STATS = struct.Struct(wire.RESP_STATS_FORMAT)
+_MAX_STATS_BUFFER = 16 << 20
+
+
+def _cmd(type_: int, body=(), *, ctx_id: int = 0, ring_idx: int = 0, fence_id: int = 0,
+         extra: bytes = b"") -> bytes:
+    """A device command; a non-zero ring_idx also sets FLAG_INFO_RING_IDX (spec CMD-HDR-1)."""
+    return command(type_, body, ctx_id=ctx_id, ring_idx=ring_idx, fence_id=fence_id,
+                   flags=wire.FLAG_INFO_RING_IDX if ring_idx else 0, extra=extra)
 
 
 def _api(fn):
@@ -59,16 +87,17 @@ def _api(fn):
 def connect(endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
             mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
             heartbeat_ms: int | None = None, timeout: float = 10.0,
-            features: int | None = None) -> "Connection":
+            features: int | None = None, vgpu: str | None = None) -> "Connection":
     """Open a guest session with the host at `endpoint` (default: the local ipc endpoint).
 
     memory: "shared" (zero-copy POSIX shared memory, same machine) or "inline" (guest
     memory mirrored through the messages; works across machines). features: the virtio
     feature bits the driver accepts (default: all it knows); VIRTIO_F_VERSION_1 is
-    required."""
+    required. vgpu: the name of a host-configured vGPU to join (`pvgpu host --vgpu`);
+    without it the host assigns one (`conn.vgpu` tells which)."""
     try:
         return Connection(FrontendSession(endpoint, memory=memory, mem_size=mem_size, name=name,
-                                          heartbeat_ms=heartbeat_ms, timeout=timeout,
+                                          heartbeat_ms=heartbeat_ms, timeout=timeout, vgpu=vgpu,
                                           features=features))
     except Exception as e:
         mapped = errors.translate(e)
@@ -86,6 +115,12 @@ class Connection:
     @property
     def memory_model(self) -> str:
         return self.session.memory
+
+    @property
+    def vgpu(self) -> dict | None:
+        """The vGPU the host bound this session to ({name, compute, copy, mem} shares in
+        percent), or None when the host has no vGPUs configured."""
+        return self.session.vgpu
 
     @property
     def endpoint(self) -> str:
@@ -113,7 +148,11 @@ class Device:
         self.index = driver.index
         self._ctx_ids = itertools.count(1)
         self._resource_ids = itertools.count(1)
+        self._event_ids = itertools.count(1)
+        self._contexts = {}  # ctx_id -> live Context created through this connection
         self._staging = []  # free bounce chunks (gpa)
+        self._staging_count = 0  # chunks taken from the heap and not given back to it
+        self._async_held = set()  # chunks of asynchronous copies still on the device
         self._quarantine = []  # chunks of failed requests, reusable after reset()
         # Every device may hold STAGING_DEPTH chunks; keep them to half of the heap.
         heap = conn.session.heap
@@ -136,6 +175,11 @@ class Device:
     def memory_model(self) -> str:
         return self.connection.memory_model
 
+    @property
+    def contexts(self) -> list:
+        """The live contexts this connection created on the device."""
+        return list(self._contexts.values())
+
     @_api
     def info(self) -> dict:
         _t, body = self.driver.call(command(wire.CMD_GET_DEVICE_INFO))
@@ -144,10 +188,64 @@ class Device:
                 "contexts": nctx, "name": name.split(b"\0", 1)[0].decode()}
 
     @_api
+    def stats(self) -> dict:
+        """The host's scheduling statistics for this device (GET_STATS): a dict decoded from
+        the host's msgpack map — per engine and per vGPU utilisation, credits, policy, ...
+        (host-defined keys) and `device`, this device's index."""
+        heap = self.connection.session.heap
+        size = wire.STATS_BUFFER_SIZE
+        while True:
+            gpa = heap.alloc(size)
+            try:
+                req = self.driver.submit(command(wire.CMD_GET_STATS), writable=[(gpa, size)])
+                self.connection.session.wait_for(lambda: req.done)
+                try:
+                    _t, body = req.response()
+                except DeviceResponseError as e:
+                    # too small: the device says how many writable bytes it needs
+                    need = e.info0 - wire.CTRL_HDR_SIZE
+                    if e.resp == wire.RESP_ERR_INVALID_PARAMETER and size < need <= _MAX_STATS_BUFFER:
+                        size = need
+                        continue
+                    raise
+                (length,) = _STATS.unpack_from(body)
+                data = self.driver.mem.read(gpa + _STATS.size, length)
+            finally:
+                heap.free(gpa)
+            return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+    @_api
     def create_context(self, name: str = "") -> "Context":
         ctx_id = next(self._ctx_ids)
         self.driver.call(command(wire.CMD_CTX_CREATE, (0, name.encode()[:32]), ctx_id=ctx_id))
-        return Context(self, ctx_id)
+        ctx = Context(self, ctx_id)
+        self._contexts[ctx_id] = ctx
+        return ctx
+
+    @_api
+    def synchronize(self) -> None:
+        """Wait for the work of every live context this connection created on the device;
+        raises the first error (after synchronizing all of them)."""
+        first = None
+        for ctx in list(self._contexts.values()):
+            try:
+                ctx.synchronize()
+            except errors.DeviceError as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+    @_api
+    def import_event(self, handle) -> "Event":
+        """Bind a new event of this device to an exported event (`EventHandle` or its
+        string form). The event has no default stream: pass one to `record`."""
+        return self._import_event(handle, None)
+
+    def _import_event(self, handle, ctx) -> "Event":
+        handle = EventHandle.parse(handle)
+        event_id = next(self._event_ids)
+        self.driver.call(command(wire.CMD_EVENT_IMPORT, (event_id, handle.handle_id, handle.token)))
+        return Event(self, event_id, ctx, recorded=True)
 
     @_api
     def nop(self) -> None:
@@ -162,21 +260,45 @@ class Device:
 
     @_api
     def reset(self) -> None:
-        """Reset the device after DEVICE_NEEDS_RESET; every context on it is gone."""
+        """Reset the device after DEVICE_NEEDS_RESET; every context, stream and event on it
+        is gone (their objects report errors if used)."""
+        # requests still outstanding are lost to the reset: fail them (their callbacks
+        # give their chunks back), so that nobody waits for them
+        self.driver.fail_all(FrontendNeedsReset(f"device {self.index} was reset"))
         self.driver.initialize()  # its set_status 0 returns once no DMA is in flight
         heap = self.connection.session.heap
-        for gpa in self._staging + self._quarantine:
+        for gpa in self._staging + self._quarantine + sorted(self._async_held):
             heap.free(gpa)
-        self._staging, self._quarantine = [], []
+        self._staging, self._quarantine, self._async_held = [], [], set()
+        self._staging_count = 0
+        for ctx in self._contexts.values():
+            ctx._lost()
+        self._contexts.clear()
 
     # bounce chunks of guest memory for copies
     def _take_staging(self) -> int:
+        if not self._staging and self._staging_count >= STAGING_DEPTH and self._async_held:
+            # the pool is lent out to asynchronous copies: they come back as they complete
+            self.connection.session.wait_for(lambda: self._staging or not self._async_held)
         if self._staging:
             return self._staging.pop()
-        return self.connection.session.heap.alloc(self.staging_chunk)
+        gpa = self.connection.session.heap.alloc(self.staging_chunk)
+        self._staging_count += 1
+        return gpa
 
     def _give_staging(self, gpa: int) -> None:
         self._staging.append(gpa)
+
+    def _lend_staging(self) -> int:
+        """A chunk for an asynchronous copy; it comes back with _return_staging."""
+        gpa = self._take_staging()
+        self._async_held.add(gpa)
+        return gpa
+
+    def _return_staging(self, gpa: int) -> None:
+        if gpa in self._async_held:  # (not after a reset freed it)
+            self._async_held.discard(gpa)
+            self._staging.append(gpa)
 
     def _quarantine_staging(self, gpas) -> None:
         """Bounce chunks of requests that failed without coming back: the device may still
@@ -187,6 +309,320 @@ class Device:
         return f"<pvgpu.Device {self.index} {self.name!r} {self.vram_size >> 20} MiB>"
 
 
+class Stream:
+    """One timeline (ctx_id, ring_idx) of a context (spec §7.1). Work submitted to a stream
+    runs in submission order; different streams of a context (and other contexts) may run
+    concurrently. Errors of its asynchronous work are raised by its next synchronizing call.
+
+    Create with `ctx.create_stream()` (ring_idx 1..MAX_RING_IDX); `ctx.default_stream` is
+    ring_idx 0. `destroy()` (or leaving a `with` block) synchronizes and frees the ring_idx.
+    """
+
+    def __init__(self, ctx: "Context", ring_idx: int):
+        self.context = ctx
+        self.ring_idx = ring_idx
+        self._conn_lock = ctx._conn_lock
+        self._driver = ctx._driver
+        self._async_error = None
+        self._inflight = []  # asynchronous copy requests not yet completed
+        self.destroyed = False
+
+    @property
+    def device(self) -> Device:
+        return self.context.device
+
+    @property
+    def is_default(self) -> bool:
+        return self.ring_idx == 0
+
+    def launch(self, kernel, grid, block, args) -> None:
+        """Launch a built-in kernel on this stream (asynchronous)."""
+        self.context.launch(kernel, grid, block, args, stream=self)
+
+    @_api
+    def record_event(self, event: "Event | None" = None) -> "Event":
+        """Record `event` (a new one if None) on this stream; -> the event."""
+        if event is None:
+            event = Event(self.device, next(self.device._event_ids), self.context)
+        event.record(self)
+        return event
+
+    @_api
+    def wait_event(self, event: "Event") -> None:
+        """Make this stream's later work wait until `event` has completed. Returns at once:
+        the host holds the stream's next job back (the guest never blocks). The event may
+        belong to another stream, context or device, or be imported from another guest."""
+        self.context._check_stream(self)
+        if not isinstance(event, Event):
+            raise TypeError(f"wait_event needs an Event, not {type(event).__name__}")
+        if event.destroyed:
+            raise errors.InvalidEventError(f"event {event.event_id} was destroyed",
+                                           code=wire.RESP_ERR_INVALID_EVENT)
+        if not event.recorded:
+            return  # nothing captured: nothing to wait for (as cudaStreamWaitEvent)
+        if event.device is not self.device:
+            # event ids are per device: bring it over as an export, as another guest would
+            local = self.device._import_event(event.export(), None)
+            try:
+                self._wait(local)
+            finally:
+                local.destroy()
+        else:
+            self._wait(event)
+        # completions the event covers (D2H data landing) are ours to wait for too
+        self._inflight += [r for r in event._requests if not r.done]
+
+    def _wait(self, event: "Event") -> None:
+        self._driver.call(_cmd(wire.CMD_EVENT_WAIT, (event.event_id,), ctx_id=self.context.ctx_id,
+                               ring_idx=self.ring_idx))
+
+    @_api
+    def synchronize(self) -> None:
+        """Wait for all work submitted to this stream (and the events it waits for); raises
+        the first error of its earlier asynchronous work."""
+        self.context._check_stream(self)
+        err = None
+        try:
+            self._driver.call(_cmd(wire.CMD_NOP, ctx_id=self.context.ctx_id, ring_idx=self.ring_idx,
+                                   fence_id=1))
+        except Exception as e:
+            err = e
+        self._settle()
+        async_err = self._take_error()
+        raise_first(err, async_err)
+
+    def _track(self, req) -> None:
+        if len(self._inflight) > 64:
+            self._inflight = [r for r in self._inflight if not r.done]
+        self._inflight.append(req)
+
+    def _settle(self) -> None:
+        """Wait until every asynchronous request of the stream has come back."""
+        pending = [r for r in self._inflight if not r.done]
+        if pending:
+            self._driver.session.wait_for(lambda: all(r.done for r in pending))
+        self._inflight = []
+
+    def _async_done(self, req) -> None:
+        """An asynchronous request came back; keep its error for the next sync point."""
+        try:
+            req.response()
+        except Exception as e:
+            self._keep_error(e)
+
+    def _keep_error(self, e) -> None:
+        if self._async_error is None:
+            self._async_error = e
+
+    def _take_error(self):
+        err, self._async_error = self._async_error, None
+        return err
+
+    def _raise_async_error(self) -> None:
+        err = self._take_error()
+        if err is not None:
+            raise err
+
+    @_api
+    def destroy(self) -> None:
+        """Synchronize, then give the ring_idx back (the default stream lives as long as its
+        context: destroying it only synchronizes)."""
+        if self.destroyed:
+            return
+        ctx = self.context
+        if ctx.destroyed:
+            self.destroyed = True
+            ctx._streams.pop(self.ring_idx, None)
+            return
+        try:
+            self.synchronize()
+        finally:
+            if not self.is_default:
+                self.destroyed = True
+                ctx._streams.pop(self.ring_idx, None)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *exc):
+        if self.destroyed or self._driver.needs_reset:
+            return
+        if exc_type is None:
+            self.destroy()
+        else:  # do not hide the exception in flight behind a synchronize error
+            try:
+                self.destroy()
+            except errors.PvgpuError:
+                pass
+
+    def __repr__(self):
+        return f"<pvgpu.Stream {self.ring_idx} of context {self.context.ctx_id}>"
+
+
+@dataclass(frozen=True)
+class EventHandle:
+    """An exported event: `str(handle)` ("evt:<id>:<token hex>") or the object itself
+    (picklable) can be passed to another process, which imports it with
+    `ctx.import_event(handle)`. Anyone holding it can wait on the event; keep it private."""
+
+    handle_id: int
+    token: int
+
+    _FORM = re.compile(r"^evt:(\d+):([0-9a-fA-F]{1,16})$")
+
+    def __str__(self) -> str:
+        return f"evt:{self.handle_id}:{self.token:016x}"
+
+    @classmethod
+    def parse(cls, value) -> "EventHandle":
+        if isinstance(value, EventHandle):
+            return value
+        m = cls._FORM.match(value) if isinstance(value, str) else None
+        if m is None or int(m.group(1)) >= 1 << 64:
+            raise ValueError(f"not an event handle: {value!r} (expected 'evt:<id>:<token hex>')")
+        return cls(int(m.group(1)), int(m.group(2), 16))
+
+
+class Event:
+    """A marker in a stream (spec §7.5): `record(stream)` captures the work submitted to the
+    stream so far; the event completes when that work has. Event ids belong to a device."""
+
+    def __init__(self, device: Device, event_id: int, ctx: "Context | None" = None, *,
+                 recorded: bool = False):
+        self.device = device
+        self.context = ctx
+        self.event_id = event_id
+        self._conn_lock = device._conn_lock
+        self._driver = device.driver
+        self.recorded = recorded  # the device knows the id (recorded or imported)
+        self.destroyed = False
+        self._timestamp = None  # completion time of the current recording, once known
+        self._requests = []  # async requests of the recording stream that it covers
+
+    def _check(self) -> None:
+        if self.destroyed:
+            raise errors.InvalidEventError(f"event {self.event_id} was destroyed",
+                                           code=wire.RESP_ERR_INVALID_EVENT)
+
+    @_api
+    def record(self, stream: Stream | None = None) -> None:
+        """Capture the work submitted to `stream` (default: the default stream of the
+        event's context) so far, including the events it was told to wait for."""
+        self._check()
+        if stream is None:
+            if self.context is None:
+                raise ValueError("this event has no context: pass the stream to record on")
+            stream = self.context.default_stream
+        if stream.device is not self.device:
+            raise ValueError("an event can be recorded only on streams of its own device")
+        stream.context._check_stream(stream)
+        self._driver.call(_cmd(wire.CMD_EVENT_RECORD, (self.event_id,),
+                               ctx_id=stream.context.ctx_id, ring_idx=stream.ring_idx))
+        self.recorded = True
+        self._timestamp = None
+        self._requests = [r for r in stream._inflight if not r.done]
+
+    def _query(self, wait: bool) -> tuple:
+        """-> (status, error, timestamp_ns, info0, info1) from EVENT_QUERY."""
+        _t, body = self._driver.call(_cmd(wire.CMD_EVENT_QUERY, (self.event_id,),
+                                          fence_id=1 if wait else 0))
+        status, code, ts, info0, info1 = _EVENT.unpack_from(body)
+        if status != wire.EVENT_STATUS_PENDING:
+            if self._requests:  # let D2H data land before reporting completion
+                reqs, self._requests = self._requests, []
+                self._driver.session.wait_for(lambda: all(r.done for r in reqs))
+            self._timestamp = ts
+        return status, code, ts, info0, info1
+
+    def _raise_for(self, status, code, info0, info1) -> None:
+        if status == wire.EVENT_STATUS_ERROR:
+            if code == wire.RESP_ERR_PAGE_FAULT:
+                what = (f"GPU page fault: {wire.ACCESS_NAMES.get(info1, 'access')} "
+                        f"at VA {info0:#x}")
+            else:
+                what = wire.RESP_NAMES.get(code, hex(code))
+            raise errors.error_for(code, f"event {self.event_id}: the work it captured failed: {what}",
+                                   info0, info1)
+
+    @_api
+    def query(self) -> bool:
+        """True once the captured work has completed (raises its error if it failed)."""
+        self._check()
+        if not self.recorded:
+            return True
+        status, code, _ts, info0, info1 = self._query(wait=False)
+        self._raise_for(status, code, info0, info1)
+        return status != wire.EVENT_STATUS_PENDING
+
+    @_api
+    def synchronize(self) -> None:
+        """Wait until the captured work has completed (raises its error if it failed)."""
+        self._check()
+        if not self.recorded:
+            return
+        status, code, _ts, info0, info1 = self._query(wait=True)
+        self._raise_for(status, code, info0, info1)
+
+    @property
+    def timestamp_ns(self) -> int | None:
+        """Device time (ns) when the captured work completed; None while pending or if never
+        recorded. An event recorded on an idle stream completes at its record time."""
+        if self._timestamp is None and self.recorded and not self.destroyed:
+            with self._conn_lock:
+                try:
+                    self._query(wait=False)
+                except Exception as e:
+                    mapped = errors.translate(e)
+                    raise mapped from None
+        return self._timestamp
+
+    def elapsed_time(self, end: "Event") -> float:
+        """Milliseconds of device time from this event to `end` (both must be complete)."""
+        for ev in (self, end):
+            ev._check()
+            if not ev.recorded:
+                raise errors.InvalidEventError(f"event {ev.event_id} was never recorded",
+                                               code=wire.RESP_ERR_INVALID_EVENT)
+            if ev.timestamp_ns is None:
+                raise errors.NotReadyError(f"event {ev.event_id} has not completed yet")
+        return (end._timestamp - self._timestamp) / 1e6
+
+    @_api
+    def export(self) -> EventHandle:
+        """Publish the event as it is now (a snapshot: recording it again later does not
+        change the export; export again to share the new recording)."""
+        self._check()
+        if not self.recorded:
+            raise errors.InvalidEventError(f"event {self.event_id} was never recorded",
+                                           code=wire.RESP_ERR_INVALID_EVENT)
+        _t, body = self._driver.call(_cmd(wire.CMD_EVENT_EXPORT, (self.event_id,)))
+        return EventHandle(*_HANDLE.unpack_from(body))
+
+    @_api
+    def destroy(self) -> None:
+        if self.destroyed:
+            return
+        self.destroyed = True
+        if self.recorded and not self._driver.needs_reset:
+            self._driver.call(_cmd(wire.CMD_EVENT_DESTROY, (self.event_id,)))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self.destroyed and not self._driver.needs_reset:
+            self.destroy()
+
+    def __repr__(self):
+        return f"<pvgpu.Event {self.event_id} on device {self.device.index}>"
+
+
+def raise_first(*errs) -> None:
+    for e in errs:
+        if e is not None:
+            raise e
+
+
 class Context:
     def __init__(self, device: Device, ctx_id: int):
         self.device = device
@@ -194,7 +630,55 @@ class Context:
         self.ctx_id = ctx_id
         self._driver = device.driver
         self.destroyed = False
-        self._async_error = None
+        self._streams = {}  # ring_idx -> Stream
+        self.default_stream = self._streams[0] = Stream(self, 0)
+
+    # ------------------------------------------------------------------ streams
+    @_api
+    def create_stream(self) -> Stream:
+        """A new stream: the lowest free ring_idx in 1..MAX_RING_IDX."""
+        self._check_live()
+        for ring_idx in range(1, wire.MAX_RING_IDX + 1):
+            if ring_idx not in self._streams:
+                s = self._streams[ring_idx] = Stream(self, ring_idx)
+                return s
+        raise errors.PvgpuError(f"all {wire.MAX_RING_IDX} streams of context {self.ctx_id} are "
+                                "in use; destroy one first")
+
+    @property
+    def streams(self) -> list:
+        return [self._streams[i] for i in sorted(self._streams)]
+
+    def _stream(self, stream) -> Stream:
+        if stream is None:
+            return self.default_stream
+        self._check_stream(stream)
+        return stream
+
+    def _check_stream(self, stream) -> None:
+        if not isinstance(stream, Stream):
+            raise TypeError(f"stream must be a Stream, not {type(stream).__name__}")
+        if stream.context is not self:
+            raise ValueError(f"{stream!r} belongs to another context")
+        if stream.destroyed:
+            raise ValueError(f"{stream!r} was destroyed")
+
+    def _check_live(self) -> None:
+        if self.destroyed:
+            raise errors.InvalidContextError(f"context {self.ctx_id} was destroyed",
+                                             code=wire.RESP_ERR_INVALID_CONTEXT_ID)
+
+    # ------------------------------------------------------------------ events
+    @_api
+    def create_event(self) -> Event:
+        """A new event of this context's device; it exists on the device once recorded."""
+        return Event(self.device, next(self.device._event_ids), self)
+
+    @_api
+    def import_event(self, handle) -> Event:
+        """An event bound to an exported one (`EventHandle` or its string form), from
+        another guest, another context or the other device."""
+        return self.device._import_event(handle, self)
 
     # ------------------------------------------------------------------ memory
     @_api
@@ -229,7 +713,9 @@ class Context:
 
     # ------------------------------------------------------------------ copies
     @_api
-    def copy_h2d(self, va: int, src: np.ndarray) -> None:
+    def copy_h2d(self, va: int, src: np.ndarray, stream: Stream | None = None) -> None:
+        """Copy a host array to device address `va` and wait for it (in `stream`'s order)."""
+        s = self._stream(stream)
         src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
         n = src.nbytes
         if n == 0:
@@ -260,8 +746,8 @@ class Context:
                     mem.view(gpa, size)[:] = src[off:off + size]
                     if inline:
                         mem.mark_dirty(gpa, size)
-                    req = drv.submit(command(wire.CMD_COPY_H2D, (va + off, size), ctx_id=self.ctx_id),
-                                     readable=[(gpa, size)])
+                    req = drv.submit(_cmd(wire.CMD_COPY_H2D, (va + off, size), ctx_id=self.ctx_id,
+                                          ring_idx=s.ring_idx), readable=[(gpa, size)])
                 except BaseException:
                     dev._give_staging(gpa)  # never reached the device
                     raise
@@ -276,10 +762,53 @@ class Context:
             raise
         if first_error is not None:
             raise first_error
-        self._raise_async_error()
+        s._raise_async_error()
 
     @_api
-    def copy_d2h(self, va: int, dst: np.ndarray) -> np.ndarray:
+    def copy_h2d_async(self, va: int, src: np.ndarray, stream: Stream | None = None) -> None:
+        """Start copying a host array to device address `va` on `stream` and return without
+        waiting for the device. `src` is staged into bounce chunks before this returns (it
+        may be reused at once); when every chunk of the device's pool is in flight, the call
+        waits for the oldest to complete. Errors surface at the stream's next synchronize."""
+        s = self._stream(stream)
+        src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+        n = src.nbytes
+        dev, drv, mem = self.device, self._driver, self._driver.mem
+        inline = drv.session.inline
+        chunk = dev.staging_chunk
+        for off in range(0, n, chunk):
+            size = min(chunk, n - off)
+            gpa = dev._lend_staging()
+            try:
+                mem.view(gpa, size)[:] = src[off:off + size]
+                if inline:
+                    mem.mark_dirty(gpa, size)
+                req = drv.submit(_cmd(wire.CMD_COPY_H2D, (va + off, size), ctx_id=self.ctx_id,
+                                      ring_idx=s.ring_idx), readable=[(gpa, size)])
+            except BaseException:
+                dev._return_staging(gpa)  # never reached the device
+                raise
+            req.bounce = gpa
+            req.on_done = functools.partial(self._async_copy_done, s, None, 0, 0)
+            s._track(req)
+
+    def _async_copy_done(self, s: Stream, out, off: int, size: int, req) -> None:
+        """An asynchronous copy chunk came back: D2H data lands in `out`, the chunk goes
+        back to the pool, an error is kept for the stream's next synchronize."""
+        try:
+            req.response()
+            if out is not None:
+                out[off:off + size] = self._driver.mem.view(req.bounce, size)
+        except Exception as e:
+            s._keep_error(e)
+        finally:
+            self.device._return_staging(req.bounce)
+
+    @_api
+    def copy_d2h(self, va: int, dst: np.ndarray, stream: Stream | None = None) -> np.ndarray:
+        """Copy from device address `va` into the host array `dst` and wait (in `stream`'s
+        order); -> dst."""
+        s = self._stream(stream)
         out = dst.reshape(-1).view(np.uint8)
         n = out.nbytes
         if n == 0:
@@ -297,8 +826,8 @@ class Context:
             size = min(chunk, n - off)
             gpa = dev._take_staging()
             try:
-                req = drv.submit(command(wire.CMD_COPY_D2H, (va + off, size), ctx_id=self.ctx_id),
-                                 writable=[(gpa, size)])
+                req = drv.submit(_cmd(wire.CMD_COPY_D2H, (va + off, size), ctx_id=self.ctx_id,
+                                      ring_idx=s.ring_idx), writable=[(gpa, size)])
             except BaseException:
                 dev._give_staging(gpa)  # never reached the device
                 raise
@@ -326,17 +855,47 @@ class Context:
             raise
         if first_error is not None:
             raise first_error
-        self._raise_async_error()
+        s._raise_async_error()
         return dst
 
     @_api
-    def copy_d2d(self, dst_va: int, src_va: int, nbytes: int) -> None:
-        self._driver.call(command(wire.CMD_COPY_D2D, (src_va, dst_va, nbytes), ctx_id=self.ctx_id))
+    def copy_d2h_async(self, va: int, dst: np.ndarray, stream: Stream | None = None) -> np.ndarray:
+        """Start copying from device address `va` into the host array `dst` on `stream`;
+        -> dst, whose contents are valid after the stream's next synchronize (or after an
+        event recorded behind the copy completes). When every chunk of the device's pool is
+        in flight, the call waits for the oldest to complete."""
+        s = self._stream(stream)
+        if not dst.flags.c_contiguous or not dst.flags.writeable:
+            raise ValueError("dst must be a writable C-contiguous array")
+        out = dst.reshape(-1).view(np.uint8)
+        n = out.nbytes
+        dev, drv = self.device, self._driver
+        chunk = dev.staging_chunk
+        for off in range(0, n, chunk):
+            size = min(chunk, n - off)
+            gpa = dev._lend_staging()
+            try:
+                req = drv.submit(_cmd(wire.CMD_COPY_D2H, (va + off, size), ctx_id=self.ctx_id,
+                                      ring_idx=s.ring_idx), writable=[(gpa, size)])
+            except BaseException:
+                dev._return_staging(gpa)  # never reached the device
+                raise
+            req.bounce = gpa
+            req.on_done = functools.partial(self._async_copy_done, s, out, off, size)
+            s._track(req)
+        return dst
+
+    @_api
+    def copy_d2d(self, dst_va: int, src_va: int, nbytes: int, stream: Stream | None = None) -> None:
+        s = self._stream(stream)
+        self._driver.call(_cmd(wire.CMD_COPY_D2D, (src_va, dst_va, nbytes), ctx_id=self.ctx_id,
+                               ring_idx=s.ring_idx))
 
     # ------------------------------------------------------------------ launches
     @_api
-    def launch(self, kernel: str, grid, block, args) -> None:
-        """Launch a built-in kernel asynchronously on the default stream."""
+    def launch(self, kernel: str, grid, block, args, stream: Stream | None = None) -> None:
+        """Launch a built-in kernel asynchronously on `stream` (default: the default stream)."""
+        s = self._stream(stream)
         sig = wire.KERNELS_BY_NAME.get(kernel) if isinstance(kernel, str) else wire.BUILTIN_KERNELS.get(kernel)
         if sig is None:
             raise errors.InvalidKernelError(
@@ -348,35 +907,39 @@ class Context:
         slots = b"".join(_encode_arg(sig.name, name, kind, value)
                          for (name, kind), value in zip(sig.args, args))
         g, b = _dim3(grid), _dim3(block)
-        self._raise_async_error()
-        req = self._driver.submit(command(wire.CMD_LAUNCH, (sig.kernel_id, *g, *b, len(args)),
-                                          ctx_id=self.ctx_id, extra=slots))
-        req.on_done = self._async_done
-
-    def _async_done(self, req) -> None:
-        """An asynchronous request came back; keep its error for the next sync point."""
-        try:
-            req.response()
-        except Exception as e:
-            if self._async_error is None:
-                self._async_error = e
-
-    def _raise_async_error(self) -> None:
-        err, self._async_error = self._async_error, None
-        if err is not None:
-            raise err
+        s._raise_async_error()
+        req = self._driver.submit(_cmd(wire.CMD_LAUNCH, (sig.kernel_id, *g, *b, len(args)),
+                                       ctx_id=self.ctx_id, ring_idx=s.ring_idx, extra=slots))
+        req.on_done = s._async_done
 
     @_api
     def synchronize(self) -> None:
-        """Wait for all work of this context; raises the first error of earlier async work."""
-        self._driver.call(command(wire.CMD_NOP, ctx_id=self.ctx_id, fence_id=1))
-        self._raise_async_error()
+        """Wait for all work of this context, on every stream (CTX_SYNC); raises the first
+        error of earlier asynchronous work on any of them."""
+        self._check_live()
+        err = None
+        try:
+            self._driver.call(command(wire.CMD_CTX_SYNC, ctx_id=self.ctx_id))
+        except Exception as e:
+            err = e
+        streams = self.streams
+        for s in streams:
+            s._settle()
+        raise_first(err, *[s._take_error() for s in streams])
 
     @_api
     def destroy(self) -> None:
         if not self.destroyed:
-            self.destroyed = True
+            self._lost()
+            self.device._contexts.pop(self.ctx_id, None)
             self._driver.call(command(wire.CMD_CTX_DESTROY, ctx_id=self.ctx_id))
+
+    def _lost(self) -> None:
+        """The context is gone (destroyed, or its device was reset)."""
+        self.destroyed = True
+        for s in self._streams.values():
+            s.destroyed = True
+        self._streams = {0: self.default_stream}
 
     def __enter__(self):
         return self
@@ -415,18 +978,31 @@ class DeviceArray:
     def __len__(self):
         return self.shape[0] if self.shape else 1
 
-    def to_host(self, out: np.ndarray | None = None) -> np.ndarray:
+    def _out(self, out):
         if out is None:
-            out = np.empty(self.shape, self.dtype)
-        elif out.nbytes != self.nbytes or not out.flags.c_contiguous:
+            return np.empty(self.shape, self.dtype)
+        if out.nbytes != self.nbytes or not out.flags.c_contiguous:
             raise ValueError(f"out must be a contiguous array of {self.nbytes} bytes")
-        return self.context.copy_d2h(self.ptr, out)
+        return out
 
-    def copy_from_host(self, array) -> None:
+    def to_host(self, out: np.ndarray | None = None, stream: Stream | None = None) -> np.ndarray:
+        return self.context.copy_d2h(self.ptr, self._out(out), stream)
+
+    def to_host_async(self, out: np.ndarray | None = None, stream: Stream | None = None) -> np.ndarray:
+        """-> the array the data will land in (valid after `stream`'s next synchronize)."""
+        return self.context.copy_d2h_async(self.ptr, self._out(out), stream)
+
+    def _src(self, array):
         array = np.ascontiguousarray(array, dtype=self.dtype)
         if array.nbytes != self.nbytes:
             raise ValueError(f"array of {array.nbytes} bytes does not fit {self.nbytes} bytes")
-        self.context.copy_h2d(self.ptr, array)
+        return array
+
+    def copy_from_host(self, array, stream: Stream | None = None) -> None:
+        self.context.copy_h2d(self.ptr, self._src(array), stream)
+
+    def copy_from_host_async(self, array, stream: Stream | None = None) -> None:
+        self.context.copy_h2d_async(self.ptr, self._src(array), stream)
 
     def free(self) -> None:
         if not self.freed:

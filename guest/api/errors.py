@@ -1,8 +1,8 @@
 """Python exceptions of the compute API, one per device error (spec §9).
 
 A device error response becomes the exception named after it (ERR_PAGE_FAULT ->
-PageFaultError, ...); a control refusal becomes ControlError; a silent host becomes
-HostLost; DEVICE_NEEDS_RESET becomes DeviceNeedsReset.
+PageFaultError, ERR_CONTEXT_LOST -> ContextLostError, ...); a control refusal becomes
+ControlError; a silent host becomes HostLost; DEVICE_NEEDS_RESET becomes DeviceNeedsReset.
 """
 
 from spec import wire
@@ -78,6 +78,33 @@ class PageFaultError(DeviceError):
         return wire.ACCESS_NAMES.get(self.info1, str(self.info1))
 
 
+class ContextLostError(DeviceError):
+    """The context was found guilty of a GPU hang (its job ran too long, or another of its
+    jobs did) and the host cancelled its work. The context is unusable from now on: every
+    later command on it fails with this error. Destroy it (and create a new one); other
+    contexts, and other guests, are unaffected."""
+
+    code = wire.RESP_ERR_CONTEXT_LOST
+
+
+class JobTimeoutError(DeviceError):
+    """A job ran past the host's timeout and was stopped (TDR). Its context is lost as
+    well: later work on it fails with ContextLostError; destroy it."""
+
+    code = wire.RESP_ERR_JOB_TIMEOUT
+
+
+class InvalidEventError(DeviceError):
+    """An event id the device does not know (never recorded, destroyed, reset), or an event
+    handle that is unknown, withdrawn or has the wrong token."""
+
+    code = wire.RESP_ERR_INVALID_EVENT
+
+
+class NotReadyError(PvgpuError):
+    """The work an event captured has not completed yet (Event.elapsed_time)."""
+
+
 class DeviceNeedsReset(PvgpuError):
     """The device rejected a malformed request and must be reset (Device.reset())."""
 
@@ -92,14 +119,19 @@ class ControlError(PvgpuError):
 
 _BY_CODE = {cls.code: cls for cls in (
     OutOfMemoryError, InvalidResourceError, InvalidContextError, InvalidParameterError,
-    UnknownCommandError, ShortCommandError, InvalidKernelError, InvalidAddressError, PageFaultError)}
+    UnknownCommandError, ShortCommandError, InvalidKernelError, InvalidAddressError, PageFaultError,
+    ContextLostError, JobTimeoutError, InvalidEventError)}
+
+
+def error_for(code: int, message: str, info0: int = 0, info1: int = 0) -> DeviceError:
+    """The exception for device error `code` (a RESP_ERR_* value)."""
+    return _BY_CODE.get(code, DeviceError)(message, code=code, info0=info0, info1=info1)
 
 
 def translate(exc: BaseException) -> BaseException:
     """Map a frontend/transport exception onto the API's exception."""
     if isinstance(exc, DeviceResponseError):
-        cls = _BY_CODE.get(exc.resp, DeviceError)
-        return cls(str(exc), code=exc.resp, info0=exc.info0, info1=exc.info1)
+        return error_for(exc.resp, str(exc), exc.info0, exc.info1)
     if isinstance(exc, _FrontendNeedsReset):
         return DeviceNeedsReset(str(exc))
     if isinstance(exc, _TransportHostLost):

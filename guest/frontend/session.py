@@ -42,7 +42,7 @@ class FrontendSession:
     def __init__(self, endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
                  mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
                  heartbeat_ms: int | None = None, timeout: float = 10.0,
-                 features: int | None = None):
+                 features: int | None = None, vgpu: str | None = None):
         if memory not in wire.MEMORY_MODELS:
             raise ValueError(f"memory model must be one of {wire.MEMORY_MODELS}, not {memory!r}")
         self.endpoint = endpoint or default_endpoint()
@@ -52,6 +52,8 @@ class FrontendSession:
         self.timeout = timeout
         self.features = wire.DEVICE_FEATURES if features is None else features
         self.name = name or f"guest-{os.getpid()}"
+        self.requested_vgpu = vgpu
+        self.vgpu = None  # the host's answer: {name, compute, copy, mem} or None
         self.mem = None
         self.devices: list[VirtioGpuDriver] = []
         self.closed = False
@@ -68,9 +70,11 @@ class FrontendSession:
 
     # ------------------------------------------------------------------ setup
     def _open(self) -> None:
+        fields = {"vgpu": self.requested_vgpu} if self.requested_vgpu is not None else {}
         hello = self.control(wire.OP_HELLO, version=list(wire.PROTOCOL_VERSION), name=self.name,
-                             memory=self.memory, mem_size=self.mem_size)
+                             memory=self.memory, mem_size=self.mem_size, **fields)
         self.session_id = hello["session"]
+        self.vgpu = hello.get("vgpu")
         self.heartbeat_ms = hello["heartbeat_ms"]
         self.channel.heartbeat_ms = self.heartbeat_ms
         if self.inline:

@@ -12,9 +12,18 @@ Every command ends in exactly one of:
     chain is held until then (crosvm holds fenced chains the same way);
   - a `CommandError`, answered with an error response.
 
-Timelines (spec §7): `(ctx_id, ring_idx)`. Jobs of one timeline are ordered by passing
-the previous job's fence as a dependency; an execution error of an unfenced job is
-kept on the timeline and reported by the next synchronizing command.
+Timelines (spec §7): `(ctx_id, ring_idx)`; a guest stream is one ring_idx. Jobs of one
+timeline are ordered by passing the previous job's fence as a dependency; an execution
+error of an unfenced job is kept on the timeline and reported by the next synchronizing
+command (a fenced NOP of that timeline, or CTX_SYNC for all of the context's timelines).
+
+Events (spec §7.6, §7.7): EVENT_RECORD snapshots a timeline (its last job, its unreported
+jobs and the fences it is still to wait for) into an `EventSnapshot`; EVENT_WAIT makes
+the timeline's next job depend on a snapshot's fences, which the KMD scheduler holds the
+job for (the `wait=` list of a submission) — neither side ever blocks for it. Events live
+in a per-session, per-device namespace of guest-chosen ids; EVENT_EXPORT publishes a
+snapshot in the host-global `EventExports` registry so that another session (or the other
+device) can EVENT_IMPORT it.
 """
 
 from __future__ import annotations
@@ -23,13 +32,19 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import msgpack
+
 from spec import wire
 from host.backend.errors import CommandError
+from host.backend.events import EventExports, EventSnapshot
+from host.kmd import errors as kmd_errors
 from host.kmd.errors import KmdError, OutOfMemory
 
 _BODY = {k: struct.Struct(v) for k, v in wire.CMD_BODY_FORMATS.items()}
 _ARG = struct.Struct("<Q")
 _MAX_COPY = wire.VA_USER_LIMIT  # no copy is larger than the user VA space
+_EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
+_STATS = struct.Struct(wire.RESP_STATS_FORMAT)
 
 
 @dataclass
@@ -62,6 +77,7 @@ class Pending:
 class Timeline:
     last_fence: object = None
     unreported: list = field(default_factory=list)  # fences of unfenced jobs not yet reported
+    waits: list = field(default_factory=list)  # EVENT_WAIT fences the next job depends on
 
     def take_error(self) -> Optional[CommandError]:
         """The first error of an earlier unfenced job, if any; clears what is reported."""
@@ -94,8 +110,14 @@ class ContextState:
         return [t.last_fence for t in self.timelines.values() if t.last_fence is not None]
 
 
+@dataclass
+class EventState:
+    snapshot: EventSnapshot
+    exports: list = field(default_factory=list)  # (handle_id, token) of its live exports
+
+
 def fault_to_error(err) -> CommandError:
-    """Map a KMD fence error (a GPU fault record or a string) onto a wire error."""
+    """Map a KMD fence error (a GPU fault record, a KMD error, or a string) onto a wire error."""
     address = getattr(err, "address", None)
     if address is not None:
         access = getattr(err, "access", 0)
@@ -103,6 +125,13 @@ def fault_to_error(err) -> CommandError:
             wire.RESP_ERR_PAGE_FAULT,
             f"GPU page fault: {wire.ACCESS_NAMES.get(access, 'access')} at VA {address:#x}",
             info0=address, info1=access)
+    code = getattr(err, "code", None) if isinstance(err, KmdError) else None
+    if code == kmd_errors.JOB_TIMEOUT:
+        return CommandError(wire.RESP_ERR_JOB_TIMEOUT,
+                            f"job timed out and was stopped; its context is lost: {err}")
+    if code == kmd_errors.CONTEXT_LOST:
+        return CommandError(wire.RESP_ERR_CONTEXT_LOST,
+                            f"context lost after a GPU hang; destroy it: {err}")
     return CommandError(wire.RESP_ERR_UNSPEC, f"GPU error: {err}")
 
 
@@ -110,6 +139,11 @@ def kmd_to_error(e: KmdError) -> CommandError:
     if isinstance(e, OutOfMemory):
         return CommandError(wire.RESP_ERR_OUT_OF_MEMORY, f"out of device memory: {e}")
     code = getattr(e, "code", "")
+    if code == kmd_errors.CONTEXT_LOST:
+        return CommandError(wire.RESP_ERR_CONTEXT_LOST,
+                            f"context lost after a GPU hang; it takes no more work: {e}")
+    if code == kmd_errors.JOB_TIMEOUT:
+        return CommandError(wire.RESP_ERR_JOB_TIMEOUT, f"job timed out: {e}")
     if code == "no_vmid":
         return CommandError(wire.RESP_ERR_OUT_OF_MEMORY, f"no hardware address space left: {e}")
     if code in ("invalid_argument", "invalid_address"):
@@ -122,7 +156,14 @@ class ComputeDevice:
 
     MAX_CONTEXTS = 32
 
-    def __init__(self, kmd, dma_mapping, mem_size: int, negotiated_features: int = 0):
+    def __init__(self, kmd, dma_mapping, mem_size: int, negotiated_features: int = 0, *,
+                 exports: EventExports | None = None, owner=None, device_index: int | None = None,
+                 vgpu=None):
+        """`exports`: the host-global export registry (a private one if None); `owner`:
+        the session, whose exports are bounded together and whose queued GPU jobs are
+        flow-controlled together; `device_index`: for GET_STATS; `vgpu`: the session's
+        vGPU (host.kmd.sched.VgpuShares), None for the device's default one."""
+        self.vgpu = vgpu
         self.kmd = kmd
         self.dma_mapping = dma_mapping  # the session's guest memory, DMA-mapped for this GPU
         self.mem_size = mem_size
@@ -130,6 +171,10 @@ class ComputeDevice:
         self.compute = bool(negotiated_features & (1 << wire.PVGPU_F_COMPUTE))
         self.contexts: dict = {}
         self.resource_owner: dict = {}  # resource_id -> ctx_id
+        self.events: dict = {}  # event_id -> EventState
+        self.exports = exports if exports is not None else EventExports()
+        self.owner = owner if owner is not None else self
+        self.device_index = device_index if device_index is not None else getattr(kmd, "index", 0)
 
     # ------------------------------------------------------------------ dispatch
     def execute(self, req: Request, body: bytes, chain, mem):
@@ -161,13 +206,28 @@ class ComputeDevice:
         if not req.fenced or req.ctx_id not in self.contexts:
             return Response()
         t = self._ctx(req).timeline(self.timeline_index(req))
-        return self._sync_point(t, [])
+        return self._sync_point([t], [])
 
     def cmd_get_device_info(self, req, body, chain, mem):
         name = self.kmd.name.encode()[:32]
         free = self.kmd.vram_free()
         return Response(wire.RESP_OK_DEVICE_INFO, struct.pack(
             wire.RESP_DEVICE_INFO_FORMAT, self.kmd.vram_size, free, free, len(self.contexts), name))
+
+    def cmd_get_stats(self, req, body, chain, mem):
+        stats_fn = getattr(self.kmd, "sched_stats", None)
+        try:
+            stats = dict(stats_fn()) if stats_fn is not None else {}
+            stats["device"] = self.device_index
+            payload = msgpack.packb(stats, use_bin_type=True, default=_msgpack_plain)
+        except Exception as e:  # the KMD's statistics are informative: never fatal
+            raise CommandError(wire.RESP_ERR_UNSPEC, f"statistics unavailable: {e}") from None
+        need = wire.CTRL_HDR_SIZE + _STATS.size + len(payload)
+        if chain.writable_len < need:
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"GET_STATS needs {need} writable bytes, the chain has "
+                               f"{chain.writable_len}", info0=need)
+        return Response(wire.RESP_OK_STATS, _STATS.pack(len(payload)) + payload)
 
     def cmd_ctx_create(self, req, body, chain, mem):
         flags, _name = body
@@ -181,7 +241,7 @@ class ComputeDevice:
                                f"at most {self.MAX_CONTEXTS} contexts per device and session")
         name = _name.split(b"\0", 1)[0].decode("utf-8", "replace")
         try:
-            kctx = self.kmd.create_context(name)
+            kctx = self.kmd.create_context(name, vgpu=self.vgpu, client=self.owner)
         except KmdError as e:
             raise kmd_to_error(e) from None
         try:
@@ -196,6 +256,10 @@ class ComputeDevice:
         ctx = self._ctx(req)
         self._destroy(ctx)
         return Response()
+
+    def cmd_ctx_sync(self, req, body, chain, mem):
+        ctx = self._ctx(req)
+        return self._sync_point([t for _i, t in sorted(ctx.timelines.items())], [])
 
     def cmd_mem_alloc(self, req, body, chain, mem):
         resource_id, flags, size = body
@@ -240,8 +304,9 @@ class ComputeDevice:
         for gpa, n in chain.readable_extents(off, size):
             copies.append((wire.GUEST_WINDOW_VA + gpa, pos, n))
             pos += n
-        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_copies(copies, wait=wait),
-                            hold=True)
+        idx = self.timeline_index(req)
+        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_copies(
+            copies, wait=wait, direction="h2d", timeline=idx), hold=True)
 
     def cmd_copy_d2h(self, req, body, chain, mem):
         src_va, size = body
@@ -255,15 +320,18 @@ class ComputeDevice:
         for gpa, n in chain.writable_extents(off, size):
             copies.append((pos, wire.GUEST_WINDOW_VA + gpa, n))
             pos += n
-        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_copies(copies, wait=wait),
-                            hold=True, data_len=size)
+        idx = self.timeline_index(req)
+        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_copies(
+            copies, wait=wait, direction="d2h", timeline=idx), hold=True, data_len=size)
 
     def cmd_copy_d2d(self, req, body, chain, mem):
         src_va, dst_va, size = body
         ctx = self._ctx(req)
         _check_range("src_va", src_va, size)
         _check_range("dst_va", dst_va, size)
-        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_copy(src_va, dst_va, size, wait=wait))
+        idx = self.timeline_index(req)
+        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_copy(
+            src_va, dst_va, size, wait=wait, direction="d2d", timeline=idx))
 
     def cmd_launch(self, req, body, chain, mem):
         kernel_id, gx, gy, gz, bx, by, bz, nargs = body
@@ -287,31 +355,119 @@ class ComputeDevice:
         raw = chain.read(mem, off, nargs * wire.LAUNCH_ARG_SIZE)
         args = [_ARG.unpack_from(raw, 8 * i)[0] for i in range(nargs)]
         grid, block = (gx, gy, gz), (bx, by, bz)
-        return self._submit(ctx, req,
-                            lambda wait: ctx.kmd_ctx.submit_launch(kernel_id, grid, block, args, wait=wait))
+        idx = self.timeline_index(req)
+        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_launch(
+            kernel_id, grid, block, args, wait=wait, timeline=idx))
+
+    # ------------------------------------------------------------------ events
+    def _event(self, event_id: int) -> EventState:
+        ev = self.events.get(event_id)
+        if ev is None:
+            raise CommandError(wire.RESP_ERR_INVALID_EVENT,
+                               f"no event {event_id} (never recorded or imported, or destroyed)")
+        return ev
+
+    def _bind_event(self, event_id: int, snapshot: EventSnapshot) -> None:
+        """Create event `event_id` with `snapshot`, or give an existing one the new snapshot
+        (its exports keep the snapshots they were made from)."""
+        ev = self.events.get(event_id)
+        if ev is not None:
+            ev.snapshot = snapshot
+            return
+        if len(self.events) >= wire.MAX_EVENTS:
+            raise CommandError(wire.RESP_ERR_OUT_OF_MEMORY,
+                               f"at most {wire.MAX_EVENTS} events per device and session")
+        self.events[event_id] = EventState(snapshot)
+
+    @staticmethod
+    def _check_event_id(event_id: int) -> None:
+        if event_id == 0:
+            raise CommandError(wire.RESP_ERR_INVALID_EVENT, "event id 0 is not valid")
+
+    def cmd_event_record(self, req, body, chain, mem):
+        (event_id,) = body
+        ctx = self._ctx(req)
+        self._check_event_id(event_id)
+        t = ctx.timeline(self.timeline_index(req))
+        self._bind_event(event_id, EventSnapshot(t.unreported + [t.last_fence], t.waits,
+                                                 clock=self.kmd.clock_ns))
+        return Response()
+
+    def cmd_event_wait(self, req, body, chain, mem):
+        (event_id,) = body
+        ctx = self._ctx(req)
+        ev = self._event(event_id)
+        t = ctx.timeline(self.timeline_index(req))
+        t.waits = [f for f in dict.fromkeys(t.waits + ev.snapshot.pending()) if not f.signaled]
+        return Response()
+
+    def cmd_event_query(self, req, body, chain, mem):
+        (event_id,) = body
+        snapshot = self._event(event_id).snapshot
+        finish = lambda: Response(wire.RESP_OK_EVENT, _event_status(snapshot))  # noqa: E731
+        if req.fenced and not snapshot.done:
+            return Pending(snapshot.pending(), finish)
+        return finish()
+
+    def cmd_event_destroy(self, req, body, chain, mem):
+        (event_id,) = body
+        ev = self._event(event_id)
+        del self.events[event_id]
+        self.exports.withdraw(h for h, _t in ev.exports)
+        return Response()
+
+    def cmd_event_export(self, req, body, chain, mem):
+        (event_id,) = body
+        ev = self._event(event_id)
+        ev.exports = [(h, t) for h, t in ev.exports if self.exports.exists(h)]
+        for h, t in ev.exports:  # the same snapshot exported again: the same handle
+            if self.exports.live(h, ev.snapshot):
+                return Response(wire.RESP_OK_EVENT_HANDLE,
+                                struct.pack(wire.RESP_EVENT_HANDLE_FORMAT, h, t))
+        h, t = self.exports.export(self.owner, ev.snapshot)
+        ev.exports.append((h, t))
+        return Response(wire.RESP_OK_EVENT_HANDLE, struct.pack(wire.RESP_EVENT_HANDLE_FORMAT, h, t))
+
+    def cmd_event_import(self, req, body, chain, mem):
+        event_id, handle_id, token = body
+        self._check_event_id(event_id)
+        snapshot = self.exports.lookup(handle_id, token)
+        if snapshot is None:
+            raise CommandError(wire.RESP_ERR_INVALID_EVENT,
+                               f"no exported event with handle {handle_id} and this token")
+        self._bind_event(event_id, snapshot)
+        return Response()
 
     # ------------------------------------------------------------------ timelines
     def _submit(self, ctx: ContextState, req: Request, submit, *, hold=False, data_len=0):
         t = ctx.timeline(self.timeline_index(req))
-        wait = [t.last_fence] if t.last_fence is not None and not t.last_fence.signaled else []
+        # the previous job of the timeline and the events it was told to wait for
+        wait = [f for f in dict.fromkeys([t.last_fence, *t.waits])
+                if f is not None and not f.signaled]
         try:
             fence = submit(wait)
         except KmdError as e:
-            raise kmd_to_error(e) from None
+            raise kmd_to_error(e) from None  # not submitted: the waits stay for the next job
         t.last_fence = fence
+        t.waits = []
         if not (hold or req.fenced):
             t.unreported.append(fence)
             t.prune()
             return Response()
-        return self._sync_point(t, [fence], data_len=data_len)
+        return self._sync_point([t], [fence], data_len=data_len)
 
-    def _sync_point(self, t: Timeline, own: list, data_len: int = 0):
-        """Answer once everything on the timeline so far has completed (spec §7)."""
-        earlier = t.unreported
-        t.unreported = []
+    def _sync_point(self, timelines: list, own: list, data_len: int = 0):
+        """Answer once everything on the timelines so far has completed, including the
+        events they wait for (spec §7); report the first remembered error."""
+        earlier = []
+        for t in timelines:
+            earlier += t.unreported
+            t.unreported = []
+            t.waits = [f for f in t.waits if not f.signaled]
         # own fence is usually also the timeline's last one: wait on each fence once
         fences = list(dict.fromkeys(
-            f for f in earlier + own + [t.last_fence] if f is not None))
+            f for f in earlier + own + [t.last_fence for t in timelines]
+            + [w for t in timelines for w in t.waits] if f is not None))
 
         def finish() -> Response:
             for f in earlier + own:
@@ -324,12 +480,13 @@ class ComputeDevice:
         return Pending(fences, finish)
 
     # ------------------------------------------------------------------ teardown
-    def _destroy(self, ctx: ContextState) -> None:
+    def _destroy(self, ctx: ContextState, cancel: bool = False) -> None:
         for rid in ctx.resources:
             self.resource_owner.pop(rid, None)
         ctx.resources.clear()
         del self.contexts[ctx.ctx_id]
-        self.kmd.destroy_context(ctx.kmd_ctx)  # frees are deferred until its work is done
+        # frees are deferred until its work is done; on reset its queued work is dropped
+        self.kmd.destroy_context(ctx.kmd_ctx, cancel=cancel)
 
     def last_fences(self) -> list:
         out = []
@@ -338,12 +495,41 @@ class ComputeDevice:
         return out
 
     def reset(self) -> list:
-        """Destroy every context; -> the fences still in flight (the caller waits on them
-        before it unmaps guest memory the engines may still be touching)."""
-        pending = [f for f in self.last_fences() if not f.signaled]
+        """Destroy every context and event (withdrawing the events' exports); -> the fences
+        still in flight (the caller waits on them before it unmaps guest memory the engines
+        may still be touching)."""
+        kmd_ctxs = [ctx.kmd_ctx for ctx in self.contexts.values()]
+        pending = self.last_fences()
         for ctx in list(self.contexts.values()):
-            self._destroy(ctx)
+            self._destroy(ctx, cancel=True)  # queued jobs fail at once...
+        # ... and what is on the hardware must finish before guest memory is reused
+        pending = [f for f in pending + [f for k in kmd_ctxs for f in k.pending_fences()]
+                   if not f.signaled]
+        for ev in self.events.values():
+            self.exports.withdraw(h for h, _t in ev.exports)
+        self.events.clear()
         return pending
+
+
+def _event_status(snapshot: EventSnapshot) -> bytes:
+    """The RESP_OK_EVENT body describing `snapshot` now."""
+    if not snapshot.done:
+        return _EVENT.pack(wire.EVENT_STATUS_PENDING, 0, 0, 0, 0)
+    ts = snapshot.timestamp_ns()
+    err = snapshot.error()
+    if err is None:
+        return _EVENT.pack(wire.EVENT_STATUS_COMPLETE, 0, ts, 0, 0)
+    e = fault_to_error(err)
+    return _EVENT.pack(wire.EVENT_STATUS_ERROR, e.resp, ts, e.info0 & (2**64 - 1), e.info1 & 0xFFFFFFFF)
+
+
+def _msgpack_plain(obj):
+    """msgpack `default`: numpy scalars and other odd values in the KMD's statistics."""
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    return str(obj)
 
 
 def _check_range(name: str, va: int, size: int) -> None:
@@ -354,13 +540,21 @@ def _check_range(name: str, va: int, size: int) -> None:
 _HANDLERS = {
     wire.CMD_NOP: ComputeDevice.cmd_nop,
     wire.CMD_GET_DEVICE_INFO: ComputeDevice.cmd_get_device_info,
+    wire.CMD_GET_STATS: ComputeDevice.cmd_get_stats,
     wire.CMD_CTX_CREATE: ComputeDevice.cmd_ctx_create,
     wire.CMD_CTX_DESTROY: ComputeDevice.cmd_ctx_destroy,
+    wire.CMD_CTX_SYNC: ComputeDevice.cmd_ctx_sync,
     wire.CMD_MEM_ALLOC: ComputeDevice.cmd_mem_alloc,
     wire.CMD_MEM_FREE: ComputeDevice.cmd_mem_free,
     wire.CMD_COPY_H2D: ComputeDevice.cmd_copy_h2d,
     wire.CMD_COPY_D2H: ComputeDevice.cmd_copy_d2h,
     wire.CMD_COPY_D2D: ComputeDevice.cmd_copy_d2d,
     wire.CMD_LAUNCH: ComputeDevice.cmd_launch,
+    wire.CMD_EVENT_RECORD: ComputeDevice.cmd_event_record,
+    wire.CMD_EVENT_WAIT: ComputeDevice.cmd_event_wait,
+    wire.CMD_EVENT_QUERY: ComputeDevice.cmd_event_query,
+    wire.CMD_EVENT_DESTROY: ComputeDevice.cmd_event_destroy,
+    wire.CMD_EVENT_EXPORT: ComputeDevice.cmd_event_export,
+    wire.CMD_EVENT_IMPORT: ComputeDevice.cmd_event_import,
 }
 assert set(_HANDLERS) == set(wire.CMD_BODY_FORMATS)

@@ -124,7 +124,10 @@ class VirtioGpuDevice:
                                  event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
                                  indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC))
         self.compute = ComputeDevice(self.kmd, self.session.dma_mapping(self.index),
-                                     self.session.mem_size, self.driver_features)
+                                     self.session.mem_size, self.driver_features,
+                                     exports=getattr(self.session.backend, "event_exports", None),
+                                     owner=self.session, device_index=self.index,
+                                     vgpu=getattr(self.session, "vgpu", None))
 
     def reset(self) -> list:
         """Device reset (status 0): -> fences still in flight for what was torn down,
@@ -169,7 +172,7 @@ class VirtioGpuDevice:
         added = False
         mem = self.session.mem
         while True:
-            if not self.kmd.has_headroom() and self._stall():
+            if not self.kmd.has_headroom(self.session) and self._stall():
                 # Backpressure: leave the chains in the avail ring (the driver sees its
                 # queue fill up) and resume when the oldest job on the GPU completes, so
                 # the host's I/O loop never waits inside the KMD.
@@ -217,7 +220,7 @@ class VirtioGpuDevice:
         """-> True if processing should pause until a resume is posted."""
         if self.stalled:
             return True
-        fence = self.kmd.oldest_pending_fence()
+        fence = self.kmd.oldest_pending_fence(self.session)
         if fence is None:
             return False  # nothing in flight: the space is free by now
         self.stats["stalls"] += 1

@@ -23,6 +23,7 @@ import threading
 from spec import wire
 from host.backend.device import VirtioGpuDevice
 from host.backend.errors import ControlError
+from host.backend.events import EventExports
 from transport import codec
 from transport.codec import ZERO_COPY_MIN
 from transport.errors import GuestMemoryError
@@ -32,8 +33,10 @@ log = logging.getLogger("pvgpu.backend")
 
 
 class GuestSession:
-    def __init__(self, backend, peer, sid: str, name: str, memory: str, mem_size: int, now: float):
+    def __init__(self, backend, peer, sid: str, name: str, memory: str, mem_size: int, now: float,
+                 vgpu=None):
         self.backend = backend
+        self.vgpu = vgpu  # host.kmd.sched.VgpuShares, or None for the default vGPU
         self.peer = peer
         self.sid = sid
         self.name = name
@@ -105,8 +108,11 @@ class GuestSession:
 
 class Backend:
     def __init__(self, kmds, *, heartbeat_ms: int = wire.DEFAULT_HEARTBEAT_MS,
-                 max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, wakeup=lambda: None):
+                 max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, wakeup=lambda: None, vgpus=()):
         self.kmds = list(kmds)
+        # vGPUs a session may bind to at hello (CTL-HELLO-8); none: everyone shares the
+        # KMD's default vGPU
+        self.vgpus = {v.name: v for v in vgpus}
         self.heartbeat_ms = heartbeat_ms
         self.max_mem_size = max_mem_size
         self.wakeup = wakeup
@@ -117,6 +123,7 @@ class Backend:
         self._ids = itertools.count(1)
         self._inflight = []  # fences of torn-down work, kept until they signal
         self._releases = []  # (session, fences) waiting to release guest memory
+        self.event_exports = EventExports()  # host-global: events shared across sessions
         self.stats = collections.Counter()
 
     # ------------------------------------------------------------------ engine side
@@ -186,19 +193,40 @@ class Backend:
             raise ControlError(wire.CTL_ERR_MALFORMED, f"mem_size {mem_size} must be a positive multiple of 4096")
         if mem_size > self.max_mem_size:
             raise ControlError(wire.CTL_ERR_LIMIT, f"mem_size {mem_size} exceeds the host limit {self.max_mem_size}")
+        vgpu = self._bind_vgpu(msg.get("vgpu"))
         sid = f"s{next(self._ids)}"
         self.stats["sessions"] += 1
         name = str(msg["name"])[:64] or sid
-        session = GuestSession(self, peer, sid, name, memory, mem_size, now)
+        session = GuestSession(self, peer, sid, name, memory, mem_size, now, vgpu)
         self.sessions[peer] = session
-        log.info("session %s (%s) opened: %s memory, %d MiB", sid, name, memory, mem_size >> 20)
+        log.info("session %s (%s) opened: %s memory, %d MiB, vGPU %s", sid, name, memory,
+                 mem_size >> 20, vgpu.name if vgpu else "default")
+        reply_vgpu = {}
+        if vgpu is not None:
+            reply_vgpu = {"vgpu": {"name": vgpu.name, "compute": vgpu.compute,
+                                   "copy": vgpu.copy, "mem": vgpu.mem}}
         return {
+            **reply_vgpu,
             "session": sid,
             "devices": [{"index": k.index, "name": k.name, "vram_size": k.vram_size,
                          "device_id": wire.VIRTIO_ID_GPU} for k in self.kmds],
             "heartbeat_ms": self.heartbeat_ms,
             "max_mem_size": self.max_mem_size,
         }
+
+    def _bind_vgpu(self, requested):
+        """The vGPU a new session joins: the one it names, else the configured vGPU with
+        the fewest sessions (the first on a tie); None when no vGPUs are configured."""
+        if requested is not None:
+            vgpu = self.vgpus.get(requested)
+            if vgpu is None:
+                known = ", ".join(self.vgpus) or "none are configured"
+                raise ControlError(wire.CTL_ERR_LIMIT, f"no vGPU named {requested!r} ({known})")
+            return vgpu
+        if not self.vgpus:
+            return None
+        bound = collections.Counter(s.vgpu.name for s in self.sessions.values() if s.vgpu)
+        return min(self.vgpus.values(), key=lambda v: bound[v.name])
 
     def _device(self, session, msg) -> VirtioGpuDevice:
         dev = msg["dev"]
@@ -335,6 +363,7 @@ class Backend:
         for dev in session.devices:
             self.stats.update(dev.stats)  # keep the totals after the session is gone
         pending = session.teardown() + [f for f in self._inflight if not f.signaled]
+        self.event_exports.withdraw_owner(session)  # (teardown withdrew them per event)
         self._releases.append((session, pending))
         self._reap_releases()
         log.info("session %s (%s) closed: %s", session.sid, session.name, reason)

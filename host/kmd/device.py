@@ -716,7 +716,7 @@ class KmdDevice:
 
     def vgpu_mem_limit(self, shares: VgpuShares) -> int:
         """Bytes of VRAM a vGPU may hold on this device (its memory share)."""
-        return (self.vram_size - self.kernel_vram) * shares.mem // 100
+        return (self.vram_size - self.kernel_vram) * shares.mem // 100 // PAGE_SIZE * PAGE_SIZE
 
     def sched_stats(self) -> dict:
         """Per engine and per vGPU accounting (msgpack-able)."""
