@@ -62,6 +62,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heartbeat period; a guest silent for %d periods is reclaimed" % wire.HEARTBEAT_MISSES)
     p.add_argument("--max-guest-mem", type=parse_size, default=f"{wire.MAX_GUEST_MEM_SIZE >> 30}G",
                    help="largest guest memory a session may announce (default %(default)s)")
+    g = p.add_argument_group("scheduling and vGPUs")
+    g.add_argument("--sched", choices=("fifo", "credit", "band"), default=None,
+                   help="GPU scheduling policy among vGPUs (default fifo): fifo = first come "
+                        "first served; credit = Gdev's credit scheduler; band = Gdev's "
+                        "bandwidth-aware non-preemptive device scheduler")
+    g.add_argument("--vgpu", action="append", metavar="NAME:compute=P,copy=P,mem=P", default=[],
+                   help="define a vGPU with shares in percent of each device (repeatable; "
+                        "omitted shares are 100); guests bind by name at hello, or are "
+                        "assigned the least-used one")
+    g.add_argument("--vgpu-config", metavar="FILE",
+                   help="JSON file with 'sched', 'vgpus' and scheduler parameters; "
+                        "command-line options override it")
+    g.add_argument("--job-timeout-ms", type=int, default=None,
+                   help="a GPU job running longer is stopped, its engine reset and its "
+                        "context lost (TDR; default 10000)")
+    g.add_argument("--hw-limit", type=int, default=None,
+                   help="jobs in flight per engine ring (drm_sched credits; default 2)")
+    g.add_argument("--time-buffer-us", type=int, default=None,
+                   help="BAND's time buffer (default 500, as Gdev)")
+    g.add_argument("--period-ms", type=int, default=None,
+                   help="credit replenishment period (default 30, as Gdev)")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
 
@@ -104,8 +125,28 @@ def cmd_host(args) -> int:
     if not endpoints:
         print("pvgpu host: --no-default needs at least one --listen ENDPOINT", file=sys.stderr)
         return 2
+    try:
+        sched = sched_config(args)
+    except ValueError as e:
+        print(f"pvgpu host: {e}", file=sys.stderr)
+        return 2
     return run_host(endpoints, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
-                    num_gpus=args.gpus, max_mem_size=args.max_guest_mem, ready_file=args.ready_file)
+                    num_gpus=args.gpus, max_mem_size=args.max_guest_mem, ready_file=args.ready_file,
+                    sched=sched)
+
+
+def sched_config(args):
+    """The host's SchedConfig from --vgpu-config, then the command-line overrides."""
+    from host.config import SchedConfig, load_config, parse_vgpu
+    cfg = load_config(args.vgpu_config) if args.vgpu_config else SchedConfig()
+    if args.sched:
+        cfg.policy = args.sched
+    for key in ("job_timeout_ms", "hw_limit", "time_buffer_us", "period_ms"):
+        if getattr(args, key) is not None:
+            setattr(cfg, key, getattr(args, key))
+    if args.vgpu:
+        cfg.vgpus = [parse_vgpu(v) for v in args.vgpu]
+    return cfg.validate()
 
 
 def _connect(args):
