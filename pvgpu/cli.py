@@ -1,11 +1,14 @@
-"""`pvgpu`: the command line — host, info, run, demo, bench.
+"""`pvgpu`: the command line — host, info, run, tenant, demo, bench.
 
   pvgpu host [--listen EP]... [--vram SIZE]     start the backend with two emulated GPUs
                                                   on the local ipc endpoint (+ each EP)
   pvgpu info [--connect EP]                       list the devices as a guest sees them
   pvgpu run WORKLOAD... [--connect EP] [--memory shared|inline] [--size N]
+  pvgpu tenant WORKLOAD --seconds S [--vgpu NAME] one guest of a shared-GPU run (long, short, copy, mixed)
   pvgpu demo                                      host + two guests, every result verified
+  pvgpu demo --guests N --sched band [--shares ..] N guests sharing device 0 through vGPUs, live table
   pvgpu bench [--json FILE]                       hot paths against this machine's limits
+  pvgpu bench sched [--seconds S] [--policies ..] scheduler fairness (Gdev's experiment) + overlap
 """
 
 from __future__ import annotations
@@ -15,12 +18,12 @@ import json
 import logging
 import os
 import re
-import shutil
+import signal
 import sys
-import time
 
 from spec import wire
 
+TENANT_WORKLOADS = ("long", "short", "copy", "mixed")  # pvgpu.tenant.WORKLOADS (no numpy here)
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.I)
 
 
@@ -80,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hw-limit", type=int, default=None,
                    help="jobs in flight per engine ring (drm_sched credits; default 2)")
     g.add_argument("--time-buffer-us", type=int, default=None,
-                   help="BAND's time buffer (default 500, as Gdev)")
+                   help="BAND's time buffer in µs (default 1000; Gdev used 500 on hardware "
+                        "with a shorter guest turnaround)")
     g.add_argument("--period-ms", type=int, default=None,
                    help="credit replenishment period (default 30, as Gdev)")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
@@ -99,12 +103,62 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeat", type=int, default=1, help="run each workload this many times")
     p.add_argument("--json", action="store_true", help="print one JSON object per result")
 
-    p = sub.add_parser("demo", help="start a host and two guests, run and verify workloads")
-    p.add_argument("--vram", default="512M", help="VRAM per device for the demo host")
+    p = sub.add_parser("tenant", help="one guest of a shared-GPU run: a workload for S seconds, "
+                                      "verified, one result line")
+    p.add_argument("workload", choices=TENANT_WORKLOADS, metavar="WORKLOAD",
+                   help="long (20 ms kernels back to back), short (1 ms kernels, small gaps), "
+                        "copy (4 MiB copies both ways + queued kernels), mixed (random kernels "
+                        "and vector adds)")
+    p.add_argument("--seconds", type=float, default=5.0,
+                   help="how long to run (default %(default)s); SIGTERM stops it early, "
+                        "still verified and reported")
+    _add_guest_options(p)
+    p.add_argument("--vgpu", metavar="NAME", default=None,
+                   help="bind the session to this vGPU of the host (default: the host assigns one)")
+    p.add_argument("--device", type=int, default=0, help="device index (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the mixed workload's kernel lengths")
+    p.add_argument("--kernel-us", type=int, default=None,
+                   help="kernel length of long/short in µs (default 20000 / 1000)")
+    p.add_argument("--name", default=None, help="session name (default tenant-WORKLOAD)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
 
-    p = sub.add_parser("bench", help="measure hot paths against this machine's limits")
+    p = sub.add_parser("demo", help="start a host and guests, run and verify workloads",
+                       description="Without --guests, --sched or --shares: a host with two "
+                                   "GPUs and two guests (one per memory model) running vector "
+                                   "add and gemm. With any of them: N guests (`pvgpu tenant`, "
+                                   "workloads long, short, copy, mixed in turn) bound to vGPUs "
+                                   "g1..gN that split device 0 -- all on device 0 so they "
+                                   "compete -- with a live utilisation table and fairness "
+                                   "figures (over compute) at the end.")
+    p.add_argument("--vram", default="512M", help="VRAM per device for the demo host")
+    p.add_argument("--guests", type=int, default=None, metavar="N",
+                   help="vGPU demo: N guests and vGPUs, 1..8 (default 4, or one per --shares)")
+    p.add_argument("--sched", choices=("fifo", "credit", "band"), default=None,
+                   help="vGPU demo: the host's scheduling policy (default band)")
+    p.add_argument("--shares", metavar="P,P,...", default=None,
+                   help="vGPU demo: compute shares in percent, one per vGPU (default equal: "
+                        "100//N each); copy and memory shares stay equal")
+    p.add_argument("--seconds", type=float, default=10.0,
+                   help="vGPU demo: how long every guest runs (default %(default)s)")
+
+    p = sub.add_parser("bench", help="measure hot paths against this machine's limits, or "
+                                     "the GPU scheduler's fairness (`bench sched`)")
+    p.add_argument("which", nargs="?", choices=("hotpaths", "sched"), default="hotpaths",
+                   help="hotpaths (default): copies, round trip, kernels against the machine's "
+                        "limits; sched: Gdev's fairness experiment under each policy, four "
+                        "fair vGPUs, copy/compute overlap")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    p.add_argument("--seconds", type=float, default=20.0,
+                   help="sched: measured seconds per run (default %(default)s)")
+    p.add_argument("--short-us", type=int, default=1000,
+                   help="sched: kernel length of the short tenant in µs (default %(default)s)")
+    p.add_argument("--policies", default="fifo,credit,band",
+                   help="sched: policies of the unfair two-vGPU run (default %(default)s)")
+    p.add_argument("--parts", default="alone,unfair,fair,overlap",
+                   help="sched: which runs (default %(default)s)")
+    p.add_argument("--time-buffer-us", type=int, default=None,
+                   help="sched: the hosts' BAND time buffer (default: the host's, Gdev's 500)")
     return ap
 
 
@@ -112,7 +166,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"host": cmd_host, "info": cmd_info, "run": cmd_run, "demo": cmd_demo,
-                "bench": cmd_bench}[args.command](args)
+                "bench": cmd_bench, "tenant": cmd_tenant}[args.command](args)
     except KeyboardInterrupt:
         return 130
 
@@ -192,43 +246,63 @@ def cmd_run(args) -> int:
     return 1 if failures else 0
 
 
-def cmd_demo(args) -> int:
-    from pvgpu.procs import HostProcess, private_endpoint, reap, spawn_guest
-    endpoint, tmpdir = private_endpoint("pvgpu-demo")
-    t0 = time.perf_counter()
-    print(f"pvgpu demo: starting a host with 2 GPUs on {endpoint}")
-    host = HostProcess([endpoint], vram=args.vram)
-    results, ok = [], True
+def cmd_tenant(args) -> int:
+    import guest
+    from pvgpu.tenant import run
+    name = args.name or f"tenant-{args.workload}"
+    stop = []
+    handler = lambda *_: stop.append(True)  # noqa: E731 -- finish the iteration, then report
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    bind = {"vgpu": args.vgpu} if args.vgpu is not None else {}
     try:
-        guests = []
-        for i, memory in enumerate(wire.MEMORY_MODELS):
-            cmd = ["run", "vector-add", "gemm", "--connect", endpoint, "--memory", memory,
-                   "--device", str(i % 2), "--json", "--mem-size", "64M"]
-            guests.append((memory, spawn_guest(cmd)))
-            print(f"pvgpu demo: guest {i + 1} ({memory} memory) runs vector-add and gemm on device {i % 2}")
-        for memory, proc in guests:
-            code, out = reap(proc, timeout=120)
-            lines = [json.loads(l) for l in out.splitlines() if l.startswith("{")]
-            results += lines
-            if code != 0 or len(lines) != 2:
-                ok = False
-                print(f"pvgpu demo: guest ({memory}) failed with exit code {code}:\n{out}")
-    finally:
-        code = host.stop()
-        shutil.rmtree(tmpdir, ignore_errors=True)
-    print()
-    print(f"{'guest memory':<14}{'device':<8}{'workload':<12}{'size':>9}  {'result':<9}{'time':>9}")
-    for r in results:
-        ok &= r["ok"]
-        print(f"{r['memory']:<14}{r['device']:<8}{r['workload']:<12}{r['size']:>9}  "
-              f"{'verified' if r['ok'] else 'MISMATCH':<9}{r['seconds'] * 1e3:7.1f}ms")
-    ok &= code == 0 and len(results) == 4
-    print(f"\npvgpu demo: {'all results match numpy' if ok else 'FAILED'}; host exited {code}; "
-          f"{time.perf_counter() - t0:.1f}s")
-    return 0 if ok else 1
+        conn = guest.connect(args.connect, memory=args.memory, mem_size=args.mem_size, name=name, **bind)
+    except guest.HostLost as e:
+        print(f"pvgpu tenant: cannot reach a host at {args.connect or _default_ep()}: {e}", file=sys.stderr)
+        return 2
+    except guest.PvgpuError as e:  # e.g. the host has no such vGPU
+        print(f"pvgpu tenant: the host refused the session: {e}", file=sys.stderr)
+        return 2
+    vgpu = conn.vgpu or {}
+    r = {"workload": args.workload, "verified": False}
+    try:
+        with conn:
+            if not 0 <= args.device < len(conn.devices):
+                print(f"pvgpu tenant: no device {args.device} (the host has {len(conn.devices)})",
+                      file=sys.stderr)
+                return 2
+            dev = conn.devices[args.device]
+            with dev.create_context(name) as ctx:
+                r = run(ctx, args.workload, args.seconds, seed=args.seed, stop=lambda: bool(stop),
+                        kernel_us=args.kernel_us)
+    except guest.PvgpuError as e:
+        r.update(verified=False, error=f"{type(e).__name__}: {e}")
+    r.update(name=name, vgpu=vgpu.get("name", args.vgpu), shares=vgpu or None, device=args.device,
+             memory=args.memory, pid=os.getpid())
+    if args.json:
+        print(json.dumps(r), flush=True)
+    else:
+        print(f"tenant {name}: {r['workload']} on vGPU {r['vgpu']} device {r['device']}: "
+              f"{r.get('iterations', 0)} iterations, {r.get('kernels', 0)} kernels in "
+              f"{r.get('seconds', 0):.1f}s -- {'verified' if r['verified'] else 'NOT verified'}"
+              + (f" ({r['error']})" if "error" in r else ""), flush=True)
+    return 0 if r["verified"] else 1
+
+
+def cmd_demo(args) -> int:
+    from pvgpu import demo
+    if args.guests is None and args.sched is None and args.shares is None:
+        return demo.run_pair(vram=args.vram)
+    return demo.run_sharing(args.guests, sched=args.sched or "band", seconds=args.seconds,
+                            vram=args.vram, shares=args.shares)
 
 
 def cmd_bench(args) -> int:
+    if args.which == "sched":
+        from bench.sched import run_bench as run_sched
+        return run_sched(seconds=args.seconds, policies=args.policies.split(","),
+                         json_path=args.json, quick=args.quick, parts=args.parts.split(","),
+                         time_buffer_us=args.time_buffer_us, short_us=args.short_us)
     from bench.hotpaths import run_bench
     return run_bench(json_path=args.json, quick=args.quick)
 

@@ -246,6 +246,7 @@ class KmdDevice:
             self.add_vgpu(v)
         self._timer_cond = threading.Condition()
         self._timer_target = None
+        self._timer_idle_since = 0  # when the worker last went to sleep without a target
         self._timer_thread = None
         self._timer_stop = False
         self.mmio.write(regs.REG_VM_INVALIDATE, regs.VM_INVALIDATE_ALL)
@@ -601,13 +602,19 @@ class KmdDevice:
             fence.signal(error)
 
     # ------------------------------------------------------------------ timers and TDR
+    TIMER_TICK_NS = 20_000_000  # the timer worker never sleeps longer than this
+
     def _arm_timer(self, sched: GpuScheduler) -> None:
-        """Wake the timer worker if `sched` now has an earlier deadline than it sleeps to."""
+        """Wake the timer worker if `sched` now has a deadline before the worker's next
+        wakeup. Job timeouts are far off and wait for the next tick (at most 20 ms late),
+        so an ordinary submission does not wake a thread; time buffers are short and do."""
         deadline = sched.next_deadline()
         if deadline is None:
             return
         target = self._timer_target
-        if target is None or deadline < target:
+        if target is None:
+            target = self._timer_idle_since + self.TIMER_TICK_NS
+        if deadline < target:
             with self._timer_cond:
                 self._timer_target = deadline
                 self._timer_cond.notify()
@@ -643,9 +650,14 @@ class KmdDevice:
                 target = min(deadlines) if deadlines else None
                 if self._timer_target is not None and (target is None or self._timer_target < target):
                     target = self._timer_target
+                now = self.clock_ns()
                 self._timer_target = target
-                wait = None if target is None else max(0.0, (target - self.clock_ns()) / 1e9)
-                if wait is None or wait > 0:
+                if target is None or target > now + self.TIMER_TICK_NS:
+                    self._timer_target = None  # sleep one tick; _arm_timer knows until when
+                    self._timer_idle_since = now
+                    target = now + self.TIMER_TICK_NS
+                wait = max(0.0, (target - now) / 1e9)
+                if wait > 0:
                     self._timer_cond.wait(wait)
                 self._timer_target = None
                 if self._timer_stop:

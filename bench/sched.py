@@ -1,0 +1,334 @@
+"""`pvgpu bench sched`: the GPU scheduler's fairness, Gdev's experiment (ATC 2012, §6.3).
+
+  alone    each of the two tenants below alone on the device (fifo, no competition):
+           how much device time it can use at all -- a tenant whose jobs come with gaps
+           cannot reach its share even when the scheduler holds the device for it
+  unfair   for each policy (fifo, credit, band): a fresh host with two vGPUs of 50 %
+           compute and copy each on device 0; guest A runs `long` (20 ms kernels back to
+           back), guest B runs `short` (1 ms kernels, `--short-us`, each launched when the
+           previous one is synchronized: its turnaround is the gap). Utilisation per
+           vGPU from the host's statistics (GET_STATS busy time deltas) over `seconds`,
+           measured after both guests have started and a warm-up.
+  fair     band, four vGPUs of 25 % each, four guests all running `long`.
+  overlap  one guest, two streams: a 64 MiB host->device copy alone, gemms of about
+           the same device time alone, and both at once on different streams; again with
+           a burn kernel of the copy's length instead of the gemms (device time without
+           host CPU: the engines' concurrency without the CPU contention of emulation).
+
+Figures (research/gpu-driver.md, "Fairness metrics"; pvgpu.fairness): utilisation U per
+vGPU, Jain's index over U/share, mean |U - share| in percentage points (of the run's
+means; also over one-second samples). Gdev's published means are printed beside ours.
+The guests are `pvgpu tenant` processes; `burn` kernels occupy the compute engine
+without host CPU, so even a 2-core machine measures the scheduler, not the CPU.
+
+Targets: FIFO shows the skew (the short-kernel vGPU starved); BAND Jain >= 0.98 and
+mean |U - share| <= 7 pp; four fair vGPUs each within 25 +- 3 %. Overlap: concurrent /
+max(alone) near 1 means the copy and compute engines overlap; concurrent / sum(alone)
+near 1 means they do not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import statistics
+import time
+
+import numpy as np
+
+import guest
+from pvgpu import fairness
+from pvgpu.demo import parse_tenant_output, stop_guests, tenant_args, vgpu_arg
+from pvgpu.procs import HostProcess, private_endpoint, spawn_guest
+from spec import wire
+
+MiB = 1 << 20
+STARTUP_S = 30.0  # every guest must have a context by then
+TENANT_SLACK_S = 60.0  # tenants are told to run this much longer and stopped by SIGTERM
+PARTS = ("alone", "unfair", "fair", "overlap")
+
+# Gdev, ATC 2012, Figure 12 (means from the paper's raw data, research/gpu-driver.md):
+# the short-kernel vGPU is the one FIFO starves, so FIFO's 14.6 % is the short tenant.
+GDEV = {"fifo": {"A": 0.863, "B": 0.146}, "credit": {"A": 0.856, "B": 0.146},
+        "band": {"A": 0.510, "B": 0.390}}
+UNFAIR = (("A", "long", {"compute": 50, "copy": 50}), ("B", "short", {"compute": 50, "copy": 50}))
+TARGET_JAIN = 0.98
+TARGET_ERROR = 0.07
+FAIR_N = 4
+FAIR_TOLERANCE = 0.03
+
+
+def _median_time(fn, reps: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = "512M",
+               host_args=(), tenant_extra=None) -> dict:
+    """A fresh host with `policy` and one vGPU per tenant (name, workload, shares) on
+    device 0, a `pvgpu tenant` bound to each; -> utilisation and fairness of the run."""
+    names = [n for n, _w, _s in tenants]
+    share = {n: s["compute"] / 100 for n, _w, s in tenants}
+    endpoint, tmpdir = private_endpoint("pvgpu-bench-sched")
+    extra = ["--sched", policy, *host_args]
+    for n, _w, s in tenants:
+        extra += ["--vgpu", vgpu_arg(n, s)]
+    host = mon = None
+    procs = []
+    run = {"policy": policy, "shares": share, "workloads": {n: w for n, w, _s in tenants}}
+    try:
+        host = HostProcess([endpoint], vram=vram, extra_args=extra,
+                           log_path=os.path.join(tmpdir, "host.log"))
+        mon = guest.connect(endpoint, memory=wire.MEMORY_SHARED, mem_size=16 << 20,
+                            name="bench-monitor")
+        dev = mon.devices[0]
+        for i, (n, w, _s) in enumerate(tenants):
+            procs.append(spawn_guest(tenant_args(endpoint, n, w, warmup + seconds + TENANT_SLACK_S,
+                                                 seed=i) + list((tenant_extra or {}).get(n, ()))))
+        deadline = time.monotonic() + STARTUP_S
+        snap = dev.stats()
+        while not fairness.all_active(snap, names):
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise RuntimeError("a guest did not start (or ended at once)")
+            time.sleep(0.05)
+            snap = dev.stats()
+        time.sleep(warmup)
+        start = prev = dev.stats()
+        samples = []
+        t_end = time.monotonic() + seconds
+        while (left := t_end - time.monotonic()) > 0:
+            time.sleep(min(1.0, left))
+            cur = dev.stats()
+            if cur["now_ns"] - prev["now_ns"] >= 500_000_000:
+                samples.append(fairness.utilisation(prev, cur, names))
+                prev = cur
+        end = dev.stats()
+        if not fairness.all_active(end, names):
+            raise RuntimeError("a guest ended before the measurement did")
+    finally:
+        reaped = stop_guests(procs, timeout=15.0)
+        if mon is not None:
+            try:
+                mon.close()
+            except Exception:
+                pass
+        run["host_exit"] = host.stop() if host is not None else None
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    run["guests"] = {}
+    for (n, _w, _s), (code, text) in zip(tenants, reaped):
+        r = parse_tenant_output(text) or {"verified": False, "error": text.strip()[-400:]}
+        r["exit"] = code
+        run["guests"][n] = r
+    util = fairness.utilisation(start, end, names)
+    run.update(window_s=(end["now_ns"] - start["now_ns"]) / 1e9, util=util,
+               copy_util=fairness.copy_utilisation(start, end, names),
+               samples=samples, **fairness.summarise(util, share, samples),
+               verified=all(g.get("verified") and g["exit"] == 0 for g in run["guests"].values()))
+    return run
+
+
+def bench_overlap(reps: int, size: int = 64 * MiB) -> dict:
+    """Copy and compute engines at once: one guest, a copy stream and a compute stream."""
+    endpoint, tmpdir = private_endpoint("pvgpu-bench-overlap")
+    host = HostProcess([endpoint], vram="1G")
+    try:
+        with guest.connect(endpoint, memory=wire.MEMORY_SHARED, mem_size=192 * MiB) as conn:
+            with conn.devices[0].create_context("overlap") as ctx:
+                rng = np.random.default_rng(3)
+                buf = rng.integers(0, 255, size, dtype=np.uint8)
+                d = ctx.empty(size, np.uint8)
+                m = 1024
+                A = rng.standard_normal((m, m)).astype(np.float32)
+                B = rng.standard_normal((m, m)).astype(np.float32)
+                dA, dB, dC = ctx.to_device(A), ctx.to_device(B), ctx.empty((m, m))
+                s_copy, s_comp = ctx.create_stream(), ctx.create_stream()
+
+                def copy():
+                    d.copy_from_host(buf, stream=s_copy)
+
+                def gemms(k):
+                    for _ in range(k):
+                        s_comp.launch("gemm", grid=(4, m), block=256, args=(dA, dB, dC, m, m, m))
+
+                def gemm_alone(k):
+                    gemms(k)
+                    s_comp.synchronize()
+
+                def both(k):
+                    gemms(k)  # queued on the compute engine first, then the copy
+                    copy()
+                    s_comp.synchronize()
+
+                t_copy = _median_time(copy, reps)
+                t_one = _median_time(lambda: gemm_alone(1), reps)
+                k = max(1, round(t_copy / t_one))
+                t_gemm = _median_time(lambda: gemm_alone(k), reps)
+                t_both = _median_time(lambda: both(k), reps)
+                # the same with a burn kernel of the copy's length: device time without
+                # host CPU, so what remains is the engines' own concurrency
+                burn_us = max(1, int(t_copy * 1e6))
+
+                def burn():
+                    s_comp.launch("burn", grid=1, block=1, args=(burn_us,))
+
+                def burn_alone():
+                    burn()
+                    s_comp.synchronize()
+
+                def burn_both():
+                    burn()
+                    copy()
+                    s_comp.synchronize()
+
+                t_burn = _median_time(burn_alone, reps)
+                t_burn_both = _median_time(burn_both, reps)
+                ok = bool(np.array_equal(d.to_host(), buf)) and bool(
+                    np.allclose(dC.to_host(), A @ B, rtol=1e-4, atol=1e-3))
+                s_copy.destroy()
+                s_comp.destroy()
+    finally:
+        host.stop()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    return {"copy_s": t_copy, "gemm_s": t_gemm, "gemms": k, "concurrent_s": t_both,
+            "concurrent_vs_max": t_both / max(t_copy, t_gemm),
+            "concurrent_vs_sum": t_both / (t_copy + t_gemm),
+            "burn_s": t_burn, "burn_concurrent_s": t_burn_both,
+            "burn_concurrent_vs_max": t_burn_both / max(t_copy, t_burn),
+            "burn_concurrent_vs_sum": t_burn_both / (t_copy + t_burn), "verified": ok}
+
+
+def _pct(x) -> str:
+    return "—" if x is None else f"{x * 100:.1f}%"
+
+
+def print_unfair(runs: dict, alone=None, out=print, short_us: int = 1000) -> None:
+    cols = list(runs) + [f"Gdev {p}" for p in GDEV]
+    w = 12
+    out(f"\nunfair load, two vGPUs of 50 %: A runs `long` (20 ms kernels), B runs `short` "
+        f"({short_us / 1000:g} ms kernels, its turnaround as the gap); compute utilisation")
+    out(f"{'':<22}" + "".join(f"{c:>{w}}" for c in cols))
+
+    def row(label, ours, gdev):
+        out(f"{label:<22}" + "".join(f"{ours(r):>{w}}" for r in runs.values())
+            + "".join(f"{gdev(g):>{w}}" for g in GDEV.values()))
+
+    share = {"A": 0.5, "B": 0.5}
+    row("util A (long)", lambda r: _pct(r["util"]["A"]), lambda g: _pct(g["A"]))
+    row("util B (short)", lambda r: _pct(r["util"]["B"]), lambda g: _pct(g["B"]))
+    row("Jain (U/share)", lambda r: f"{r['jain']:.3f}",
+        lambda g: f"{fairness.jain_over_shares(g, share):.3f}")
+    row("mean |U-share|", lambda r: f"{r['mean_abs_error'] * 100:.1f} pp",
+        lambda g: f"{fairness.mean_abs_error(g, share) * 100:.1f} pp")
+    row("  per 1 s sample", lambda r: f"{(r['mean_abs_error_samples'] or 0) * 100:.1f} pp",
+        lambda g: "")
+    row("copy util A / B", lambda r: f"{r['copy_util']['A'] * 100:.0f}/{r['copy_util']['B'] * 100:.0f}%",
+        lambda g: "")
+    row("guests verified", lambda r: "yes" if r["verified"] else "NO", lambda g: "")
+    if alone:
+        out(f"(B alone on the device uses {_pct(alone['B']['util']['B'])}: between its kernels "
+            f"the device idles; a scheduler that holds the device for B cannot give it more)")
+    out("(Gdev: means from the paper's raw data; its short-kernel vGPU is the one FIFO starves)")
+
+
+def targets(result: dict) -> dict:
+    """-> {target: bool} for the parts that ran."""
+    t = {}
+    unfair = result.get("unfair", {})
+    if "fifo" in unfair:
+        u = unfair["fifo"]["util"]
+        t["fifo_skew (A > 2 B)"] = u["A"] > 2 * u["B"]
+    if "band" in unfair:
+        b = unfair["band"]
+        t[f"band_jain >= {TARGET_JAIN}"] = b["jain"] >= TARGET_JAIN
+        t[f"band_mean_error <= {TARGET_ERROR * 100:.0f} pp"] = b["mean_abs_error"] <= TARGET_ERROR
+    if "fair" in result:
+        f = result["fair"]
+        t[f"fair_{FAIR_N}_within_25+-{FAIR_TOLERANCE * 100:.0f}"] = all(
+            abs(u - 1 / FAIR_N) <= FAIR_TOLERANCE for u in f["util"].values())
+    return t
+
+
+def run_bench(seconds: float = 20.0, policies=("fifo", "credit", "band"), json_path=None,
+              quick: bool = False, parts=PARTS, time_buffer_us: int | None = None,
+              out=None, short_us: int = 1000) -> int:
+    out = out or (lambda *a: print(*a, flush=True))
+    parts = [p.strip() for p in parts if p.strip()]
+    policies = [p.strip() for p in policies if p.strip()]
+    bad = [p for p in parts if p not in PARTS] + [p for p in policies if p not in GDEV]
+    if bad:
+        out(f"pvgpu bench sched: unknown part or policy {bad[0]!r} (parts: {', '.join(PARTS)}; "
+            f"policies: {', '.join(GDEV)})")
+        return 2
+    warmup = 0.5 if quick else 1.0
+    host_args = [] if time_buffer_us is None else ["--time-buffer-us", str(time_buffer_us)]
+    short_extra = {"B": ["--kernel-us", str(short_us)]}
+    result = {"machine": {"python": platform.python_version(), "numpy": np.__version__,
+                          "cpus": os.cpu_count()},
+              "seconds": seconds, "warmup_s": warmup, "time_buffer_us": time_buffer_us,
+              "short_us": short_us,
+              "gdev": GDEV}
+    ok = True
+    if "alone" in parts:
+        alone_s = min(seconds, 5.0)
+        result["alone"] = {}
+        for name, workload, shares in UNFAIR:
+            r = run_shared("fifo", [(name, workload, shares)], alone_s, warmup,
+                           tenant_extra=short_extra)
+            result["alone"][name] = r
+            ok &= r["verified"] and r["host_exit"] == 0
+        out(f"alone ({alone_s:g}s each, nothing else on the device): A `long` uses "
+            f"{_pct(result['alone']['A']['util']['A'])} of the compute engine, B `short` "
+            f"{_pct(result['alone']['B']['util']['B'])}")
+    if "unfair" in parts and policies:
+        result["unfair"] = {}
+        for policy in policies:
+            out(f"{policy}: A long, B short, {seconds:g}s measured ...")
+            r = run_shared(policy, UNFAIR, seconds, warmup, host_args=host_args,
+                           tenant_extra=short_extra)
+            result["unfair"][policy] = r
+            ok &= r["verified"] and r["host_exit"] == 0
+            out(f"{policy}: A {_pct(r['util']['A'])}  B {_pct(r['util']['B'])}  Jain {r['jain']:.3f}  "
+                f"mean |U-share| {r['mean_abs_error'] * 100:.1f} pp")
+        print_unfair(result["unfair"], result.get("alone"), out, short_us)
+    if "fair" in parts:
+        tenants = [(f"v{i + 1}", "long", {"compute": 100 // FAIR_N, "copy": 100 // FAIR_N,
+                                          "mem": 100 // FAIR_N}) for i in range(FAIR_N)]
+        out(f"\nfair load under band: {FAIR_N} vGPUs of {100 // FAIR_N} %, every guest `long`, "
+            f"{seconds:g}s measured ...")
+        r = run_shared("band", tenants, seconds, warmup, host_args=host_args)
+        result["fair"] = r
+        ok &= r["verified"] and r["host_exit"] == 0
+        out("  " + "   ".join(f"{n} {_pct(u)}" for n, u in r["util"].items())
+            + f"   Jain {r['jain']:.3f}   mean |U-share| {r['mean_abs_error'] * 100:.1f} pp"
+            f"   (Gdev: about 24 % each)")
+    if "overlap" in parts:
+        o = bench_overlap(reps=3 if quick else 7)
+        result["overlap"] = o
+        ok &= o["verified"]
+        out(f"\ncopy/compute overlap, two streams of one guest: 64 MiB host->device "
+            f"{o['copy_s'] * 1e3:.1f} ms alone, {o['gemms']} gemm 1024^3 {o['gemm_s'] * 1e3:.1f} ms "
+            f"alone, both {o['concurrent_s'] * 1e3:.1f} ms: {o['concurrent_vs_max']:.2f}x the longer "
+            f"alone (1 = full overlap), {o['concurrent_vs_sum']:.2f}x the sum (1 = none)")
+        out(f"  with a burn kernel of the copy's length instead (device time, no host CPU): "
+            f"burn {o['burn_s'] * 1e3:.1f} ms alone, both {o['burn_concurrent_s'] * 1e3:.1f} ms: "
+            f"{o['burn_concurrent_vs_max']:.2f}x the longer, {o['burn_concurrent_vs_sum']:.2f}x the sum"
+            f" (burn uses no host CPU; gemm and the copy both do, on {os.cpu_count()} CPUs here)")
+    t = targets(result)
+    result["targets"] = t
+    if t:
+        out("\ntargets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in t.items()))
+    if json_path:
+        with open(json_path, "w") as f:
+            json.dump(result, f, indent=2)
+        out(f"wrote {json_path}")
+    if not ok:
+        out("pvgpu bench sched: a guest failed verification or the host did not exit cleanly")
+    return 0 if ok else 1
