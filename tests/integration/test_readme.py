@@ -1,4 +1,4 @@
-"""The README's Python example runs as written, against a host on the default endpoint."""
+"""The README's Python examples run as written, against a host on the default endpoint."""
 
 import re
 import shutil
@@ -18,11 +18,15 @@ def test_readme_python_example(monkeypatch):
     host = HostProcess([], vram="128M")
     try:
         assert host.endpoint == f"ipc://{runtime}/pvgpu.sock"
-        code = re.search(r"```python\n(.*?)```", README.read_text(), re.S).group(1)
+        first, streams = re.findall(r"```python\n(.*?)```", README.read_text(), re.S)[:2]
         scope = {}
-        exec(compile(code, str(README), "exec"), scope)
+        exec(compile(first, str(README), "exec"), scope)
         n = scope["n"]
         assert np.array_equal(scope["out"], np.arange(n, dtype=np.float32) + 1)
+        scope = {}
+        exec(compile(streams, str(README), "exec"), scope)
+        assert np.array_equal(scope["twos"], np.full(scope["n"], 2.0, np.float32))
+        assert scope["ms"] >= 45
     finally:
         host.stop()
         shutil.rmtree(runtime, ignore_errors=True)
