@@ -173,6 +173,13 @@ CMD_GET_DEVICE_INFO = 0x0401
 CMD_GET_STATS = 0x0402
 CMD_CTX_CREATE = 0x0410
 CMD_CTX_DESTROY = 0x0411
+# CTX_CREATE flags: bits 0-1 select the scheduling priority of the context's jobs
+CTX_FLAG_PRIORITY_MASK = 0x3
+CTX_PRIORITY_NORMAL = 0
+CTX_PRIORITY_LOW = 1
+CTX_PRIORITY_HIGH = 2
+CTX_PRIORITY_NAMES = {CTX_PRIORITY_NORMAL: "normal", CTX_PRIORITY_LOW: "low",
+                      CTX_PRIORITY_HIGH: "high"}
 CMD_CTX_SYNC = 0x0412
 CMD_MEM_ALLOC = 0x0420
 CMD_MEM_FREE = 0x0421
@@ -242,7 +249,7 @@ CMD_BODY_FORMATS = {
     CMD_NOP: "<",
     CMD_GET_DEVICE_INFO: "<",
     CMD_GET_STATS: "<",  # response: RESP_STATS_FORMAT, then the msgpack map
-    CMD_CTX_CREATE: "<I32s",  # flags (0), debug name
+    CMD_CTX_CREATE: "<I32s",  # flags (CTX_FLAG_*), debug name
     CMD_CTX_DESTROY: "<",
     CMD_CTX_SYNC: "<",
     CMD_MEM_ALLOC: "<IIQ",  # resource_id, flags (0), size

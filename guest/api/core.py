@@ -215,9 +215,15 @@ class Device:
             return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
     @_api
-    def create_context(self, name: str = "") -> "Context":
+    def create_context(self, name: str = "", priority: str = "normal") -> "Context":
+        """A new context; `priority` ("low", "normal" or "high") orders its jobs against
+        other waiting jobs on each engine (spec CMD-CTX-CREATE-3)."""
+        flags = {v: k for k, v in wire.CTX_PRIORITY_NAMES.items()}.get(priority)
+        if flags is None:
+            raise ValueError(f"priority must be one of {sorted(wire.CTX_PRIORITY_NAMES.values())}, "
+                             f"not {priority!r}")
         ctx_id = next(self._ctx_ids)
-        self.driver.call(command(wire.CMD_CTX_CREATE, (0, name.encode()[:32]), ctx_id=ctx_id))
+        self.driver.call(command(wire.CMD_CTX_CREATE, (flags, name.encode()[:32]), ctx_id=ctx_id))
         ctx = Context(self, ctx_id)
         self._contexts[ctx_id] = ctx
         return ctx

@@ -38,6 +38,7 @@ from spec import wire
 from host.backend.errors import CommandError
 from host.backend.events import EventExports, EventSnapshot
 from host.kmd import errors as kmd_errors
+from host.kmd import sched
 from host.kmd.errors import KmdError, OutOfMemory
 
 _BODY = {k: struct.Struct(v) for k, v in wire.CMD_BODY_FORMATS.items()}
@@ -234,14 +235,18 @@ class ComputeDevice:
         if req.ctx_id == 0 or req.ctx_id in self.contexts:
             raise CommandError(wire.RESP_ERR_INVALID_CONTEXT_ID,
                                f"context id {req.ctx_id} is zero or already in use")
-        if flags != 0:
-            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER, f"CTX_CREATE flags {flags:#x} must be 0")
+        priority = _PRIORITIES.get(flags)  # CMD-CTX-CREATE-1/3: only priority bits
+        if priority is None:
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"CTX_CREATE flags {flags:#x}: only a priority of 0 (normal), "
+                               f"1 (low) or 2 (high) is defined")
         if len(self.contexts) >= self.MAX_CONTEXTS:
             raise CommandError(wire.RESP_ERR_OUT_OF_MEMORY,
                                f"at most {self.MAX_CONTEXTS} contexts per device and session")
         name = _name.split(b"\0", 1)[0].decode("utf-8", "replace")
         try:
-            kctx = self.kmd.create_context(name, vgpu=self.vgpu, client=self.owner)
+            kctx = self.kmd.create_context(name, vgpu=self.vgpu, client=self.owner,
+                                           priority=priority)
         except KmdError as e:
             raise kmd_to_error(e) from None
         try:
@@ -530,6 +535,11 @@ def _msgpack_plain(obj):
     if isinstance(obj, (set, frozenset)):
         return sorted(obj)
     return str(obj)
+
+
+_PRIORITIES = {wire.CTX_PRIORITY_NORMAL: sched.PRIORITY_NORMAL,
+               wire.CTX_PRIORITY_LOW: sched.PRIORITY_LOW,
+               wire.CTX_PRIORITY_HIGH: sched.PRIORITY_HIGH}
 
 
 def _check_range(name: str, va: int, size: int) -> None:

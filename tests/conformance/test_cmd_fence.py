@@ -198,3 +198,23 @@ def test_cmd_va_2_allocations_are_private_to_their_context(raw):
     va, _ = raw.alloc(a_ctx, 4096, 1)
     hdr, body, _ = raw.call(cmd(wire.CMD_COPY_D2H, (va, 64), ctx_id=b_ctx), read_back=64)
     assert hdr[0] == wire.RESP_ERR_PAGE_FAULT  # same VA, other context: not mapped
+
+
+_ctx_ids = iter(range(9000, 10000))
+
+
+@pytest.mark.parametrize("flags", [3, 4, 0x100, 0xFFFFFFFF])
+def test_cmd_ctx_create_1_flags_beyond_a_priority_are_invalid(raw, flags):
+    ctx = next(_ctx_ids)
+    hdr = raw.call(cmd(wire.CMD_CTX_CREATE, (flags, b""), ctx_id=ctx))[0]
+    assert hdr[0] == wire.RESP_ERR_INVALID_PARAMETER
+    # nothing was created: the id is still free
+    assert raw.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=ctx))[0][0] == wire.RESP_OK_NODATA
+
+
+@pytest.mark.parametrize("priority", [wire.CTX_PRIORITY_NORMAL, wire.CTX_PRIORITY_LOW,
+                                      wire.CTX_PRIORITY_HIGH])
+def test_cmd_ctx_create_3_priorities_are_accepted(raw, priority):
+    ctx = next(_ctx_ids)
+    assert raw.call(cmd(wire.CMD_CTX_CREATE, (priority, b"p"), ctx_id=ctx))[0][0] == wire.RESP_OK_NODATA
+    assert raw.call(launch(wire.KERNEL_BURN, 1, ctx_id=ctx, fence_id=1))[0][0] == wire.RESP_OK_NODATA

@@ -88,7 +88,7 @@ class FakeKmd:
     def clock_ns(self):
         return self.now
 
-    def create_context(self, name, *, vgpu=None, client=None):
+    def create_context(self, name, *, vgpu=None, client=None, priority=None):
         return FakeContext(self)
 
     def destroy_context(self, kctx, cancel=False):
