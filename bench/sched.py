@@ -33,12 +33,12 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import time
 
 import numpy as np
 
 import guest
+from bench.hotpaths import _median_time
 from pvgpu import fairness
 from pvgpu.demo import parse_tenant_output, stop_guests, tenant_args, vgpu_arg
 from pvgpu.procs import HostProcess, private_endpoint, spawn_guest
@@ -60,15 +60,6 @@ FAIR_N = 4
 FAIR_TOLERANCE = 0.03
 
 
-def _median_time(fn, reps: int, warmup: int = 1) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = "512M",

@@ -134,7 +134,6 @@ def run_sharing(guests: int | None, sched: str = "band", seconds: float = 10.0,
         out(f"pvgpu demo: {e}")
         return 2
     tenants = plan(compute)
-    names = [name for name, _w, _s in tenants]
     share = {name: s["compute"] / 100 for name, _w, s in tenants}
     endpoint, tmpdir = private_endpoint("pvgpu-demo")
     host_log = os.path.join(tmpdir, "host.log")

@@ -423,7 +423,7 @@ class DeviceQueue(_SplitRing):
 
     def __init__(self, mem, layout: VirtqLayout, *, event_idx: bool = False,
                  indirect: bool = False, start_idx: int = 0):
-        q = self._init_ring(mem, layout, event_idx, indirect, start_idx)
+        self._init_ring(mem, layout, event_idx, indirect, start_idx)
         self._next_avail = start_idx
         self._next_used = start_idx
         self._signalled_used = start_idx  # used idx at the last should_notify()
@@ -451,7 +451,6 @@ class DeviceQueue(_SplitRing):
         ``add_used(err.head, 0)``, or else mark the device DEVICE_NEEDS_RESET.
         """
         mem = self.mem
-        mv = mem.mv
         nxt = self._next_avail
         pending = (self._h[(self._avail_idx_addr) >> 1] - nxt) & IDX_MASK
         if pending == 0:

@@ -726,8 +726,7 @@ class Context:
         n = src.nbytes
         if n == 0:
             return
-        dev, drv, mem = self.device, self._driver, self._driver.mem
-        inline = drv.session.inline
+        dev, drv = self.device, self._driver
         inflight = collections.deque()
         first_error = None
 
@@ -749,15 +748,10 @@ class Context:
                     settle(inflight.popleft())
                 gpa = dev._take_staging()
                 try:
-                    mem.view(gpa, size)[:] = src[off:off + size]
-                    if inline:
-                        mem.mark_dirty(gpa, size)
-                    req = drv.submit(_cmd(wire.CMD_COPY_H2D, (va + off, size), ctx_id=self.ctx_id,
-                                          ring_idx=s.ring_idx), readable=[(gpa, size)])
+                    req = self._stage_h2d(s, va + off, src[off:off + size], gpa)
                 except BaseException:
                     dev._give_staging(gpa)  # never reached the device
                     raise
-                req.bounce = gpa
                 inflight.append(req)
             while inflight:
                 old = inflight[0]
@@ -770,6 +764,17 @@ class Context:
             raise first_error
         s._raise_async_error()
 
+    def _stage_h2d(self, s: "Stream", va: int, chunk: np.ndarray, gpa: int):
+        """Copy one chunk into the bounce buffer at `gpa` and submit its COPY_H2D."""
+        mem, drv = self._driver.mem, self._driver
+        mem.view(gpa, chunk.nbytes)[:] = chunk
+        if drv.session.inline:
+            mem.mark_dirty(gpa, chunk.nbytes)
+        req = drv.submit(_cmd(wire.CMD_COPY_H2D, (va, chunk.nbytes), ctx_id=self.ctx_id,
+                              ring_idx=s.ring_idx), readable=[(gpa, chunk.nbytes)])
+        req.bounce = gpa
+        return req
+
     @_api
     def copy_h2d_async(self, va: int, src: np.ndarray, stream: Stream | None = None) -> None:
         """Start copying a host array to device address `va` on `stream` and return without
@@ -779,22 +784,16 @@ class Context:
         s = self._stream(stream)
         src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
         n = src.nbytes
-        dev, drv, mem = self.device, self._driver, self._driver.mem
-        inline = drv.session.inline
+        dev = self.device
         chunk = dev.staging_chunk
         for off in range(0, n, chunk):
             size = min(chunk, n - off)
             gpa = dev._lend_staging()
             try:
-                mem.view(gpa, size)[:] = src[off:off + size]
-                if inline:
-                    mem.mark_dirty(gpa, size)
-                req = drv.submit(_cmd(wire.CMD_COPY_H2D, (va + off, size), ctx_id=self.ctx_id,
-                                      ring_idx=s.ring_idx), readable=[(gpa, size)])
+                req = self._stage_h2d(s, va + off, src[off:off + size], gpa)
             except BaseException:
                 dev._return_staging(gpa)  # never reached the device
                 raise
-            req.bounce = gpa
             req.on_done = functools.partial(self._async_copy_done, s, None, 0, 0)
             s._track(req)
 

@@ -20,7 +20,6 @@ import time
 from spec import wire
 from guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
 from guest.frontend.heap import GuestHeap
-from transport import codec
 from transport.channel import ChannelTimeout, GuestChannel, HostLost, default_endpoint
 from transport.memory import InlineGuestMemory, SharedGuestMemory
 

@@ -60,7 +60,7 @@ from host.kmd import errors
 from host.kmd import fence as fence_mod
 from host.kmd.bo import BufferObject, GpuFault
 from host.kmd.buddy import CONTIGUOUS, TOPDOWN, BuddyAllocator
-from host.kmd.errors import (Busy, ContextLost, DeviceLost, InvalidAddress, InvalidArgument,
+from host.kmd.errors import (ContextLost, DeviceLost, InvalidAddress, InvalidArgument,
                              InvalidContext, KmdError, NoVmid, OutOfMemory)
 from host.kmd.fence import Fence, FenceDriver
 from host.kmd.ring import DEFAULT_RING_SIZE, Ring

@@ -9,34 +9,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from host.hw import regs
-from host.hw.gpu import Platform
-from host.kmd import (GpuFault, InvalidAddress, InvalidArgument, InvalidContext, KmdDevice,
-                      KmdError, NoVmid, OutOfMemory)
+from host.kmd import (GpuFault, InvalidAddress, InvalidArgument, InvalidContext, KmdError,
+                      NoVmid, OutOfMemory)
 from host.kmd.device import IbPool
 from spec import wire
 
 P = regs.PAGE_SIZE
 W = wire.GUEST_WINDOW_VA
-
-
-@pytest.fixture
-def make_dev():
-    made = []
-
-    def make(vram_size=32 << 20, num_gpus=1, **kw):
-        platform = Platform(num_gpus, vram_size)
-        devs = [KmdDevice(g, **kw) for g in platform.gpus]
-        made.append((platform, devs))
-        for d in devs:
-            d.start()
-        return devs if num_gpus > 1 else devs[0]
-    try:
-        yield make
-    finally:
-        for platform, devs in made:
-            for d in devs:
-                d.stop()
-            platform.stop()
 
 
 @pytest.fixture

@@ -4,8 +4,6 @@ import numpy as np
 import pytest
 
 from host.hw import regs
-from host.hw.gpu import Platform
-from host.kmd import KmdDevice
 from host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut, OutOfMemory
 from host.kmd.sched import VgpuShares
 from spec import wire
@@ -13,26 +11,6 @@ from spec import wire
 P = regs.PAGE_SIZE
 W = wire.GUEST_WINDOW_VA
 MS = 1_000_000
-
-
-@pytest.fixture
-def make_dev():
-    made = []
-
-    def make(vram_size=32 << 20, num_gpus=1, **kw):
-        platform = Platform(num_gpus, vram_size)
-        devs = [KmdDevice(g, **kw) for g in platform.gpus]
-        made.append((platform, devs))
-        for d in devs:
-            d.start()
-        return devs if num_gpus > 1 else devs[0]
-    try:
-        yield make
-    finally:
-        for platform, devs in made:
-            for d in devs:
-                d.stop()
-            platform.stop()
 
 
 def burn(ctx, us, wait=(), timeline=0):
