@@ -92,6 +92,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("info", help="connect as a guest and list the devices")
     _add_guest_options(p)
+    p.add_argument("--vgpu", metavar="NAME", default=None,
+                   help="join this vGPU of the host (default: the host assigns one)")
 
     p = sub.add_parser("run", help="run workloads as a guest and check them against numpy")
     p.add_argument("workloads", nargs="+", choices=("vector-add", "saxpy", "gemm"), metavar="WORKLOAD",
@@ -206,16 +208,24 @@ def sched_config(args):
 def _connect(args):
     import guest
     try:
-        return guest.connect(args.connect, memory=args.memory, mem_size=args.mem_size)
+        return guest.connect(args.connect, memory=args.memory, mem_size=args.mem_size,
+                             vgpu=getattr(args, "vgpu", None))
     except guest.HostLost as e:
         print(f"pvgpu: cannot reach a host at {args.connect or _default_ep()}: {e}\n"
               "       start one with `pvgpu host`, or pass --connect ENDPOINT", file=sys.stderr)
+        raise SystemExit(2)
+    except guest.ControlError as e:  # e.g. hello refused: an unknown --vgpu
+        print(f"pvgpu: the host refused the session: {e}", file=sys.stderr)
         raise SystemExit(2)
 
 
 def cmd_info(args) -> int:
     with _connect(args) as conn:
-        print(f"host {conn.endpoint}  session {conn.session.session_id}  memory model {conn.memory_model}")
+        v = conn.vgpu
+        vgpu = (f"  vGPU {v['name']} (compute {v['compute']}%, copy {v['copy']}%, mem {v['mem']}%)"
+                if v else "")
+        print(f"host {conn.endpoint}  session {conn.session.session_id}  memory model "
+              f"{conn.memory_model}{vgpu}")
         for dev in conn.devices:
             info = dev.info()
             print(f"  device {dev.index}: {dev.name}  VRAM {dev.vram_size >> 20} MiB "

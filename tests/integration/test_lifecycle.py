@@ -131,6 +131,16 @@ def test_cli_info_and_run_over_tcp(host_factory, tmp_endpoint):
     assert all(x["ok"] and x["memory"] == "inline" for x in results)
 
 
+def test_cli_info_joins_a_vgpu(host_factory, tmp_endpoint):
+    host_factory([tmp_endpoint], vram="64M",
+                 extra_args=["--vgpu", "A:compute=50", "--vgpu", "B:compute=50,mem=25"])
+    r = run_guest(["info", "--connect", tmp_endpoint, "--mem-size", "16M", "--vgpu", "B"], timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "vGPU B (compute 50%, copy 100%, mem 25%)" in r.stdout
+    r = run_guest(["info", "--connect", tmp_endpoint, "--mem-size", "16M", "--vgpu", "C"], timeout=60)
+    assert r.returncode == 2 and "refused" in r.stderr and "no vGPU named 'C'" in r.stderr
+
+
 def test_cli_errors_are_clear(tmp_endpoint):
     r = run_guest(["info", "--connect", tmp_endpoint], timeout=60)
     assert r.returncode == 2 and "cannot reach a host" in r.stderr
@@ -138,6 +148,8 @@ def test_cli_errors_are_clear(tmp_endpoint):
     assert r.returncode == 2 and "invalid choice" in r.stderr
     r = run_guest(["host", "--vram", "lots"], timeout=30)
     assert r.returncode == 2 and "not a size" in r.stderr
+    r = run_guest(["host", "--vgpu", "A:compute=0"], timeout=30)
+    assert r.returncode == 2 and "share" in r.stderr
 
 
 def test_four_guest_processes_at_once(host_factory, tmp_endpoint):
