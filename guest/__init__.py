@@ -11,18 +11,25 @@ from guest.api.core import (Connection, Context, Device, DeviceArray, Event, Eve
 from guest.api.errors import (ContextLostError, ControlError, DeviceError, DeviceNeedsReset,
                               HostLost, InvalidAddressError, InvalidContextError,
                               InvalidEventError, InvalidKernelError, InvalidParameterError,
-                              InvalidResourceError, JobTimeoutError, NotReadyError,
-                              OutOfMemoryError, PageFaultError, PvgpuError, ShortCommandError,
+                              InvalidResourceError, InvalidSegmentError, JobTimeoutError,
+                              NotReadyError, OutOfMemoryError, PageFaultError,
+                              PermissionDeniedError, PvgpuError, ShortCommandError,
                               UnknownCommandError)
+from guest.api.shm import SharedArray, SharedSegment, ShmHandle
 from spec.wire import KERNELS_BY_NAME as _K
 
 KERNELS = sorted(_K)
 
 __all__ = [
     "connect", "Connection", "Device", "Context", "DeviceArray", "Stream", "Event",
-    "EventHandle", "KERNELS",
+    "EventHandle", "KERNELS", "SharedSegment", "SharedArray", "ShmHandle",
     "PvgpuError", "DeviceError", "OutOfMemoryError", "InvalidResourceError", "InvalidContextError",
     "InvalidParameterError", "UnknownCommandError", "ShortCommandError", "InvalidKernelError",
     "InvalidAddressError", "PageFaultError", "ContextLostError", "JobTimeoutError",
-    "InvalidEventError", "NotReadyError", "DeviceNeedsReset", "HostLost", "ControlError",
+    "InvalidEventError", "InvalidSegmentError", "PermissionDeniedError", "NotReadyError",
+    "DeviceNeedsReset", "HostLost", "ControlError",
 ]
+
+from guest.api.pinned import PinnedArray, PinnedMemoryError  # noqa: E402  (pinned host memory)
+
+__all__ += ["PinnedArray", "PinnedMemoryError"]

@@ -9,6 +9,8 @@
   pvgpu demo --guests N --sched band [--shares ..] N guests sharing device 0 through vGPUs, live table
   pvgpu bench [--json FILE]                       hot paths against this machine's limits
   pvgpu bench sched [--seconds S] [--policies ..] scheduler fairness (Gdev's experiment) + overlap
+  pvgpu bench copies [--json FILE] [--quick]      pinned vs pageable copies, chunk sizes, small copies
+  pvgpu bench dataflow [--json FILE] [--quick]    shared device memory vs copies through the host
 """
 
 from __future__ import annotations
@@ -145,10 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="measure hot paths against this machine's limits, or "
                                      "the GPU scheduler's fairness (`bench sched`)")
-    p.add_argument("which", nargs="?", choices=("hotpaths", "sched"), default="hotpaths",
+    p.add_argument("which", nargs="?", choices=("hotpaths", "sched", "copies", "dataflow"),
+                   default="hotpaths",
                    help="hotpaths (default): copies, round trip, kernels against the machine's "
                         "limits; sched: Gdev's fairness experiment under each policy, four "
-                        "fair vGPUs, copy/compute overlap")
+                        "fair vGPUs, copy/compute overlap; copies: pinned vs pageable vs "
+                        "unpipelined copies 1 KiB..256 MiB against memcpy, chunk-size sweep, "
+                        "small-copy crossover; dataflow: Gdev's dataflow, buffers passed "
+                        "between contexts and guests through shared device memory vs "
+                        "through the host")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     p.add_argument("--seconds", type=float, default=20.0,
@@ -313,6 +320,12 @@ def cmd_bench(args) -> int:
         return run_sched(seconds=args.seconds, policies=args.policies.split(","),
                          json_path=args.json, quick=args.quick, parts=args.parts.split(","),
                          time_buffer_us=args.time_buffer_us, short_us=args.short_us)
+    if args.which == "dataflow":
+        from bench.dataflow import run_bench as run_dataflow
+        return run_dataflow(json_path=args.json, quick=args.quick)
+    if args.which == "copies":
+        from bench.copies import run_bench as run_copies
+        return run_copies(json_path=args.json, quick=args.quick)
     from bench.hotpaths import run_bench
     return run_bench(json_path=args.json, quick=args.quick)
 

@@ -193,6 +193,21 @@ CMD_EVENT_QUERY = 0x0452
 CMD_EVENT_DESTROY = 0x0453
 CMD_EVENT_EXPORT = 0x0454
 CMD_EVENT_IMPORT = 0x0455
+# Shared device memory (spec §6.5.19-§6.5.24, §6.6): Gdev's gshmget/gshmat/gshmdt/gshmctl
+CMD_SHM_GET = 0x0460
+CMD_SHM_ATTACH = 0x0461
+CMD_SHM_DETACH = 0x0462
+CMD_SHM_CONTROL = 0x0463
+CMD_SHM_EXPORT = 0x0464
+CMD_SHM_IMPORT = 0x0465
+SHM_KEY_PRIVATE = 0  # SHM_GET key 0: always a new segment that no key names (IPC_PRIVATE)
+SHM_ATTACH_RDONLY = 1  # SHM_ATTACH flags: map read-only (SHM_RDONLY)
+SHM_CTL_RMID = 0  # SHM_CONTROL cmd: mark for removal (IPC_RMID)
+SHM_CTL_STAT = 1  # SHM_CONTROL cmd: describe (IPC_STAT); response RESP_SHM_STAT_FORMAT
+SHM_FLAG_CREATED = 1  # RESP_OK_SHM flags: this SHM_GET allocated the segment
+SHM_STAT_REMOVED = 1  # RESP_OK_SHM_STAT flags: marked for removal
+SHM_STAT_CREATOR = 2  # ... this session created it
+MAX_SHM_IDS = 1024  # live segment ids per session and device
 
 # Responses: OK 0x11xx, errors 0x12xx (virtio-gpu codes kept, compute from 0x1180/0x1280)
 RESP_OK_NODATA = 0x1100
@@ -201,6 +216,10 @@ RESP_OK_MEM_ALLOC = 0x1181
 RESP_OK_EVENT = 0x1182
 RESP_OK_EVENT_HANDLE = 0x1183
 RESP_OK_STATS = 0x1184
+RESP_OK_SHM = 0x1190  # SHM_GET, SHM_IMPORT
+RESP_OK_SHM_ATTACH = 0x1191
+RESP_OK_SHM_HANDLE = 0x1192
+RESP_OK_SHM_STAT = 0x1193
 RESP_ERR_UNSPEC = 0x1200
 RESP_ERR_OUT_OF_MEMORY = 0x1201
 RESP_ERR_INVALID_RESOURCE_ID = 0x1203
@@ -215,6 +234,8 @@ RESP_ERR_DEVICE_LOST = 0x1285  # reserved for recovery (later versions)
 RESP_ERR_CONTEXT_LOST = 0x1286  # the context was found guilty of a hang; it takes no more work
 RESP_ERR_JOB_TIMEOUT = 0x1287  # the job ran past the host's timeout and was stopped
 RESP_ERR_INVALID_EVENT = 0x1288  # event id 0 or unknown; export handle unknown or wrong token
+RESP_ERR_INVALID_SEGMENT = 0x1289  # shared segment id unknown, removed, or not attached here
+RESP_ERR_PERMISSION = 0x128A  # not the segment's creator; SHM_IMPORT handle/token not valid
 
 RESP_NAMES = {
     RESP_OK_NODATA: "OK_NODATA",
@@ -223,6 +244,10 @@ RESP_NAMES = {
     RESP_OK_EVENT: "OK_EVENT",
     RESP_OK_EVENT_HANDLE: "OK_EVENT_HANDLE",
     RESP_OK_STATS: "OK_STATS",
+    RESP_OK_SHM: "OK_SHM",
+    RESP_OK_SHM_ATTACH: "OK_SHM_ATTACH",
+    RESP_OK_SHM_HANDLE: "OK_SHM_HANDLE",
+    RESP_OK_SHM_STAT: "OK_SHM_STAT",
     RESP_ERR_UNSPEC: "ERR_UNSPEC",
     RESP_ERR_OUT_OF_MEMORY: "ERR_OUT_OF_MEMORY",
     RESP_ERR_INVALID_RESOURCE_ID: "ERR_INVALID_RESOURCE_ID",
@@ -237,6 +262,8 @@ RESP_NAMES = {
     RESP_ERR_CONTEXT_LOST: "ERR_CONTEXT_LOST",
     RESP_ERR_JOB_TIMEOUT: "ERR_JOB_TIMEOUT",
     RESP_ERR_INVALID_EVENT: "ERR_INVALID_EVENT",
+    RESP_ERR_INVALID_SEGMENT: "ERR_INVALID_SEGMENT",
+    RESP_ERR_PERMISSION: "ERR_PERMISSION",
 }
 
 
@@ -264,6 +291,12 @@ CMD_BODY_FORMATS = {
     CMD_EVENT_DESTROY: "<I4x",  # event_id
     CMD_EVENT_EXPORT: "<I4x",  # event_id; response RESP_EVENT_HANDLE_FORMAT
     CMD_EVENT_IMPORT: "<I4xQQ",  # event_id, handle_id, token
+    CMD_SHM_GET: "<QQI4x",  # key, size, flags (0); response RESP_SHM_FORMAT
+    CMD_SHM_ATTACH: "<II",  # shm_id, flags (SHM_ATTACH_*); response RESP_SHM_ATTACH_FORMAT
+    CMD_SHM_DETACH: "<I4x",  # shm_id
+    CMD_SHM_CONTROL: "<II",  # shm_id, cmd (SHM_CTL_*)
+    CMD_SHM_EXPORT: "<I4x",  # shm_id; response RESP_SHM_HANDLE_FORMAT
+    CMD_SHM_IMPORT: "<QQ",  # handle_id, token; response RESP_SHM_FORMAT
 }
 CMD_BODY_SIZES = {k: struct.calcsize(v) for k, v in CMD_BODY_FORMATS.items()}
 CMD_NAMES = {
@@ -285,6 +318,12 @@ CMD_NAMES = {
     CMD_EVENT_DESTROY: "EVENT_DESTROY",
     CMD_EVENT_EXPORT: "EVENT_EXPORT",
     CMD_EVENT_IMPORT: "EVENT_IMPORT",
+    CMD_SHM_GET: "SHM_GET",
+    CMD_SHM_ATTACH: "SHM_ATTACH",
+    CMD_SHM_DETACH: "SHM_DETACH",
+    CMD_SHM_CONTROL: "SHM_CONTROL",
+    CMD_SHM_EXPORT: "SHM_EXPORT",
+    CMD_SHM_IMPORT: "SHM_IMPORT",
 }
 LAUNCH_ARG_SIZE = 8
 MAX_KERNEL_ARGS = 16
@@ -297,6 +336,10 @@ RESP_MEM_ALLOC_FORMAT = "<QQ"  # va, size (rounded to pages)
 # status, error (a RESP_ERR_* code or 0), timestamp_ns, info0, info1 (of the error)
 RESP_EVENT_FORMAT = "<IIQQI4x"
 RESP_EVENT_HANDLE_FORMAT = "<QQ"  # handle_id, token
+RESP_SHM_FORMAT = "<IIQ"  # shm_id, flags (SHM_FLAG_*), size (rounded to pages)
+RESP_SHM_ATTACH_FORMAT = "<QQ"  # va, size
+RESP_SHM_HANDLE_FORMAT = "<QQ"  # handle_id, token
+RESP_SHM_STAT_FORMAT = "<QQII"  # size, va (in hdr.ctx_id, or 0), nattach, flags (SHM_STAT_*)
 RESP_STATS_FORMAT = "<I4x"  # length of the msgpack map that follows the body
 RESP_STATS_SIZE = struct.calcsize(RESP_STATS_FORMAT)
 RESP_ERROR_FORMAT = "<QII"  # info0 (e.g. fault address), info1 (e.g. access), message_len

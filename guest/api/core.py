@@ -12,7 +12,11 @@ device arrays, launches and copies — numpy in, numpy out, in the manner of CuP
 Copies between numpy arrays and the device go through guest memory and the host's copy
 engine: host->device fills bounce chunks and submits one COPY_H2D per chunk, so the
 guest's memcpy of chunk N+1 overlaps the device's DMA of chunk N (split transaction);
-device->host submits the chunks ahead and copies each out as it completes. Launches are
+device->host submits the chunks ahead and copies each out as it completes
+(`dev.staging_chunk`, `dev.staging_depth` and `pipeline=False` tune that). An H2D copy of
+at most SMALL_H2D_MAX bytes travels inside its command's descriptor instead. Pinned host
+memory (`conn.pinned_empty`, guest/api/pinned.py) lies in guest memory already: copies
+from and to it are one DMA per request, no bounce chunk. Launches are
 asynchronous; their errors surface at the next synchronizing call (a copy,
 synchronize()), as in CUDA.
 
@@ -45,12 +49,14 @@ import numpy as np
 
 from spec import wire
 from guest.api import errors
+from guest.api import pinned as _pinned
 from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
 from guest.frontend.driver import DeviceResponseError, command
 from guest.frontend.session import FrontendSession
 
 STAGING_CHUNK = 8 << 20
 STAGING_DEPTH = 4  # bounce chunks per device: in flight at once for one copy, and the pool size
+SMALL_H2D_MAX = 216  # an H2D copy this small travels in its command's descriptor (spec [CMD-H2D-1])
 _F32 = struct.Struct("<f")
 _EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
 _HANDLE = struct.Struct(wire.RESP_EVENT_HANDLE_FORMAT)
@@ -110,7 +116,26 @@ class Connection:
     def __init__(self, session: FrontendSession):
         self.session = session
         self._conn_lock = threading.RLock()
+        self._pinned = _pinned.PinnedAllocator(self)
         self.devices = [Device(self, drv) for drv in session.devices]
+
+    def pinned_empty(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
+        """A numpy array in pinned memory (inside guest memory, from the session heap):
+        copies between it and a DeviceArray are one DMA, no bounce (guest/api/pinned.py).
+        Give it back with `free()` or a `with` block."""
+        return self._pinned.empty(shape, dtype)
+
+    def pinned_zeros(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
+        arr = self._pinned.empty(shape, dtype)
+        arr.fill(0)
+        return arr
+
+    def pinned_array(self, data, dtype=None) -> "_pinned.PinnedArray":
+        """A pinned copy of `data`."""
+        data = np.asarray(data, dtype=dtype)
+        arr = self._pinned.empty(data.shape, data.dtype)
+        arr[...] = data
+        return arr
 
     @property
     def memory_model(self) -> str:
@@ -157,7 +182,41 @@ class Device:
         # Every device may hold STAGING_DEPTH chunks; keep them to half of the heap.
         heap = conn.session.heap
         share = heap.size // (2 * STAGING_DEPTH * max(1, len(conn.session.devices)))
-        self.staging_chunk = max(64 << 10, min(STAGING_CHUNK, share // 4096 * 4096))
+        self._staging_chunk = max(64 << 10, min(STAGING_CHUNK, share // 4096 * 4096))
+        self.staging_depth = STAGING_DEPTH  # chunks in flight for one synchronous copy
+        self.small_h2d_max = SMALL_H2D_MAX  # 0: every H2D goes through a bounce chunk
+        self._stale = set()  # lent chunks of an earlier staging_chunk size
+        _pinned.init_device(self)  # pinned_request, pinned_depth, copy_stats
+
+    @property
+    def staging_chunk(self) -> int:
+        """Bytes per bounce chunk of pageable copies. Settable (a multiple of 4 KiB): idle
+        chunks of the old size go back to the heap at once, lent ones when they return."""
+        return self._staging_chunk
+
+    @staging_chunk.setter
+    def staging_chunk(self, size: int) -> None:
+        size = int(size)
+        if size < 4096 or size % 4096:
+            raise ValueError(f"staging_chunk must be a positive multiple of 4096, not {size}")
+        with self._conn_lock:
+            heap = self.connection.session.heap
+            for gpa in self._staging:
+                heap.free(gpa)
+            self._staging_count -= len(self._staging)
+            self._staging = []
+            self._stale |= self._async_held
+            self._staging_chunk = size
+
+    def pinned_empty(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
+        """`Connection.pinned_empty`: pinned memory serves every device of the connection."""
+        return self.connection.pinned_empty(shape, dtype)
+
+    def pinned_zeros(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
+        return self.connection.pinned_zeros(shape, dtype)
+
+    def pinned_array(self, data, dtype=None) -> "_pinned.PinnedArray":
+        return self.connection.pinned_array(data, dtype)
 
     @property
     def name(self) -> str:
@@ -254,6 +313,21 @@ class Device:
         return Event(self, event_id, ctx, recorded=True)
 
     @_api
+    def shm_get(self, key, nbytes: int = 0):
+        """Shared device memory (guest/api/shm.py): the segment of `key` (an int or a str,
+        private to this guest) on this device, allocated by the first call; nbytes 0 only
+        looks it up. -> SharedSegment."""
+        from guest.api import shm
+        return shm.get(self, key, nbytes)
+
+    @_api
+    def shm_import(self, handle):
+        """A segment of this device that another guest exported (`ShmHandle` or its string
+        form). -> SharedSegment."""
+        from guest.api import shm
+        return shm.import_(self, handle)
+
+    @_api
     def nop(self) -> None:
         """One synchronous no-op round trip through the virtqueue (for measurements)."""
         self.driver.call(command(wire.CMD_NOP))
@@ -277,15 +351,17 @@ class Device:
             heap.free(gpa)
         self._staging, self._quarantine, self._async_held = [], [], set()
         self._staging_count = 0
+        self._stale = set()
         for ctx in self._contexts.values():
             ctx._lost()
         self._contexts.clear()
 
     # bounce chunks of guest memory for copies
     def _take_staging(self) -> int:
-        if not self._staging and self._staging_count >= STAGING_DEPTH and self._async_held:
+        if not self._staging and self._staging_count >= self.staging_depth and self._async_held:
             # the pool is lent out to asynchronous copies: they come back as they complete
             self.connection.session.wait_for(lambda: self._staging or not self._async_held)
+        self.copy_stats["staging_chunks"] += 1
         if self._staging:
             return self._staging.pop()
         gpa = self.connection.session.heap.alloc(self.staging_chunk)
@@ -304,7 +380,12 @@ class Device:
     def _return_staging(self, gpa: int) -> None:
         if gpa in self._async_held:  # (not after a reset freed it)
             self._async_held.discard(gpa)
-            self._staging.append(gpa)
+            if gpa in self._stale:  # staging_chunk changed while it was lent
+                self._stale.discard(gpa)
+                self._staging_count -= 1
+                self.connection.session.heap.free(gpa)
+            else:
+                self._staging.append(gpa)
 
     def _quarantine_staging(self, gpas) -> None:
         """Bounce chunks of requests that failed without coming back: the device may still
@@ -686,6 +767,28 @@ class Context:
         another guest, another context or the other device."""
         return self.device._import_event(handle, self)
 
+    # ------------------------------------------------------------------ shared device memory
+    def shm_get(self, key, nbytes: int = 0):
+        """The shared segment of `key` on this context's device (Device.shm_get)."""
+        return self.device.shm_get(key, nbytes)
+
+    def shm_import(self, handle):
+        """Import an exported segment on this context's device (Device.shm_import)."""
+        return self.device.shm_import(handle)
+
+    @_api
+    def shm_attach(self, seg, shape=None, dtype=np.float32, *, readonly: bool = False):
+        """Map shared segment `seg` into this context; -> a SharedArray (a DeviceArray of
+        `shape`, default the whole segment) at the attachment's VA (guest/api/shm.py)."""
+        from guest.api import shm
+        return shm.attach(self, seg, shape, dtype, readonly)
+
+    @_api
+    def shm_detach(self, seg) -> None:
+        """End this context's attachment of `seg` (a SharedSegment or SharedArray)."""
+        from guest.api import shm
+        shm.detach(self, seg)
+
     # ------------------------------------------------------------------ memory
     @_api
     def alloc(self, nbytes: int) -> tuple:
@@ -719,14 +822,27 @@ class Context:
 
     # ------------------------------------------------------------------ copies
     @_api
-    def copy_h2d(self, va: int, src: np.ndarray, stream: Stream | None = None) -> None:
-        """Copy a host array to device address `va` and wait for it (in `stream`'s order)."""
+    def copy_h2d(self, va: int, src: np.ndarray, stream: Stream | None = None, *,
+                 pipeline: bool = True) -> None:
+        """Copy a host array to device address `va` and wait for it (in `stream`'s order).
+        Pinned memory goes in one DMA per request (no bounce); any other array through
+        bounce chunks, `dev.staging_depth` in flight (one at a time with pipeline=False)."""
         s = self._stream(stream)
+        pin = _pinned.extent(src, self.device.connection)
+        if pin is not None:
+            return _pinned.copy(self, s, "h2d", va, pin, pipeline=pipeline)
         src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
         n = src.nbytes
         if n == 0:
             return
         dev, drv = self.device, self._driver
+        if n <= dev.small_h2d_max:  # header, body and data in one descriptor, no bounce
+            dev.copy_stats["small_copies"] += 1
+            drv.call(_cmd(wire.CMD_COPY_H2D, (va, n), ctx_id=self.ctx_id, ring_idx=s.ring_idx,
+                          extra=src.tobytes()))
+            s._raise_async_error()
+            return
+        depth = max(1, dev.staging_depth) if pipeline else 1
         inflight = collections.deque()
         first_error = None
 
@@ -742,7 +858,7 @@ class Context:
         try:
             for off in range(0, n, chunk):
                 size = min(chunk, n - off)
-                if len(inflight) >= STAGING_DEPTH:
+                if len(inflight) >= depth:
                     old = inflight[0]
                     drv.session.wait_for(lambda: old.done)
                     settle(inflight.popleft())
@@ -782,9 +898,19 @@ class Context:
         may be reused at once); when every chunk of the device's pool is in flight, the call
         waits for the oldest to complete. Errors surface at the stream's next synchronize."""
         s = self._stream(stream)
+        pin = _pinned.extent(src, self.device.connection)
+        if pin is not None:  # one DMA per request; `src` must stay unchanged until synchronized
+            return _pinned.copy_async(self, s, "h2d", va, pin)
         src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
         n = src.nbytes
         dev = self.device
+        if 0 < n <= dev.small_h2d_max:  # the data travels in the command's descriptor
+            dev.copy_stats["small_copies"] += 1
+            req = self._driver.submit(_cmd(wire.CMD_COPY_H2D, (va, n), ctx_id=self.ctx_id,
+                                           ring_idx=s.ring_idx, extra=src.tobytes()))
+            req.on_done = s._async_done
+            s._track(req)
+            return
         chunk = dev.staging_chunk
         for off in range(0, n, chunk):
             size = min(chunk, n - off)
@@ -810,10 +936,17 @@ class Context:
             self.device._return_staging(req.bounce)
 
     @_api
-    def copy_d2h(self, va: int, dst: np.ndarray, stream: Stream | None = None) -> np.ndarray:
+    def copy_d2h(self, va: int, dst: np.ndarray, stream: Stream | None = None, *,
+                 pipeline: bool = True) -> np.ndarray:
         """Copy from device address `va` into the host array `dst` and wait (in `stream`'s
-        order); -> dst."""
+        order); -> dst. Pinned memory is written in place by the device (no bounce); any
+        other array through bounce chunks, `dev.staging_depth` in flight (one at a time
+        with pipeline=False)."""
         s = self._stream(stream)
+        pin = _pinned.extent(dst, self.device.connection)
+        if pin is not None:
+            _pinned.copy(self, s, "d2h", va, pin, pipeline=pipeline)
+            return dst
         out = dst.reshape(-1).view(np.uint8)
         n = out.nbytes
         if n == 0:
@@ -841,7 +974,7 @@ class Context:
             return True
 
         try:
-            for _ in range(STAGING_DEPTH):
+            for _ in range(max(1, dev.staging_depth) if pipeline else 1):
                 if not submit_next():
                     break
             while pending:
@@ -870,6 +1003,10 @@ class Context:
         event recorded behind the copy completes). When every chunk of the device's pool is
         in flight, the call waits for the oldest to complete."""
         s = self._stream(stream)
+        pin = _pinned.extent(dst, self.device.connection)
+        if pin is not None:  # the device writes into `dst` itself
+            _pinned.copy_async(self, s, "d2h", va, pin)
+            return dst
         if not dst.flags.c_contiguous or not dst.flags.writeable:
             raise ValueError("dst must be a writable C-contiguous array")
         out = dst.reshape(-1).view(np.uint8)
@@ -990,8 +1127,11 @@ class DeviceArray:
             raise ValueError(f"out must be a contiguous array of {self.nbytes} bytes")
         return out
 
-    def to_host(self, out: np.ndarray | None = None, stream: Stream | None = None) -> np.ndarray:
-        return self.context.copy_d2h(self.ptr, self._out(out), stream)
+    def to_host(self, out: np.ndarray | None = None, stream: Stream | None = None, *,
+                pipeline: bool = True) -> np.ndarray:
+        """-> the contents as a numpy array (`out` if given; a pinned `out` is filled by
+        the device directly)."""
+        return self.context.copy_d2h(self.ptr, self._out(out), stream, pipeline=pipeline)
 
     def to_host_async(self, out: np.ndarray | None = None, stream: Stream | None = None) -> np.ndarray:
         """-> the array the data will land in (valid after `stream`'s next synchronize)."""
@@ -1003,8 +1143,8 @@ class DeviceArray:
             raise ValueError(f"array of {array.nbytes} bytes does not fit {self.nbytes} bytes")
         return array
 
-    def copy_from_host(self, array, stream: Stream | None = None) -> None:
-        self.context.copy_h2d(self.ptr, self._src(array), stream)
+    def copy_from_host(self, array, stream: Stream | None = None, *, pipeline: bool = True) -> None:
+        self.context.copy_h2d(self.ptr, self._src(array), stream, pipeline=pipeline)
 
     def copy_from_host_async(self, array, stream: Stream | None = None) -> None:
         self.context.copy_h2d_async(self.ptr, self._src(array), stream)

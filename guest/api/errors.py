@@ -101,6 +101,21 @@ class InvalidEventError(DeviceError):
     code = wire.RESP_ERR_INVALID_EVENT
 
 
+class InvalidSegmentError(DeviceError):
+    """A shared segment this guest cannot name on the device (never created or imported
+    here, or removed and detached by all), a removed segment (no new attachments), or one
+    not attached to the context (guest/api/shm.py)."""
+
+    code = wire.RESP_ERR_INVALID_SEGMENT
+
+
+class PermissionDeniedError(DeviceError):
+    """Only a segment's creator removes or exports it; an import needs a live export's
+    handle and token (on the segment's device)."""
+
+    code = wire.RESP_ERR_PERMISSION
+
+
 class NotReadyError(PvgpuError):
     """The work an event captured has not completed yet (Event.elapsed_time)."""
 
@@ -120,7 +135,8 @@ class ControlError(PvgpuError):
 _BY_CODE = {cls.code: cls for cls in (
     OutOfMemoryError, InvalidResourceError, InvalidContextError, InvalidParameterError,
     UnknownCommandError, ShortCommandError, InvalidKernelError, InvalidAddressError, PageFaultError,
-    ContextLostError, JobTimeoutError, InvalidEventError)}
+    ContextLostError, JobTimeoutError, InvalidEventError, InvalidSegmentError,
+    PermissionDeniedError)}
 
 
 def error_for(code: int, message: str, info0: int = 0, info1: int = 0) -> DeviceError:

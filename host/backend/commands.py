@@ -24,6 +24,10 @@ job for (the `wait=` list of a submission) — neither side ever blocks for it. 
 in a per-session, per-device namespace of guest-chosen ids; EVENT_EXPORT publishes a
 snapshot in the host-global `EventExports` registry so that another session (or the other
 device) can EVENT_IMPORT it.
+
+Shared device memory (spec §6.5.19–§6.5.24, §6.6): SHM_* commands name segments through
+the session's `ShmTable` (host/backend/shm.py) and call the KMD's ShmManager with the
+session as the key namespace and client; the segments count against the session's vGPU.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import msgpack
 from spec import wire
 from host.backend.errors import CommandError
 from host.backend.events import EventExports, EventSnapshot
+from host.backend.shm import ShmTable, shm_error
 from host.kmd import errors as kmd_errors
 from host.kmd import sched
 from host.kmd.errors import KmdError, OutOfMemory
@@ -137,6 +142,9 @@ def fault_to_error(err) -> CommandError:
 
 
 def kmd_to_error(e: KmdError) -> CommandError:
+    shm = shm_error(e)
+    if shm is not None:
+        return shm
     if isinstance(e, OutOfMemory):
         return CommandError(wire.RESP_ERR_OUT_OF_MEMORY, f"out of device memory: {e}")
     code = getattr(e, "code", "")
@@ -176,6 +184,7 @@ class ComputeDevice:
         self.exports = exports if exports is not None else EventExports()
         self.owner = owner if owner is not None else self
         self.device_index = device_index if device_index is not None else getattr(kmd, "index", 0)
+        self.shm = ShmTable()  # shared segment ids of this session on this device
 
     # ------------------------------------------------------------------ dispatch
     def execute(self, req: Request, body: bytes, chain, mem):
@@ -443,6 +452,85 @@ class ComputeDevice:
         self._bind_event(event_id, snapshot)
         return Response()
 
+    # ------------------------------------------------------------------ shared device memory
+    def cmd_shm_get(self, req, body, chain, mem):
+        key, size, flags = body
+        if flags != 0:
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER, f"SHM_GET flags {flags:#x} must be 0")
+        try:
+            seg, created = self.kmd.shm.get(key, size, namespace=self.owner, vgpu=self.vgpu)
+        except KmdError as e:
+            raise kmd_to_error(e) from None
+        try:
+            shm_id = self.shm.bind(seg)
+        except CommandError:  # no id left for it: the segment is not made after all
+            if created:
+                self.kmd.shm.remove(seg, self.owner)
+            raise
+        return Response(wire.RESP_OK_SHM, struct.pack(
+            wire.RESP_SHM_FORMAT, shm_id, wire.SHM_FLAG_CREATED if created else 0, seg.size))
+
+    def cmd_shm_attach(self, req, body, chain, mem):
+        shm_id, flags = body
+        ctx = self._ctx(req)
+        if flags & ~wire.SHM_ATTACH_RDONLY:
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"SHM_ATTACH flags {flags:#x}: only SHM_ATTACH_RDONLY is defined")
+        seg = self.shm.lookup(shm_id)
+        try:
+            va = ctx.kmd_ctx.attach_shared(seg, readonly=bool(flags & wire.SHM_ATTACH_RDONLY))
+        except KmdError as e:
+            raise kmd_to_error(e) from None
+        return Response(wire.RESP_OK_SHM_ATTACH, struct.pack(wire.RESP_SHM_ATTACH_FORMAT, va, seg.size))
+
+    def cmd_shm_detach(self, req, body, chain, mem):
+        (shm_id,) = body
+        ctx = self._ctx(req)
+        seg = self.shm.lookup(shm_id)
+        try:
+            ctx.kmd_ctx.detach_shared(seg)
+        except KmdError as e:
+            raise kmd_to_error(e) from None
+        return Response()
+
+    def cmd_shm_control(self, req, body, chain, mem):
+        shm_id, op = body
+        if op not in (wire.SHM_CTL_RMID, wire.SHM_CTL_STAT):
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"SHM_CONTROL cmd {op}: only RMID (0) and STAT (1) are defined")
+        seg = self.shm.lookup(shm_id)
+        if op == wire.SHM_CTL_RMID:
+            try:
+                self.kmd.shm.remove(seg, self.owner)
+            except KmdError as e:
+                raise kmd_to_error(e) from None
+            self.shm.purge()
+            return Response()
+        ctx = self.contexts.get(req.ctx_id)
+        va = (ctx.kmd_ctx.shared_va(seg) or 0) if ctx is not None else 0
+        flags = ((wire.SHM_STAT_REMOVED if seg.removed else 0)
+                 | (wire.SHM_STAT_CREATOR if seg.owner is self.owner else 0))
+        return Response(wire.RESP_OK_SHM_STAT, struct.pack(
+            wire.RESP_SHM_STAT_FORMAT, seg.size, va, seg.nattach, flags))
+
+    def cmd_shm_export(self, req, body, chain, mem):
+        (shm_id,) = body
+        seg = self.shm.lookup(shm_id)
+        try:
+            handle, token = self.kmd.shm.export(seg, self.owner)
+        except KmdError as e:
+            raise kmd_to_error(e) from None
+        return Response(wire.RESP_OK_SHM_HANDLE, struct.pack(wire.RESP_SHM_HANDLE_FORMAT, handle, token))
+
+    def cmd_shm_import(self, req, body, chain, mem):
+        handle, token = body
+        try:
+            seg = self.kmd.shm.import_(handle, token, self.owner)
+        except KmdError as e:
+            raise kmd_to_error(e) from None
+        shm_id = self.shm.bind(seg)
+        return Response(wire.RESP_OK_SHM, struct.pack(wire.RESP_SHM_FORMAT, shm_id, 0, seg.size))
+
     # ------------------------------------------------------------------ timelines
     def _submit(self, ctx: ContextState, req: Request, submit, *, hold=False, data_len=0):
         t = ctx.timeline(self.timeline_index(req))
@@ -513,6 +601,12 @@ class ComputeDevice:
         for ev in self.events.values():
             self.exports.withdraw(h for h, _t in ev.exports)
         self.events.clear()
+        # shared segments: the contexts' attachments went with them; the segments this
+        # session created are removed (freed once other sessions detach), its imports revoked
+        shm = getattr(self.kmd, "shm", None)
+        if shm is not None:
+            shm.release_client(self.owner)
+        self.shm.clear()
         return pending
 
 
@@ -566,5 +660,11 @@ _HANDLERS = {
     wire.CMD_EVENT_DESTROY: ComputeDevice.cmd_event_destroy,
     wire.CMD_EVENT_EXPORT: ComputeDevice.cmd_event_export,
     wire.CMD_EVENT_IMPORT: ComputeDevice.cmd_event_import,
+    wire.CMD_SHM_GET: ComputeDevice.cmd_shm_get,
+    wire.CMD_SHM_ATTACH: ComputeDevice.cmd_shm_attach,
+    wire.CMD_SHM_DETACH: ComputeDevice.cmd_shm_detach,
+    wire.CMD_SHM_CONTROL: ComputeDevice.cmd_shm_control,
+    wire.CMD_SHM_EXPORT: ComputeDevice.cmd_shm_export,
+    wire.CMD_SHM_IMPORT: ComputeDevice.cmd_shm_import,
 }
 assert set(_HANDLERS) == set(wire.CMD_BODY_FORMATS)

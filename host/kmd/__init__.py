@@ -4,14 +4,17 @@ from host.kmd.bo import BufferObject, GpuFault
 from host.kmd.buddy import CONTIGUOUS, RANGE, TOPDOWN, Block, BuddyAllocator
 from host.kmd.device import Context, DmaMapping, KmdDevice
 from host.kmd.errors import (Busy, DeviceLost, InvalidAddress, InvalidArgument, InvalidContext,
-                             KmdError, NoVmid, OutOfMemory, RingFull)
+                             InvalidSegment, KmdError, NoVmid, OutOfMemory, PermissionDenied,
+                             RingFull)
 from host.kmd.fence import Fence, FenceDriver
 from host.kmd.ring import Ring
+from host.kmd.shm import SharedSegment, ShmManager
 from host.kmd.vm import GpuVm, VaAllocator
 
 __all__ = [
     "Block", "BufferObject", "BuddyAllocator", "Busy", "CONTIGUOUS", "Context", "DeviceLost",
     "DmaMapping", "Fence", "FenceDriver", "GpuFault", "GpuVm", "InvalidAddress",
-    "InvalidArgument", "InvalidContext", "KmdDevice", "KmdError", "NoVmid", "OutOfMemory",
-    "RANGE", "Ring", "RingFull", "TOPDOWN", "VaAllocator",
+    "InvalidArgument", "InvalidContext", "InvalidSegment", "KmdDevice", "KmdError", "NoVmid",
+    "OutOfMemory", "PermissionDenied", "RANGE", "Ring", "RingFull", "SharedSegment",
+    "ShmManager", "TOPDOWN", "VaAllocator",
 ]

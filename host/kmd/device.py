@@ -38,6 +38,12 @@ Released VRAM is cleared before it goes back to the buddy allocator, so free VRA
 reads as zero (VRAM comes out of reset zeroed) and a new buffer object needs no clearing:
 no guest ever sees another's data, and allocating never touches the memory.
 
+Shared device memory (host/kmd/shm.py, Gdev's gshm*): `dev.shm` names segments of VRAM
+that no context owns; Context.attach_shared(seg) maps the same physical pages into that
+context's VM, detach_shared(seg) unmaps them behind the context's pending work (a
+deferred free), and the VRAM goes back once the segment is removed and detached by all.
+Segments count against their creator's vGPU memory share like buffer objects.
+
 Locking: one RLock per device guards all driver state. Submissions come from any host
 thread; interrupts from the engine threads take the same lock for a few statements.
 Waiting for ring or IB-pool space happens in a Condition wait that releases the lock, so
@@ -64,6 +70,7 @@ from host.kmd.errors import (ContextLost, DeviceLost, InvalidAddress, InvalidArg
                              InvalidContext, KmdError, NoVmid, OutOfMemory)
 from host.kmd.fence import Fence, FenceDriver
 from host.kmd.ring import DEFAULT_RING_SIZE, Ring
+from host.kmd.shm import SharedSegment, ShmManager
 from host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BUFFER_NS,
                             DEFAULT_TIMEOUT_NS, PRIORITY_NORMAL, GpuScheduler, SchedJob,
                             VgpuShares)
@@ -244,6 +251,7 @@ class KmdDevice:
         self._vgpu_mem = collections.Counter()  # vGPU name -> bytes allocated
         for v in (DEFAULT_VGPU, *vgpus):
             self.add_vgpu(v)
+        self.shm = ShmManager(self, DEFAULT_VGPU)  # shared device memory segments
         self._timer_cond = threading.Condition()
         self._timer_target = None
         self._timer_idle_since = 0  # when the worker last went to sleep without a target
@@ -447,17 +455,19 @@ class KmdDevice:
             for bo in bos:
                 bo.freed = True
             ctx._sys_maps.clear()
-            self._defer(ctx.pending_fences(), lambda: self._release_context(ctx, bos))
+            shared = self.shm.detach_all_locked(ctx)
+            self._defer(ctx.pending_fences(), lambda: self._release_context(ctx, bos, shared))
             self._reclaim_locked()
         self._signal(signals)
 
-    def _release_context(self, ctx: "Context", bos: list) -> None:
+    def _release_context(self, ctx: "Context", bos: list, shared=()) -> None:
         self.mmio.write(regs.REG_VM_PT_BASE(ctx.vmid), 0)
         self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
         for bo in bos:
             if bo.put():
                 self._release_vram(bo.blocks)
         ctx.vm.free()
+        self.shm.drop_mappings(shared)  # the VM and its PTEs are gone
         self._vmids.append(ctx.vmid)
         self._vmids.sort()
         self.stats["contexts_released"] += 1
@@ -751,7 +761,7 @@ class KmdDevice:
                 vgpus[name] = entry
             return {"device": self.index, "policy": self.policy, "now_ns": now,
                     "engines": engines, "vgpus": vgpus,
-                    "timeouts": self.stats["timeouts"],
+                    "timeouts": self.stats["timeouts"], "shm": self.shm.stats(),
                     "contexts_lost": sum(1 for c in self.contexts.values() if c.lost)}
 
     def _retire(self, fd: FenceDriver, done: list, error=None, timestamp=None) -> None:
@@ -835,6 +845,7 @@ class Context:
         self.destroyed = False
         self._bos = {}  # va -> BufferObject
         self._sys_maps = {}  # va -> (DmaMapping, size)
+        self._shm = {}  # SharedSegment -> va of its attachment
         self._entities = {}  # (engine, timeline) -> SchedEntity
         self.last_fence = None  # finished fence of the most recent job
         self.faults = []  # every error attached to one of this context's jobs
@@ -943,6 +954,22 @@ class Context:
             self.vm.unmap(bo.va)
             self.vm.va.free(bo.va)
         self.device._release_vram(bo.blocks)
+
+    def attach_shared(self, seg: SharedSegment, readonly: bool = False) -> int:
+        """Map shared segment `seg` (dev.shm.get / import_) at a fresh VA, READ|WRITE (or
+        READ only); -> the VA. Once per context; raises PermissionDenied if this context's
+        client neither created nor imported it, InvalidSegment if it was removed."""
+        return self.device.shm.attach(self, seg, readonly)
+
+    def detach_shared(self, seg: SharedSegment) -> None:
+        """End this context's attachment of `seg`; the pages stay mapped until this
+        context's pending work is done (then unmapped, TLB flushed)."""
+        self.device.shm.detach(self, seg)
+
+    def shared_va(self, seg: SharedSegment) -> int | None:
+        """The VA `seg` is attached at in this context, or None."""
+        with self.device.lock:
+            return self._shm.get(seg)
 
     def lookup(self, va: int) -> BufferObject | None:
         """The live buffer object that contains va, or None."""

@@ -19,6 +19,8 @@ NO_DEVICE = "no_device"
 CONTEXT_LOST = "context_lost"
 JOB_TIMEOUT = "job_timeout"
 QUOTA = "quota"
+INVALID_SEGMENT = "invalid_segment"
+PERMISSION = "permission"
 
 
 class KmdError(Exception):
@@ -78,3 +80,17 @@ class JobTimedOut(KmdError):
     engine reset (drm_sched timedout_job); its context is marked lost."""
 
     code = JOB_TIMEOUT
+
+
+class InvalidSegment(KmdError):
+    """A shared segment that does not exist (any more), was removed, is not attached to
+    the context, or has no key (host/kmd/shm.py)."""
+
+    code = INVALID_SEGMENT
+
+
+class PermissionDenied(KmdError):
+    """A client may not do this to a shared segment: attach one it neither created nor
+    imported, remove or export one it did not create, import with a wrong token."""
+
+    code = PERMISSION
