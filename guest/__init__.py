@@ -6,8 +6,8 @@
         ...
 """
 
-from guest.api.core import (Connection, Context, Device, DeviceArray, Event, EventHandle, Stream,
-                            connect)
+from guest.api.core import (Connection, Context, Device, DeviceArray, Event, EventHandle,
+                            MappedArray, Stream, VaRange, connect)
 from guest.api.errors import (ContextLostError, ControlError, DeviceError, DeviceNeedsReset,
                               HostLost, InvalidAddressError, InvalidContextError,
                               InvalidEventError, InvalidKernelError, InvalidParameterError,
@@ -22,7 +22,8 @@ KERNELS = sorted(_K)
 
 __all__ = [
     "connect", "Connection", "Device", "Context", "DeviceArray", "Stream", "Event",
-    "EventHandle", "KERNELS", "SharedSegment", "SharedArray", "ShmHandle",
+    "EventHandle", "KERNELS", "SharedSegment", "SharedArray", "ShmHandle", "VaRange",
+    "MappedArray",
     "PvgpuError", "DeviceError", "OutOfMemoryError", "InvalidResourceError", "InvalidContextError",
     "InvalidParameterError", "UnknownCommandError", "ShortCommandError", "InvalidKernelError",
     "InvalidAddressError", "PageFaultError", "ContextLostError", "JobTimeoutError",

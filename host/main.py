@@ -29,10 +29,13 @@ DEFAULT_VRAM = 1 << 30
 class HostServer:
     def __init__(self, endpoints=None, *, vram_size: int = DEFAULT_VRAM, num_gpus: int = 2,
                  heartbeat_ms: int = wire.DEFAULT_HEARTBEAT_MS,
-                 max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, sched: SchedConfig | None = None):
+                 max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, sched: SchedConfig | None = None,
+                 max_evicted_bytes: int | None = None):
         self.sched = (sched or SchedConfig()).validate()
         self.platform = Platform(num_gpus=num_gpus, vram_size=vram_size)
-        self.kmds = [KmdDevice(gpu, **self.sched.kmd_kwargs()) for gpu in self.platform.gpus]
+        # max_evicted_bytes: host memory for BOs evicted from VRAM (None: the KMD's 2x VRAM)
+        self.kmds = [KmdDevice(gpu, **self.sched.kmd_kwargs(), max_evicted_bytes=max_evicted_bytes)
+                     for gpu in self.platform.gpus]
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -108,9 +111,10 @@ class HostServer:
 
 def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
              max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, ready_file: str | None = None,
-             sched: SchedConfig | None = None) -> int:
+             sched: SchedConfig | None = None, max_evicted_bytes: int | None = None) -> int:
     server = HostServer(endpoints, vram_size=vram_size, num_gpus=num_gpus,
-                        heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size, sched=sched)
+                        heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size, sched=sched,
+                        max_evicted_bytes=max_evicted_bytes)
 
     def on_signal(signum, _frame):
         log.info("received %s, shutting down", signal.Signals(signum).name)

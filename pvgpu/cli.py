@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="heartbeat period; a guest silent for %d periods is reclaimed" % wire.HEARTBEAT_MISSES)
     p.add_argument("--max-guest-mem", type=parse_size, default=f"{wire.MAX_GUEST_MEM_SIZE >> 30}G",
                    help="largest guest memory a session may announce (default %(default)s)")
+    p.add_argument("--max-evicted", type=parse_size, default=None, metavar="SIZE",
+                   help="host memory per device for buffer objects evicted from a full VRAM "
+                        "(oversubscription; default 2x --vram, 0 = no eviction)")
     g = p.add_argument_group("scheduling and vGPUs")
     g.add_argument("--sched", choices=("fifo", "credit", "band"), default=None,
                    help="GPU scheduling policy among vGPUs (default fifo): fifo = first come "
@@ -195,7 +198,7 @@ def cmd_host(args) -> int:
         return 2
     return run_host(endpoints, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
                     num_gpus=args.gpus, max_mem_size=args.max_guest_mem, ready_file=args.ready_file,
-                    sched=sched)
+                    sched=sched, max_evicted_bytes=args.max_evicted)
 
 
 def sched_config(args):

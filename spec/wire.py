@@ -208,6 +208,17 @@ SHM_FLAG_CREATED = 1  # RESP_OK_SHM flags: this SHM_GET allocated the segment
 SHM_STAT_REMOVED = 1  # RESP_OK_SHM_STAT flags: marked for removal
 SHM_STAT_CREATOR = 2  # ... this session created it
 MAX_SHM_IDS = 1024  # live segment ids per session and device
+# Explicit VA management (spec §6.5.25-§6.5.28, §6.7): cuMemAddressReserve / cuMemMap /
+# cuMemSetAccess / cuMemUnmap / cuMemAddressFree
+CMD_VA_RESERVE = 0x0470
+CMD_VA_RELEASE = 0x0471
+CMD_MEM_MAP = 0x0472
+CMD_MEM_UNMAP = 0x0473
+MEM_MAP_ACCESS_READ = 1  # MEM_MAP flags: READ alone (read-only) or READ | WRITE
+MEM_MAP_ACCESS_WRITE = 2
+MAX_VA_ALIGN = 1 << 30  # the largest VA_RESERVE alignment
+MAX_VA_RESERVATIONS = 1024  # live reservations per context
+MAX_VA_MAPPINGS = 4096  # live MEM_MAP mappings per context
 
 # Responses: OK 0x11xx, errors 0x12xx (virtio-gpu codes kept, compute from 0x1180/0x1280)
 RESP_OK_NODATA = 0x1100
@@ -220,6 +231,7 @@ RESP_OK_SHM = 0x1190  # SHM_GET, SHM_IMPORT
 RESP_OK_SHM_ATTACH = 0x1191
 RESP_OK_SHM_HANDLE = 0x1192
 RESP_OK_SHM_STAT = 0x1193
+RESP_OK_VA = 0x11A0  # VA_RESERVE
 RESP_ERR_UNSPEC = 0x1200
 RESP_ERR_OUT_OF_MEMORY = 0x1201
 RESP_ERR_INVALID_RESOURCE_ID = 0x1203
@@ -229,7 +241,8 @@ RESP_ERR_UNKNOWN_COMMAND = 0x1280
 RESP_ERR_SHORT_COMMAND = 0x1281
 RESP_ERR_PAGE_FAULT = 0x1282
 RESP_ERR_INVALID_KERNEL = 0x1283
-RESP_ERR_INVALID_ADDRESS = 0x1284  # reserved in v0.1: untranslatable addresses are page faults
+RESP_ERR_INVALID_ADDRESS = 0x1284  # VA_RELEASE/MEM_MAP/MEM_UNMAP: no such reservation/mapping,
+# outside a reservation, overlap (untranslatable addresses of other commands are page faults)
 RESP_ERR_DEVICE_LOST = 0x1285  # reserved for recovery (later versions)
 RESP_ERR_CONTEXT_LOST = 0x1286  # the context was found guilty of a hang; it takes no more work
 RESP_ERR_JOB_TIMEOUT = 0x1287  # the job ran past the host's timeout and was stopped
@@ -248,6 +261,7 @@ RESP_NAMES = {
     RESP_OK_SHM_ATTACH: "OK_SHM_ATTACH",
     RESP_OK_SHM_HANDLE: "OK_SHM_HANDLE",
     RESP_OK_SHM_STAT: "OK_SHM_STAT",
+    RESP_OK_VA: "OK_VA",
     RESP_ERR_UNSPEC: "ERR_UNSPEC",
     RESP_ERR_OUT_OF_MEMORY: "ERR_OUT_OF_MEMORY",
     RESP_ERR_INVALID_RESOURCE_ID: "ERR_INVALID_RESOURCE_ID",
@@ -297,6 +311,10 @@ CMD_BODY_FORMATS = {
     CMD_SHM_CONTROL: "<II",  # shm_id, cmd (SHM_CTL_*)
     CMD_SHM_EXPORT: "<I4x",  # shm_id; response RESP_SHM_HANDLE_FORMAT
     CMD_SHM_IMPORT: "<QQ",  # handle_id, token; response RESP_SHM_FORMAT
+    CMD_VA_RESERVE: "<QQ",  # size, alignment (0: PAGE_SIZE); response RESP_VA_FORMAT
+    CMD_VA_RELEASE: "<Q",  # va (of the reservation)
+    CMD_MEM_MAP: "<QQQII",  # va, offset, size, resource_id, flags (MEM_MAP_ACCESS_*)
+    CMD_MEM_UNMAP: "<Q",  # va (of the mapping)
 }
 CMD_BODY_SIZES = {k: struct.calcsize(v) for k, v in CMD_BODY_FORMATS.items()}
 CMD_NAMES = {
@@ -324,6 +342,10 @@ CMD_NAMES = {
     CMD_SHM_CONTROL: "SHM_CONTROL",
     CMD_SHM_EXPORT: "SHM_EXPORT",
     CMD_SHM_IMPORT: "SHM_IMPORT",
+    CMD_VA_RESERVE: "VA_RESERVE",
+    CMD_VA_RELEASE: "VA_RELEASE",
+    CMD_MEM_MAP: "MEM_MAP",
+    CMD_MEM_UNMAP: "MEM_UNMAP",
 }
 LAUNCH_ARG_SIZE = 8
 MAX_KERNEL_ARGS = 16
@@ -340,6 +362,7 @@ RESP_SHM_FORMAT = "<IIQ"  # shm_id, flags (SHM_FLAG_*), size (rounded to pages)
 RESP_SHM_ATTACH_FORMAT = "<QQ"  # va, size
 RESP_SHM_HANDLE_FORMAT = "<QQ"  # handle_id, token
 RESP_SHM_STAT_FORMAT = "<QQII"  # size, va (in hdr.ctx_id, or 0), nattach, flags (SHM_STAT_*)
+RESP_VA_FORMAT = "<QQ"  # va, size (rounded to pages) of a VA_RESERVE
 RESP_STATS_FORMAT = "<I4x"  # length of the msgpack map that follows the body
 RESP_STATS_SIZE = struct.calcsize(RESP_STATS_FORMAT)
 RESP_ERROR_FORMAT = "<QII"  # info0 (e.g. fault address), info1 (e.g. access), message_len

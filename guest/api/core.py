@@ -32,6 +32,12 @@ once; a chunk goes back (and D2H data lands in the destination array) when its r
 completes, which the stream's next synchronize (or an event's) waits for. Errors of
 asynchronous work are kept per stream and raised by that stream's next synchronizing
 call; `Context.synchronize()` raises the first of any of its streams.
+
+Explicit VA management (spec §6.7, like cuMemAddressReserve / cuMemMap / cuMemSetAccess):
+`r = ctx.reserve_va(nbytes, alignment=...)` reserves address space (a VaRange);
+`v = ctx.map(array, r, access="r")` maps a buffer of the context there a second time (a
+MappedArray; access "r" or "rw"), `ctx.unmap(v)` and `ctx.release_va(r)` undo it. A write
+through a read-only mapping raises PageFaultError (address, access "write").
 """
 
 from __future__ import annotations
@@ -789,6 +795,95 @@ class Context:
         from guest.api import shm
         shm.detach(self, seg)
 
+    # ------------------------------------------------------------------ explicit VA management
+    @_api
+    def reserve_va(self, nbytes: int, alignment: int = 0) -> "VaRange":
+        """Reserve `nbytes` (page rounded) of this context's device address space,
+        `alignment`-aligned (0: a page; else a power of two up to 1 GiB), with nothing
+        mapped in it (VA_RESERVE, like cuMemAddressReserve); -> a VaRange. Map buffers
+        into it with `map`; give it back with `release_va`."""
+        self._check_live()
+        for what, v in (("nbytes", nbytes), ("alignment", alignment)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise ValueError(f"{what} must be an int >= 0, not {v!r}")
+        if nbytes == 0:
+            raise ValueError("nbytes must be > 0")
+        if alignment and (alignment < wire.PAGE_SIZE or alignment & (alignment - 1)
+                          or alignment > wire.MAX_VA_ALIGN):
+            raise ValueError(f"alignment {alignment:#x} must be 0 or a power of two in "
+                             f"[{wire.PAGE_SIZE}, {wire.MAX_VA_ALIGN:#x}]")
+        _t, body = self._driver.call(_cmd(wire.CMD_VA_RESERVE, (int(nbytes), int(alignment)),
+                                          ctx_id=self.ctx_id))
+        va, size = struct.unpack_from(wire.RESP_VA_FORMAT, body)
+        return VaRange(self, va, size)
+
+    @_api
+    def release_va(self, va_range) -> None:
+        """Give a reservation back (VA_RELEASE, like cuMemAddressFree): `va_range` is the
+        VaRange or its start VA. Everything mapped in it must be unmapped first
+        (InvalidParameterError otherwise)."""
+        self._check_live()
+        va = va_range.va if isinstance(va_range, VaRange) else va_range
+        self._driver.call(_cmd(wire.CMD_VA_RELEASE, (int(va),), ctx_id=self.ctx_id))
+        if isinstance(va_range, VaRange):
+            va_range.released = True
+
+    @_api
+    def map(self, array, va, access: str = "rw", *, offset: int = 0, nbytes: int | None = None,
+            shape=None, dtype=None) -> "MappedArray":
+        """Map (part of) a buffer of this context a second time, at `va` inside a
+        reservation (MEM_MAP, like cuMemMap + cuMemSetAccess); the buffer's own address
+        stays valid. `array`: a DeviceArray of this context or a resource id; `va`: an int
+        or a VaRange (its start); `access`: "rw" or "r" (a write through a read-only
+        mapping raises PageFaultError, access "write"); `offset`/`nbytes`: page-aligned
+        byte range of the buffer (default: from `offset` to its end). -> a MappedArray
+        (a DeviceArray view at `va`, of `shape`/`dtype`, default the array's dtype and as
+        many elements as fit); unmap it with `unmap` (or its `unmap()`). Errors: a bad
+        access string or misaligned range -> ValueError / InvalidParameterError, not this
+        context's buffer -> InvalidResourceError, outside a reservation or overlapping
+        another mapping -> InvalidAddressError."""
+        self._check_live()
+        if access not in ("rw", "r"):
+            raise ValueError(f"access must be 'rw' or 'r', not {access!r}")
+        if isinstance(array, DeviceArray):
+            if array.context is not self:
+                raise ValueError(f"{array!r} belongs to another context")
+            if array.resource_id == 0:
+                raise ValueError(f"{array!r} is not an allocation of this context (MEM_ALLOC)")
+            rid, base_dtype = array.resource_id, array.dtype
+            buf_bytes = -(-max(array.nbytes, 1) // wire.PAGE_SIZE) * wire.PAGE_SIZE
+        elif isinstance(array, (int, np.integer)) and not isinstance(array, bool):
+            rid, base_dtype, buf_bytes = int(array), np.dtype(np.uint8), None
+        else:
+            raise TypeError(f"map needs a DeviceArray or a resource id, not {type(array).__name__}")
+        if isinstance(va, VaRange):
+            if va.context is not self:
+                raise ValueError(f"{va!r} is a reservation of another context")
+            va = va.va
+        if nbytes is None:
+            if buf_bytes is None:
+                raise ValueError("nbytes is needed when mapping by resource id")
+            nbytes = buf_bytes - int(offset)
+        flags = wire.MEM_MAP_ACCESS_READ | (wire.MEM_MAP_ACCESS_WRITE if access == "rw" else 0)
+        self._driver.call(_cmd(wire.CMD_MEM_MAP, (int(va), int(offset), int(nbytes), rid, flags),
+                               ctx_id=self.ctx_id))
+        dtype = np.dtype(dtype if dtype is not None else base_dtype)
+        if shape is None:
+            shape = (int(nbytes) // dtype.itemsize,)
+        shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+        return MappedArray(self, int(va), shape, dtype, readonly=access == "r", nbytes=int(nbytes))
+
+    @_api
+    def unmap(self, va) -> None:
+        """End a `map` (MEM_UNMAP, like cuMemUnmap): `va` is the MappedArray or its VA. Work
+        submitted before still sees the mapping; later work faults at that address."""
+        self._check_live()
+        arr = va if isinstance(va, MappedArray) else None
+        addr = arr.ptr if arr is not None else va
+        self._driver.call(_cmd(wire.CMD_MEM_UNMAP, (int(addr),), ctx_id=self.ctx_id))
+        if arr is not None:
+            arr.freed = True
+
     # ------------------------------------------------------------------ memory
     @_api
     def alloc(self, nbytes: int) -> tuple:
@@ -1150,12 +1245,69 @@ class DeviceArray:
         self.context.copy_h2d_async(self.ptr, self._src(array), stream)
 
     def free(self) -> None:
+        """MEM_FREE; refused (InvalidParameterError, the array stays live) while the
+        buffer is still mapped elsewhere by Context.map."""
         if not self.freed:
-            self.freed = True
             self.context._free(self.resource_id)
+            self.freed = True
 
     def __repr__(self):
         return f"<pvgpu.DeviceArray shape={self.shape} dtype={self.dtype} ptr={self.ptr:#x}>"
+
+
+@dataclass
+class VaRange:
+    """A reserved range of a context's device address space (Context.reserve_va): `va`,
+    `size` (page rounded). Nothing is mapped in it until Context.map."""
+
+    context: "Context"
+    va: int
+    size: int
+    released: bool = False
+
+    @property
+    def end(self) -> int:
+        return self.va + self.size
+
+    def __contains__(self, addr) -> bool:
+        return isinstance(addr, (int, np.integer)) and self.va <= addr < self.end
+
+    def release(self) -> None:
+        if not self.released:
+            self.context.release_va(self)
+
+    def __repr__(self) -> str:
+        return f"<pvgpu.VaRange {self.va:#x}+{self.size:#x} of context {self.context.ctx_id}>"
+
+
+class MappedArray(DeviceArray):
+    """A DeviceArray view of a buffer mapped a second time at a reserved VA (Context.map);
+    `readonly` for access "r". `unmap()` (or `free()`, or leaving a `with` block) ends the
+    mapping; the buffer itself lives on."""
+
+    def __init__(self, ctx: Context, va: int, shape, dtype, *, readonly: bool = False,
+                 nbytes: int = 0):
+        super().__init__(ctx, 0, va, shape, dtype)
+        self.readonly = readonly
+        self.mapped_bytes = nbytes
+
+    def unmap(self) -> None:
+        if not self.freed:
+            self.context.unmap(self)
+
+    def free(self) -> None:
+        self.unmap()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self.freed and not self.context.destroyed and not self.context._driver.needs_reset:
+            self.unmap()
+
+    def __repr__(self) -> str:
+        return (f"<pvgpu.MappedArray shape={self.shape} dtype={self.dtype} ptr={self.ptr:#x}"
+                f"{' read-only' if self.readonly else ''}>")
 
 
 def _dim3(v) -> tuple:

@@ -61,6 +61,10 @@ class InvalidKernelError(DeviceError):
 
 
 class InvalidAddressError(DeviceError):
+    """VA_RELEASE / MEM_MAP / MEM_UNMAP (Context.release_va / map / unmap): no reservation
+    or mapping starts at that address, or the range is not inside one reservation of the
+    context, or it overlaps another mapping."""
+
     code = wire.RESP_ERR_INVALID_ADDRESS
 
 

@@ -25,6 +25,10 @@ in a per-session, per-device namespace of guest-chosen ids; EVENT_EXPORT publish
 snapshot in the host-global `EventExports` registry so that another session (or the other
 device) can EVENT_IMPORT it.
 
+Explicit VA management (spec §6.5.25–§6.5.28, §6.7): VA_RESERVE / VA_RELEASE / MEM_MAP /
+MEM_UNMAP call the KMD context's reserve_va / release_va / map_bo_at / unmap_at; a
+KMD InvalidAddress is answered RESP_ERR_INVALID_ADDRESS.
+
 Shared device memory (spec §6.5.19–§6.5.24, §6.6): SHM_* commands name segments through
 the session's `ShmTable` (host/backend/shm.py) and call the KMD's ShmManager with the
 session as the key namespace and client; the segments count against the session's vGPU.
@@ -229,6 +233,8 @@ class ComputeDevice:
         try:
             stats = dict(stats_fn()) if stats_fn is not None else {}
             stats["device"] = self.device_index
+            if stats_fn is not None:
+                stats["faults"] = self._fault_stats()
             payload = msgpack.packb(stats, use_bin_type=True, default=_msgpack_plain)
         except Exception as e:  # the KMD's statistics are informative: never fatal
             raise CommandError(wire.RESP_ERR_UNSPEC, f"statistics unavailable: {e}") from None
@@ -238,6 +244,22 @@ class ComputeDevice:
                                f"GET_STATS needs {need} writable bytes, the chain has "
                                f"{chain.writable_len}", info0=need)
         return Response(wire.RESP_OK_STATS, _STATS.pack(len(payload)) + payload)
+
+    def _fault_stats(self) -> dict:
+        """GET_STATS `faults`: this session's contexts on this device that took GPU
+        faults (marked faulted; they keep working, spec [CMD-FAULT-2]): ctx_id ->
+        {count, last: {address, access, vmid, engine}}; other sessions are not shown."""
+        out = {}
+        for ctx_id, ctx in self.contexts.items():
+            faults = [f for f in list(getattr(ctx.kmd_ctx, "faults", ()))
+                      if getattr(f, "address", None) is not None]
+            if faults:
+                last = faults[-1]
+                out[ctx_id] = {"count": len(faults), "last": {
+                    "address": last.address,
+                    "access": wire.ACCESS_NAMES.get(last.access, str(last.access)),
+                    "vmid": last.vmid, "engine": getattr(last, "engine", 0)}}
+        return out
 
     def cmd_ctx_create(self, req, body, chain, mem):
         flags, _name = body
@@ -298,10 +320,16 @@ class ComputeDevice:
     def cmd_mem_free(self, req, body, chain, mem):
         (resource_id,) = body
         ctx = self._ctx(req)
-        bo = ctx.resources.pop(resource_id, None)
+        bo = ctx.resources.get(resource_id)
         if bo is None:
             raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
                                f"resource {resource_id} does not belong to context {req.ctx_id}")
+        mapped = ctx.kmd_ctx.mapped_elsewhere(bo)  # CMD-FREE-3
+        if mapped:
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"resource {resource_id} is still mapped at {mapped[0]:#x} "
+                               f"(and {len(mapped) - 1} more): MEM_UNMAP first")
+        del ctx.resources[resource_id]
         del self.resource_owner[resource_id]
         ctx.kmd_ctx.free(bo)
         return Response()
@@ -531,6 +559,71 @@ class ComputeDevice:
         shm_id = self.shm.bind(seg)
         return Response(wire.RESP_OK_SHM, struct.pack(wire.RESP_SHM_FORMAT, shm_id, 0, seg.size))
 
+    # ------------------------------------------------------------------ explicit VA management
+    @staticmethod
+    def _va_error(e: KmdError) -> CommandError:
+        if isinstance(e, kmd_errors.InvalidAddress):
+            return CommandError(wire.RESP_ERR_INVALID_ADDRESS, str(e))
+        return kmd_to_error(e)
+
+    def cmd_va_reserve(self, req, body, chain, mem):
+        size, alignment = body
+        ctx = self._ctx(req)
+        if size == 0 or size > wire.VA_USER_LIMIT - wire.VA_USER_BASE:
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER, f"bad VA_RESERVE size {size:#x}")
+        if alignment and (alignment < wire.PAGE_SIZE or alignment & (alignment - 1)
+                          or alignment > wire.MAX_VA_ALIGN):
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"VA_RESERVE alignment {alignment:#x} is not 0 or a power of two "
+                               f"in [PAGE_SIZE, {wire.MAX_VA_ALIGN:#x}]")
+        try:
+            va = ctx.kmd_ctx.reserve_va(size, alignment or wire.PAGE_SIZE)
+        except KmdError as e:
+            raise self._va_error(e) from None
+        psize = -(-size // wire.PAGE_SIZE) * wire.PAGE_SIZE
+        return Response(wire.RESP_OK_VA, struct.pack(wire.RESP_VA_FORMAT, va, psize))
+
+    def cmd_va_release(self, req, body, chain, mem):
+        (va,) = body
+        ctx = self._ctx(req)
+        try:
+            ctx.kmd_ctx.release_va(va)
+        except KmdError as e:
+            raise self._va_error(e) from None
+        return Response()
+
+    def cmd_mem_map(self, req, body, chain, mem):
+        va, offset, size, resource_id, flags = body
+        ctx = self._ctx(req)
+        bo = ctx.resources.get(resource_id)
+        if bo is None:
+            raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
+                               f"resource {resource_id} does not belong to context {req.ctx_id}")
+        rw = wire.MEM_MAP_ACCESS_READ | wire.MEM_MAP_ACCESS_WRITE
+        if flags not in (wire.MEM_MAP_ACCESS_READ, rw):
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"MEM_MAP flags {flags:#x}: READ (1) or READ|WRITE (3)")
+        page = wire.PAGE_SIZE
+        if size == 0 or va % page or offset % page or size % page or offset + size > bo.size:
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"MEM_MAP va {va:#x}, offset {offset:#x}, size {size:#x}: page "
+                               f"aligned, size > 0, within the {bo.size:#x}-byte allocation")
+        try:
+            ctx.kmd_ctx.map_bo_at(bo, va, offset, size,
+                                  writable=bool(flags & wire.MEM_MAP_ACCESS_WRITE))
+        except KmdError as e:
+            raise self._va_error(e) from None
+        return Response()
+
+    def cmd_mem_unmap(self, req, body, chain, mem):
+        (va,) = body
+        ctx = self._ctx(req)
+        try:
+            ctx.kmd_ctx.unmap_at(va)
+        except KmdError as e:
+            raise self._va_error(e) from None
+        return Response()
+
     # ------------------------------------------------------------------ timelines
     def _submit(self, ctx: ContextState, req: Request, submit, *, hold=False, data_len=0):
         t = ctx.timeline(self.timeline_index(req))
@@ -666,5 +759,9 @@ _HANDLERS = {
     wire.CMD_SHM_CONTROL: ComputeDevice.cmd_shm_control,
     wire.CMD_SHM_EXPORT: ComputeDevice.cmd_shm_export,
     wire.CMD_SHM_IMPORT: ComputeDevice.cmd_shm_import,
+    wire.CMD_VA_RESERVE: ComputeDevice.cmd_va_reserve,
+    wire.CMD_VA_RELEASE: ComputeDevice.cmd_va_release,
+    wire.CMD_MEM_MAP: ComputeDevice.cmd_mem_map,
+    wire.CMD_MEM_UNMAP: ComputeDevice.cmd_mem_unmap,
 }
 assert set(_HANDLERS) == set(wire.CMD_BODY_FORMATS)

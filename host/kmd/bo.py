@@ -35,7 +35,7 @@ class BufferObject:
     """VRAM memory owned by one context and mapped at `va` in its address space."""
 
     __slots__ = ("handle", "size", "blocks", "extents", "va", "context", "refcount", "freed",
-                 "__weakref__")
+                 "sysmem", "__weakref__")
 
     def __init__(self, size: int, blocks: list, context=None, va: int = 0):
         self.handle = next(_handles)
@@ -46,6 +46,11 @@ class BufferObject:
         self.context = context
         self.refcount = 1
         self.freed = False
+        self.sysmem = None  # DmaMapping of the host copy while evicted
+
+    @property
+    def evicted(self) -> bool:
+        return self.sysmem is not None
 
     @property
     def phys(self) -> int:
@@ -72,7 +77,8 @@ class BufferObject:
 
     def __repr__(self) -> str:
         return (f"BufferObject(handle={self.handle}, va={self.va:#x}, size={self.size:#x}, "
-                f"extents={len(self.extents)}, refcount={self.refcount})")
+                f"extents={len(self.extents)}, refcount={self.refcount}"
+                f"{', evicted' if self.sysmem is not None else ''})")
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,32 @@ context's VM, detach_shared(seg) unmaps them behind the context's pending work (
 deferred free), and the VRAM goes back once the segment is removed and detached by all.
 Segments count against their creator's vGPU memory share like buffer objects.
 
+Oversubscription (Gdev's swapping, amdgpu's VRAM -> GTT eviction): a context may
+allocate more than the free VRAM. Context.alloc -> _alloc_vram evicts buffer objects of
+OTHER contexts to host memory until the request fits. Victim order: lowest context
+priority first, then least recently used *context* (Context.last_use_ns, the time its
+last job was submitted or handed to the hardware — LRU is per context, not per BO), then
+its largest BOs first. Only contexts with no job on the hardware (none in a scheduler's
+in_flight; queued jobs touch no memory yet) are victims; when the only candidates are
+busy, the allocation waits for them (Condition wait, lock released, up to `timeout`)
+and then fails with OutOfMemory. Evicting a BO (_evict_bo): copy its VRAM into a numpy
+buffer on the CPU (through the VRAM BAR), dma_map it, rewrite the BO's PTEs at the same
+VA to PTE_SYSTEM pages pointing at that copy, invalidate the VMID's TLB, free the VRAM
+(cleared). The GPU keeps reaching the BO through the SYSTEM PTEs (slower), so kernels
+and copies stay correct. Restoring (_restore_bo) is the reverse, into free VRAM only
+(never evicting): opportunistically after Context.free, destroy_context and reclaim(),
+and in run_job before a job of the owning context runs — only if that context has no
+other job on the hardware (run_job never waits; otherwise the job simply runs against
+the SYSTEM pages). Never evicted: shared segments (host/kmd/shm.py; no context owns
+them), KMD-internal memory (rings, fences, IB pool, page tables), BOs that map_bo_at
+also maps at another VA (code that needs a BO's VRAM extents calls _make_resident(bo)
+first), and BOs already freed (deferred). A shared segment's allocation may itself evict
+BOs (ShmManager.get -> _alloc_vram). Limits: the host copies of
+one device may total at most `max_evicted_bytes` (default 2x VRAM; beyond: OutOfMemory,
+never a host crash), and a vGPU's memory share applies to its resident + evicted bytes
+together: share% of (usable VRAM + max_evicted_bytes), see vgpu_mem_limit. Counters
+and per-context resident/evicted bytes: mem_stats() (also sched_stats()["mem"]).
+
 Locking: one RLock per device guards all driver state. Submissions come from any host
 thread; interrupts from the engine threads take the same lock for a few statements.
 Waiting for ring or IB-pool space happens in a Condition wait that releases the lock, so
@@ -64,7 +90,7 @@ import numpy as np
 from host.hw import packets, regs
 from host.kmd import errors
 from host.kmd import fence as fence_mod
-from host.kmd.bo import BufferObject, GpuFault
+from host.kmd.bo import BufferObject, GpuFault, blocks_to_extents
 from host.kmd.buddy import CONTIGUOUS, TOPDOWN, BuddyAllocator
 from host.kmd.errors import (ContextLost, DeviceLost, InvalidAddress, InvalidArgument,
                              InvalidContext, KmdError, NoVmid, OutOfMemory)
@@ -186,7 +212,8 @@ class KmdDevice:
                  period_ns: int = DEFAULT_PERIOD_NS,
                  time_buffer_ns: int = DEFAULT_TIME_BUFFER_NS, vgpus=(),
                  max_queued_jobs: int = MAX_QUEUED_JOBS,
-                 max_client_queued_jobs: int = MAX_CLIENT_QUEUED_JOBS):
+                 max_client_queued_jobs: int = MAX_CLIENT_QUEUED_JOBS,
+                 max_evicted_bytes: int | None = None):
         self.gpu = gpu
         self.vram = gpu.vram
         self.mmio = gpu.mmio
@@ -221,6 +248,15 @@ class KmdDevice:
         ib_block = self._kernel_alloc(ib_pool_size)
         self.ib_pool = IbPool(ib_block.offset, ib_pool_size)
         self.kernel_vram = sum(b.size for b in self._kernel_blocks)
+        # oversubscription: host memory that evicted buffer objects may occupy
+        if max_evicted_bytes is None:
+            max_evicted_bytes = 2 * vram_size
+        if isinstance(max_evicted_bytes, bool) or not isinstance(max_evicted_bytes, int) \
+                or max_evicted_bytes < 0:
+            raise InvalidArgument(f"bad max_evicted_bytes {max_evicted_bytes!r}")
+        self.max_evicted_bytes = max_evicted_bytes // PAGE_SIZE * PAGE_SIZE
+        self.evicted_bytes = 0  # bytes of BOs currently held in host memory
+        self.mem_counters = collections.Counter()  # evictions, restores, bytes moved, ...
 
         self._jobs = {}  # Fence -> _Job
         self._vmids = list(range(1, regs.NUM_VMIDS))  # free VMIDs, sorted
@@ -458,6 +494,7 @@ class KmdDevice:
             shared = self.shm.detach_all_locked(ctx)
             self._defer(ctx.pending_fences(), lambda: self._release_context(ctx, bos, shared))
             self._reclaim_locked()
+            self._restore_evicted()
         self._signal(signals)
 
     def _release_context(self, ctx: "Context", bos: list, shared=()) -> None:
@@ -465,7 +502,7 @@ class KmdDevice:
         self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
         for bo in bos:
             if bo.put():
-                self._release_vram(bo.blocks)
+                self._release_bo_memory(bo)
         ctx.vm.free()
         self.shm.drop_mappings(shared)  # the VM and its PTEs are gone
         self._vmids.append(ctx.vmid)
@@ -477,6 +514,209 @@ class KmdDevice:
         for b in blocks:
             self.vram.fill(b.offset, b.size, 0)
         self.mm.free_blocks(blocks)
+
+    # ------------------------------------------------------------------ eviction (oversubscription)
+    def _release_bo_memory(self, bo: BufferObject) -> None:
+        """The memory of a BO whose last reference went: its VRAM, or its host copy."""
+        if bo.sysmem is not None:
+            self._drop_sysmem(bo)
+        else:
+            self._release_vram(bo.blocks)
+        bo.blocks, bo.extents = [], []
+
+    def _drop_sysmem(self, bo: BufferObject) -> None:
+        try:
+            self.dma_unmap(bo.sysmem)
+        except InvalidArgument:
+            pass
+        self.evicted_bytes -= bo.size
+        bo.sysmem = None
+        if bo.context is not None:
+            bo.context.evicted_bos -= 1
+
+    def _ctx_on_gpu(self, ctx: "Context") -> bool:
+        """Whether a job of ctx was handed to the hardware and has not completed (queued
+        jobs do not count: they touch no memory until run_job)."""
+        return any(j.entity.owner is ctx for s in self.schedulers for j in s.in_flight)
+
+    def _evictable(self, ctx: "Context"):
+        """ctx's buffer objects that may be evicted: resident, mapped only at bo.va."""
+        aliased = {id(m[0]) for m in getattr(ctx, "_va_maps", {}).values()}
+        for bo in ctx._bos.values():
+            if bo.sysmem is None and bo.extents and id(bo) not in aliased:
+                m = ctx.vm.mapping_at(bo.va)
+                if m is not None and m[0] == bo.va and m[1] == bo.size:
+                    yield bo
+
+    def _evict_for(self, need: int, requester=None):
+        """Evict buffer objects of contexts other than `requester` until `need` bytes of
+        VRAM are free (at least one if any is possible). Victims: lowest context priority
+        first, then the least recently used context (its last job), its larger BOs first.
+        A context with work on the GPU is skipped. -> (evicted, skipped_busy)."""
+        evicted = busy = 0
+        victims = [c for c in self.contexts.values()
+                   if c is not requester and not c.destroyed and not c.vm.freed]
+        victims.sort(key=lambda c: (-c.priority, c.last_use_ns, c.id))
+        for ctx in victims:
+            if evicted and self.mm.avail >= need:
+                break
+            bos = sorted(self._evictable(ctx), key=lambda b: (-b.size, b.va))
+            if not bos:
+                continue
+            if self._ctx_on_gpu(ctx):
+                busy += 1
+                self.mem_counters["evict_skipped_busy"] += 1
+                continue
+            for bo in bos:
+                if evicted and self.mm.avail >= need:
+                    return evicted, busy
+                if self.evicted_bytes + bo.size > self.max_evicted_bytes:
+                    self.mem_counters["evict_skipped_limit"] += 1
+                    continue
+                self._evict_bo(bo)
+                evicted += 1
+        return evicted, busy
+
+    def _evict_bo(self, bo: BufferObject) -> None:
+        """Move an idle context's BO to host memory: copy it out through the VRAM BAR,
+        dma_map the copy, rewrite its PTEs to PTE_SYSTEM pages there (same VA, TLB
+        flushed), free its VRAM. The lock is held and the context has nothing on the GPU."""
+        ctx = bo.context
+        buf = np.empty(bo.size, dtype=np.uint8)
+        off = 0
+        for phys, size in bo.extents:
+            buf[off:off + size] = self.vram.view(phys, size)
+            off += size
+        mapping = self.dma_map(buf)
+        flags = ctx.vm.mapping_at(bo.va)[2]
+        ctx.vm.unmap(bo.va)  # PTEs cleared, TLB of the VMID invalidated
+        ctx.vm.map(bo.va, [(mapping.bus_addr, bo.size)], flags | regs.PTE_SYSTEM)
+        self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
+        self._release_vram(bo.blocks)
+        bo.blocks, bo.extents, bo.sysmem = [], [], mapping
+        ctx.evicted_bos += 1
+        self.evicted_bytes += bo.size
+        self.mem_counters["evictions"] += 1
+        self.mem_counters["bytes_evicted"] += bo.size
+        ctx.stats["bos_evicted"] += 1
+
+    def _restore_bo(self, bo: BufferObject) -> bool:
+        """Bring an evicted BO back into free VRAM (never evicts); -> False if it does not fit."""
+        if bo.size > self.mm.avail:
+            return False
+        try:
+            blocks = self.mm.alloc_blocks(bo.size)
+        except OutOfMemory:
+            return False
+        ctx = bo.context
+        extents = blocks_to_extents(blocks)
+        src = bo.sysmem.buf
+        off = 0
+        for phys, size in extents:
+            self.vram.view(phys, size)[:] = src[off:off + size]
+            off += size
+        flags = ctx.vm.mapping_at(bo.va)[2] & ~regs.PTE_SYSTEM
+        ctx.vm.unmap(bo.va)
+        ctx.vm.map(bo.va, extents, flags)
+        self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
+        self._drop_sysmem(bo)
+        bo.blocks, bo.extents = blocks, extents
+        self.mem_counters["restores"] += 1
+        self.mem_counters["bytes_restored"] += bo.size
+        ctx.stats["bos_restored"] += 1
+        return True
+
+    def _restore_evicted(self, ctx: "Context | None" = None) -> int:
+        """Migrate evicted BOs back into free VRAM (of `ctx`, or of every context: higher
+        priority and more recently used first), skipping contexts with work on the GPU;
+        -> how many."""
+        if not self.evicted_bytes:
+            return 0
+        ctxs = [ctx] if ctx is not None else sorted(
+            self.contexts.values(), key=lambda c: (c.priority, -c.last_use_ns, c.id))
+        done = 0
+        for c in ctxs:
+            if not c.evicted_bos or c.destroyed or c.vm.freed or self._ctx_on_gpu(c):
+                continue
+            for bo in sorted((b for b in c._bos.values() if b.sysmem is not None),
+                             key=lambda b: b.size):
+                if self._restore_bo(bo):
+                    done += 1
+        return done
+
+    def _alloc_vram(self, size: int, requester: "Context | None"):
+        """Buddy blocks for a BO of `requester` (None: a shared segment), evicting other
+        contexts' BOs to host memory when VRAM is full; waits (up to `timeout`, lock
+        released) for victims that are busy on the GPU. Raises OutOfMemory."""
+        deadline = None
+        while True:
+            try:
+                return self.mm.alloc_blocks(size)
+            except OutOfMemory as e:
+                err = e
+            evicted, busy = self._evict_for(size, requester)
+            if evicted:
+                continue
+            if not busy:
+                raise OutOfMemory(f"{size} bytes of VRAM requested, {self.mm.avail} free, and "
+                                  f"nothing more can be evicted ({self.evicted_bytes} of "
+                                  f"{self.max_evicted_bytes} evicted bytes in use): {err}")
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self.timeout
+                self.mem_counters["evict_waits"] += 1
+            if now >= deadline:
+                raise OutOfMemory(f"{size} bytes of VRAM requested, {self.mm.avail} free; "
+                                  f"the contexts that could be evicted stayed busy")
+            self._cond.wait(min(0.05, deadline - now))
+            if requester is not None and requester.destroyed:
+                raise InvalidContext(f"context {requester.id} was destroyed")
+            self._reclaim_locked()
+
+    def _make_resident(self, bo: BufferObject) -> None:
+        """Bring an evicted BO back into VRAM now, evicting other contexts' BOs if needed
+        and waiting (lock released, up to `timeout`) until its own context has no job on
+        the hardware. For code that needs bo.extents to be VRAM (e.g. map_bo_at, which
+        maps the same pages at another VA). Raises OutOfMemory."""
+        deadline = time.monotonic() + self.timeout
+        while bo.sysmem is not None:
+            ctx = bo.context
+            if bo.freed or ctx is None or ctx.destroyed:
+                raise InvalidContext("buffer object was freed or its context destroyed")
+            if not self._ctx_on_gpu(ctx):
+                if self._restore_bo(bo):
+                    return
+                evicted, busy = self._evict_for(bo.size, ctx)
+                if evicted:
+                    continue
+                if not busy:
+                    raise OutOfMemory(f"no room in VRAM for the {bo.size}-byte evicted "
+                                      "buffer object")
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OutOfMemory("the evicted buffer object could not be made resident "
+                                  "(contexts stayed busy)")
+            self._cond.wait(min(0.05, left))
+            self._reclaim_locked()
+
+    def mem_stats(self) -> dict:
+        """Memory placement (msgpack-able): VRAM, evicted bytes, eviction counters and,
+        per context (keyed by str(id)), resident and evicted bytes."""
+        with self.lock:
+            ctxs = {}
+            for c in self.contexts.values():
+                ev = sum(b.size for b in c._bos.values() if b.sysmem is not None)
+                total = sum(b.size for b in c._bos.values())
+                ctxs[str(c.id)] = {"name": c.name, "priority": c.priority, "vgpu": c.vgpu.name,
+                                   "resident_bytes": total - ev, "evicted_bytes": ev,
+                                   "last_use_ns": c.last_use_ns}
+            out = {k: self.mem_counters[k] for k in (
+                "evictions", "restores", "bytes_evicted", "bytes_restored",
+                "evict_skipped_busy", "evict_skipped_limit", "evict_waits")}
+            out.update({"vram_size": self.vram_size, "vram_free": self.mm.avail,
+                        "kernel_vram": self.kernel_vram, "evicted_bytes": self.evicted_bytes,
+                        "max_evicted_bytes": self.max_evicted_bytes, "contexts": ctxs})
+            return out
 
     # ------------------------------------------------------------------ deferred frees
     def _defer(self, fences, fn) -> None:
@@ -503,7 +743,9 @@ class KmdDevice:
     def reclaim(self) -> int:
         """Release memory whose deferred free has become safe; -> number of releases."""
         with self.lock:
-            return self._reclaim_locked()
+            done = self._reclaim_locked()
+            self._restore_evicted()
+            return done
 
     @property
     def deferred_frees(self) -> int:
@@ -543,6 +785,7 @@ class KmdDevice:
             job = sched.push(SchedJob(ent, ib, deps), now)
             ent.last_finished = job.finished
             ctx.last_fence = job.finished
+            ctx.last_use_ns = now
             ctx.stats["jobs_submitted"] += 1
             self.stats["jobs_submitted"] += 1
             sched.schedule(now)
@@ -558,6 +801,9 @@ class KmdDevice:
         engine = job.entity.sched.engine
         ctx = job.entity.owner
         ib = job.payload
+        ctx.last_use_ns = self.clock_ns()
+        if ctx.evicted_bos and not self._ctx_on_gpu(ctx):
+            self._restore_evicted(ctx)  # only into free VRAM; never waits
         phys, ib_blocks = self._ib_alloc_nowait(len(ib))
         self.vram.write(phys, ib)
         ring = self.rings[engine]
@@ -737,8 +983,10 @@ class KmdDevice:
             return shares
 
     def vgpu_mem_limit(self, shares: VgpuShares) -> int:
-        """Bytes of VRAM a vGPU may hold on this device (its memory share)."""
-        return (self.vram_size - self.kernel_vram) * shares.mem // 100 // PAGE_SIZE * PAGE_SIZE
+        """Bytes a vGPU may hold on this device, resident and evicted together (its memory
+        share of the device's capacity: usable VRAM + max_evicted_bytes)."""
+        capacity = self.vram_size - self.kernel_vram + self.max_evicted_bytes
+        return capacity * shares.mem // 100 // PAGE_SIZE * PAGE_SIZE
 
     def sched_stats(self) -> dict:
         """Per engine and per vGPU accounting (msgpack-able)."""
@@ -762,6 +1010,7 @@ class KmdDevice:
             return {"device": self.index, "policy": self.policy, "now_ns": now,
                     "engines": engines, "vgpus": vgpus,
                     "timeouts": self.stats["timeouts"], "shm": self.shm.stats(),
+                    "mem": self.mem_stats(),
                     "contexts_lost": sum(1 for c in self.contexts.values() if c.lost)}
 
     def _retire(self, fd: FenceDriver, done: list, error=None, timestamp=None) -> None:
@@ -833,6 +1082,18 @@ class KmdDevice:
             log.info("gpu%d: second error for %r: %s", self.index, target, error)
 
 
+
+def _slice_extents(extents, offset: int, size: int) -> list:
+    """[(phys, size)] of bytes [offset, offset + size) of a BO with `extents`."""
+    out, pos = [], 0
+    for phys, n in extents:
+        lo, hi = max(offset, pos), min(offset + size, pos + n)
+        if lo < hi:
+            out.append((phys + lo - pos, hi - lo))
+        pos += n
+    return out
+
+
 class Context:
     """A client's GPU context: a VMID, its address space, its buffer objects and its work."""
 
@@ -846,6 +1107,8 @@ class Context:
         self._bos = {}  # va -> BufferObject
         self._sys_maps = {}  # va -> (DmaMapping, size)
         self._shm = {}  # SharedSegment -> va of its attachment
+        self._va_reserved = {}  # va -> size of each reserve_va range
+        self._va_maps = {}  # va -> (bo, offset, size, writable) of map_bo_at
         self._entities = {}  # (engine, timeline) -> SchedEntity
         self.last_fence = None  # finished fence of the most recent job
         self.faults = []  # every error attached to one of this context's jobs
@@ -855,6 +1118,8 @@ class Context:
         self.client = None
         self.lost = False  # guilty of a GPU hang (TDR): no more work is accepted
         self.lost_reason = ""
+        self.last_use_ns = device.clock_ns()  # LRU key of eviction: its last job's time
+        self.evicted_bos = 0  # how many of its BOs are evicted to host memory
 
     def _entity(self, sched: GpuScheduler, timeline: int):
         """The scheduler entity of one timeline on one ring (created on first use)."""
@@ -915,21 +1180,29 @@ class Context:
             if used + psize > limit:
                 raise OutOfMemory(f"vGPU {self.vgpu.name!r} memory share exhausted: {used} of "
                                   f"{limit} bytes in use, {psize} more requested")
-            blocks = dev.mm.alloc_blocks(psize)
+            dev._vgpu_mem[self.vgpu.name] += psize  # reserved: _alloc_vram may wait
             try:
-                align = min(VA_MAX_ALIGN, 1 << (psize.bit_length() - 1))
-                va = self.vm.va.alloc(psize, align)
-                bo = BufferObject(psize, blocks, self, va)
+                blocks = dev._alloc_vram(psize, self)
                 try:
-                    self.vm.map(va, bo.extents, regs.PTE_READ | regs.PTE_WRITE)
+                    align = min(VA_MAX_ALIGN, 1 << (psize.bit_length() - 1))
+                    va = self.vm.va.alloc(psize, align)
+                    bo = BufferObject(psize, blocks, self, va)
+                    try:
+                        try:
+                            self.vm.map(va, bo.extents, regs.PTE_READ | regs.PTE_WRITE)
+                        except OutOfMemory:  # page tables: make room, once
+                            dev._evict_for(dev.mm.avail + 8 * PAGE_SIZE, self)
+                            self.vm.map(va, bo.extents, regs.PTE_READ | regs.PTE_WRITE)
+                    except BaseException:
+                        self.vm.va.free(va)
+                        raise
                 except BaseException:
-                    self.vm.va.free(va)
+                    dev.mm.free_blocks(blocks)
                     raise
             except BaseException:
-                dev.mm.free_blocks(blocks)
+                dev._vgpu_mem[self.vgpu.name] -= psize
                 raise
             self._bos[va] = bo
-            dev._vgpu_mem[self.vgpu.name] += psize
             self.stats["bytes_allocated"] += psize
             self.stats["bos_allocated"] += 1
             return bo
@@ -948,12 +1221,13 @@ class Context:
             self.stats["bos_freed"] += 1
             if bo.put():
                 dev._defer(self.pending_fences(), lambda: self._release_bo(bo))
+            dev._restore_evicted()
 
     def _release_bo(self, bo: BufferObject) -> None:
         if not self.vm.freed:
             self.vm.unmap(bo.va)
             self.vm.va.free(bo.va)
-        self.device._release_vram(bo.blocks)
+        self.device._release_bo_memory(bo)
 
     def attach_shared(self, seg: SharedSegment, readonly: bool = False) -> int:
         """Map shared segment `seg` (dev.shm.get / import_) at a fresh VA, READ|WRITE (or
@@ -1025,6 +1299,149 @@ class Context:
                     self.vm.unmap(va)
                     if entry[2]:
                         self.vm.va.free(va)
+            dev._defer(self.pending_fences(), release)
+
+    # ------------------------------------------------------------------ explicit VA management
+    # cuMemAddressReserve / cuMemMap / cuMemSetAccess / cuMemUnmap / cuMemAddressFree (spec
+    # §6.7): a reservation is a range of this context's VA space that nothing is mapped in
+    # until map_bo_at puts (a page-aligned slice of) a buffer object there, READ or
+    # READ|WRITE; the BO's own mapping at bo.va stays. unmap_at clears the PTEs and
+    # invalidates the TLB (GpuVm.unmap -> REG_VM_INVALIDATE) behind this context's pending
+    # work, like every other unmap. A BO must not be freed while it is mapped elsewhere
+    # (mapped_elsewhere(); the backend refuses such a MEM_FREE).
+    def reserve_va(self, size: int, align: int = PAGE_SIZE) -> int:
+        """Reserve an unmapped, `align`-aligned range of `size` bytes (page rounded) in the
+        user VA space; -> its VA. Raises InvalidArgument, OutOfMemory."""
+        for what, v in (("size", size), ("alignment", align)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
+                raise InvalidArgument(f"bad VA reservation {what} {v!r}")
+        size, align = int(size), int(align) or PAGE_SIZE
+        if not 0 < size <= wire.VA_USER_LIMIT - wire.VA_USER_BASE:
+            raise InvalidArgument(f"bad VA reservation size {size:#x}")
+        if align < PAGE_SIZE or align & (align - 1) or align > wire.MAX_VA_ALIGN:
+            raise InvalidArgument(f"VA alignment {align:#x} is not a power of two in "
+                                  f"[{PAGE_SIZE:#x}, {wire.MAX_VA_ALIGN:#x}]")
+        psize = _round_up(size, PAGE_SIZE)
+        with self.device.lock:
+            self._check()
+            self.device._reclaim_locked()
+            if len(self._va_reserved) >= wire.MAX_VA_RESERVATIONS:
+                raise OutOfMemory(f"{wire.MAX_VA_RESERVATIONS} VA reservations in use")
+            va = self.vm.va.alloc(psize, align)
+            self._va_reserved[va] = psize
+            self.stats["va_reserved"] += psize
+            return va
+
+    def va_reservations(self) -> dict:
+        """{va: size} of the live reservations."""
+        with self.device.lock:
+            return dict(self._va_reserved)
+
+    def va_mappings(self) -> dict:
+        """{va: (bo, offset, size, writable)} of the live map_bo_at mappings."""
+        with self.device.lock:
+            return dict(self._va_maps)
+
+    def mapped_elsewhere(self, bo: BufferObject) -> list:
+        """VAs at which map_bo_at mapped `bo` (besides bo.va)."""
+        with self.device.lock:
+            return [va for va, m in self._va_maps.items() if m[0] is bo]
+
+    def release_va(self, va: int) -> None:
+        """End reservation `va` (no mapping may be left in it: InvalidArgument); the range
+        returns to the allocator once this context's pending work is done (so that it is
+        not reused before earlier unmaps in it took effect)."""
+        dev = self.device
+        with dev.lock:
+            self._check()
+            size = self._va_reserved.get(va)
+            if size is None:
+                raise InvalidAddress(f"no VA reservation starts at {va:#x}")
+            inside = [m for m in self._va_maps if va <= m < va + size]
+            if inside:
+                raise InvalidArgument(f"VA reservation {va:#x} still has {len(inside)} "
+                                      f"mapping(s), first at {min(inside):#x}: unmap first")
+            del self._va_reserved[va]
+            self.stats["va_reserved"] -= size
+
+            def release():
+                if not self.vm.freed:
+                    self.vm.va.free(va)
+            dev._defer(self.pending_fences(), release)
+
+    def _reservation_of(self, va: int, size: int):
+        for start, rsize in self._va_reserved.items():
+            if start <= va and va + size <= start + rsize:
+                return start
+        return None
+
+    def map_bo_at(self, bo: BufferObject, va: int, offset: int = 0, size: int | None = None,
+                  writable: bool = True) -> None:
+        """Map [offset, offset + size) of `bo` (this context's) at `va`, inside a
+        reservation, READ (+WRITE): the same physical pages become reachable there.
+        Raises InvalidArgument (alignment, range, bo), InvalidAddress (outside a
+        reservation, or overlapping another mapping), OutOfMemory (page tables)."""
+        if size is None:
+            size = bo.size - offset if isinstance(bo, BufferObject) else 0
+        for what, v in (("va", va), ("offset", offset), ("size", size)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= _U64:
+                raise InvalidArgument(f"bad mapping {what} {v!r}")
+        va, offset, size = int(va), int(offset), int(size)
+        if va % PAGE_SIZE or offset % PAGE_SIZE or size % PAGE_SIZE or size == 0:
+            raise InvalidArgument(f"mapping va {va:#x}, offset {offset:#x} and size {size:#x} "
+                                  "must be page aligned, size > 0")
+        dev = self.device
+        for _attempt in range(3):
+            with dev.lock:
+                self._check()
+                dev._reclaim_locked()
+                if not isinstance(bo, BufferObject) or self._bos.get(bo.va) is not bo:
+                    raise InvalidArgument(f"{bo!r} is not a live buffer object of this context")
+                if offset + size > bo.size:
+                    raise InvalidArgument(f"[{offset:#x}, {offset + size:#x}) is outside the "
+                                          f"{bo.size:#x}-byte buffer")
+                if self._reservation_of(va, size) is None:
+                    raise InvalidAddress(f"[{va:#x}, {va + size:#x}) is not inside one VA "
+                                         "reservation of this context")
+                for m, (_b, _o, msize, _w) in self._va_maps.items():
+                    if m < va + size and va < m + msize:
+                        raise InvalidAddress(f"[{va:#x}, {va + size:#x}) overlaps the mapping "
+                                             f"at {m:#x}")
+                if len(self._va_maps) >= wire.MAX_VA_MAPPINGS:
+                    raise OutOfMemory(f"{wire.MAX_VA_MAPPINGS} mappings in use")
+                pending = any(s < va + size and va < s + n for s, n, _f in self.vm.mappings())
+                if getattr(bo, "sysmem", None) is not None:  # evicted: back into VRAM first
+                    if dev._ctx_on_gpu(self):
+                        pending = True  # its jobs may be using the host copy: wait
+                    elif not dev._restore_bo(bo):
+                        raise OutOfMemory(f"{bo!r} is evicted to host memory and does not "
+                                          "fit back into VRAM to be mapped")
+                if not pending:
+                    flags = regs.PTE_READ | (regs.PTE_WRITE if writable else 0)
+                    self.vm.map(va, _slice_extents(bo.extents, offset, size), flags)
+                    self._va_maps[va] = (bo, offset, size, bool(writable))
+                    self.stats["va_mapped"] += size
+                    return
+                # an earlier unmap of this range (or a restore) waits for this context's work
+                fences = self.pending_fences()
+            for f in fences:
+                f.wait(dev.timeout)
+        raise InvalidAddress(f"[{va:#x}, {va + size:#x}) is still being unmapped")
+
+    def unmap_at(self, va: int) -> None:
+        """Remove the map_bo_at mapping that starts at `va`: at once for new work; the PTEs
+        are cleared and the TLB invalidated once this context's pending work is done."""
+        dev = self.device
+        with dev.lock:
+            self._check()
+            entry = self._va_maps.pop(va, None)
+            if entry is None:
+                raise InvalidAddress(f"no mapping starts at {va:#x}")
+            self.stats["va_mapped"] -= entry[2]
+
+            def release():
+                if not self.vm.freed:
+                    self.vm.unmap(va)  # clears the PTEs, REG_VM_INVALIDATE(vmid)
             dev._defer(self.pending_fences(), release)
 
     # ------------------------------------------------------------------ submission

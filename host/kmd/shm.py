@@ -159,7 +159,12 @@ class ShmManager:
             if used + psize > limit:
                 raise OutOfMemory(f"vGPU {shares.name!r} memory share exhausted: {used} of "
                                   f"{limit} bytes in use, {psize} more requested")
-            blocks = dev.mm.alloc_blocks(psize)
+            # may evict contexts' BOs (a segment itself is never evicted); the quota is
+            # re-checked because _alloc_vram may wait with the lock released
+            blocks = dev._alloc_vram(psize, None)
+            if dev._vgpu_mem[shares.name] + psize > limit:
+                dev.mm.free_blocks(blocks)
+                raise OutOfMemory(f"vGPU {shares.name!r} memory share exhausted")
             seg = SharedSegment(dev, next(self._ids), key, namespace, psize, blocks, shares.name)
             self.segments[seg.id] = seg
             if key != wire.SHM_KEY_PRIVATE:
