@@ -399,15 +399,15 @@ class KmdDevice:
         loop) hold back new work until it is true — one client's flood holds back only
         that client."""
         with self.lock:
-            if sum(s.queued() for s in self.schedulers) >= self.max_queued_jobs:
+            if sum(s.n_queued for s in self.schedulers) >= self.max_queued_jobs:
                 return False
             if client is None:
                 return True
             return self._client_queued(client) < self.max_client_queued_jobs
 
     def _client_queued(self, client) -> int:
-        return sum(len(e.jobs) for s in self.schedulers for e in s.entities
-                   if e.owner is not None and e.owner.client is client)
+        return sum(s.queued(ctx) for ctx in self.contexts.values() if ctx.client is client
+                   for s in self.schedulers)
 
     def oldest_pending_fence(self, client=None) -> Fence | None:
         """The finished fence of the oldest unfinished job (of `client`), None when idle."""
@@ -946,10 +946,9 @@ class KmdDevice:
         finally:
             with self.lock:
                 ring = self.rings[engine]
-                ring.wptr = ring._rptr = 0
+                ring.after_reset()
                 fd = self.fences[engine]
-                self.vram.write_u64(fd.wb_addr, fd.emitted_seq)  # force completion
-                stale = fd.retire()
+                stale = fd.force_completion()
         self._retire(fd, stale, error="engine reset")
         with self.lock:
             now = self.clock_ns()
@@ -1128,7 +1127,6 @@ class Context:
         if ent is None:
             ent = sched.entity(f"ctx{self.id}.t{timeline}", self.vgpu, self.priority, owner=self,
                                now=self.device.clock_ns())
-            ent.last_finished = None
             self._entities[key] = ent
         return ent
 

@@ -208,6 +208,14 @@ class FenceDriver:
         with self.lock:
             return self.pending[-1] if self.pending else None
 
+    def force_completion(self) -> list:
+        """After an engine reset (amdgpu_fence_driver_force_completion): write the last
+        emitted sequence to the write-back slot, so that nothing waits for fences whose
+        work was abandoned, and pop those fences; -> them (the caller signals them)."""
+        with self.lock:
+            self.vram.write_u64(self.wb_addr, self.emitted_seq)
+            return self.retire()
+
     def fail_all(self, error) -> int:
         """Signal every pending fence with `error` (device stop / loss)."""
         with self.lock:

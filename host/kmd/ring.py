@@ -71,6 +71,11 @@ class Ring:
         self.wptr = self._rptr = 0
         self._wptr_old = None
 
+    def after_reset(self) -> None:
+        """The engine was reset (RB_RESET): the hardware's pointers are 0, and so are ours."""
+        self.wptr = self._rptr = 0
+        self._wptr_old = None
+
     @property
     def max_dw(self) -> int:
         """The largest alloc() that can ever succeed."""

@@ -134,6 +134,7 @@ class SchedEntity:
         self.guilty = False
         self.in_flight = 0
         self.closed = False
+        self.last_finished = None  # finished fence of the last job pushed (the driver's)
 
     def __repr__(self) -> str:
         return f"SchedEntity({self.name!r}, vgpu={self.vgpu!r}, prio={self.priority})"
@@ -224,6 +225,8 @@ class GpuScheduler:
         self._last_end = now
         self._seq = itertools.count(1)
         self._signals = []  # (fence, error) to signal once the lock is released
+        self._queued = collections.Counter()  # owner -> jobs waiting in its entities
+        self.n_queued = 0
         self.busy_ns = 0
         self.stats = collections.Counter()
         self.created_ns = now
@@ -280,6 +283,7 @@ class GpuScheduler:
                 self.stats["dependencies"] += 1
                 dep.add_done_callback(self._dependency_signalled)
         ent.jobs.append(job)
+        self._count_queued(ent, 1)
         self.vgpus[ent.vgpu].last_active = now
         self.stats["jobs_pushed"] += 1
         return job
@@ -383,6 +387,7 @@ class GpuScheduler:
             if ent is None:
                 break
             job = ent.jobs.popleft()
+            self._count_queued(ent, -1)
             if ent.guilty:
                 self._finish(job, ContextLost(f"{ent.name} is guilty of a GPU hang"), now)
             else:
@@ -441,6 +446,7 @@ class GpuScheduler:
         n = 0
         while ent.jobs:
             job = ent.jobs.popleft()
+            self._count_queued(ent, -1)
             self._finish(job, error, job.arrival_ns or 0)
             n += 1
         return n
@@ -536,8 +542,16 @@ class GpuScheduler:
         self.stopped = True
 
     # ------------------------------------------------------------------ accounting
+    def _count_queued(self, ent: SchedEntity, n: int) -> None:
+        self.n_queued += n
+        self._queued[ent.owner] += n
+        if not self._queued[ent.owner]:
+            del self._queued[ent.owner]
+
     def queued(self, owner=None) -> int:
-        return sum(len(e.jobs) for e in self.entities if owner is None or e.owner is owner)
+        """Jobs waiting in entities (of `owner`); counted, not scanned: the host's I/O
+        loop asks before every chain it takes."""
+        return self.n_queued if owner is None else self._queued.get(owner, 0)
 
     def snapshot(self, now: int) -> dict:
         span = max(1, now - self.created_ns)

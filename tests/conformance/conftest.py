@@ -10,6 +10,9 @@ import msgpack
 import pytest
 import zmq
 
+import guest
+from rawdevice import Raw
+
 
 class RawPeer:
     """A bare DEALER socket: sends arbitrary frames, receives with a deadline."""
@@ -62,7 +65,8 @@ def conformance_host(request):
 
 
 @pytest.fixture
-def raw(conformance_host):
+def raw_peer(conformance_host):
+    """A factory of raw DEALER peers speaking the control channel directly."""
     peers = []
 
     def make():
@@ -74,3 +78,18 @@ def raw(conformance_host):
     finally:
         for p in peers:
             p.close()
+
+
+@pytest.fixture(params=["shared", "inline"])
+def raw(request, conformance_host):
+    """Raw device requests through a real driver (rawdevice.Raw), in both memory models."""
+    with guest.connect(conformance_host.endpoint, memory=request.param, mem_size=32 << 20) as conn:
+        yield Raw(conn)
+
+
+@pytest.fixture
+def two(conformance_host):
+    """Two sessions (two guests, as far as the host can tell), one per memory model."""
+    with guest.connect(conformance_host.endpoint, mem_size=16 << 20) as a, \
+            guest.connect(conformance_host.endpoint, memory="inline", mem_size=16 << 20) as b:
+        yield Raw(a), Raw(b)

@@ -6,29 +6,14 @@ import struct
 
 import msgpack
 import numpy as np
-import pytest
 
 import guest
 from spec import wire
 
-from test_cmd_fence import Raw, cmd, launch
+from rawdevice import Raw, cmd, launch
 
 EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
 LONG_BURN_US = 300_000
-
-
-@pytest.fixture(params=["shared", "inline"])
-def raw(request, conformance_host):
-    with guest.connect(conformance_host.endpoint, memory=request.param, mem_size=32 << 20) as conn:
-        yield Raw(conn)
-
-
-@pytest.fixture
-def two(conformance_host):
-    """Two sessions (two guests, as far as the host can tell)."""
-    with guest.connect(conformance_host.endpoint, mem_size=16 << 20) as a, \
-            guest.connect(conformance_host.endpoint, memory="inline", mem_size=16 << 20) as b:
-        yield Raw(a), Raw(b)
 
 
 def query(raw, event_id, **kw):

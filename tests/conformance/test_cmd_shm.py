@@ -5,32 +5,17 @@ the virtqueue in both memory models: requests are raw bytes, responses are read 
 import struct
 
 import numpy as np
-import pytest
 
 import guest
 from spec import wire
 
-from test_cmd_fence import Raw, cmd
+from rawdevice import Raw, cmd
 
 SHM = struct.Struct(wire.RESP_SHM_FORMAT)
 ATTACH = struct.Struct(wire.RESP_SHM_ATTACH_FORMAT)
 HANDLE = struct.Struct(wire.RESP_SHM_HANDLE_FORMAT)
 STAT = struct.Struct(wire.RESP_SHM_STAT_FORMAT)
 P = wire.PAGE_SIZE
-
-
-@pytest.fixture(params=["shared", "inline"])
-def raw(request, conformance_host):
-    with guest.connect(conformance_host.endpoint, memory=request.param, mem_size=32 << 20) as conn:
-        yield Raw(conn)
-
-
-@pytest.fixture
-def two(conformance_host):
-    """Two sessions (two guests, as far as the host can tell), one per memory model."""
-    with guest.connect(conformance_host.endpoint, mem_size=16 << 20) as a, \
-            guest.connect(conformance_host.endpoint, memory="inline", mem_size=16 << 20) as b:
-        yield Raw(a), Raw(b)
 
 
 def code(raw, command, data=b""):

@@ -6,23 +6,15 @@ import struct
 
 import msgpack
 import numpy as np
-import pytest
 
-import guest
 from spec import wire
 
-from test_cmd_fence import Raw, cmd, launch
+from rawdevice import cmd, launch
 
 VA = struct.Struct(wire.RESP_VA_FORMAT)
 ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
 P = wire.PAGE_SIZE
 R, RW = wire.MEM_MAP_ACCESS_READ, wire.MEM_MAP_ACCESS_READ | wire.MEM_MAP_ACCESS_WRITE
-
-
-@pytest.fixture(params=["shared", "inline"])
-def raw(request, conformance_host):
-    with guest.connect(conformance_host.endpoint, memory=request.param, mem_size=32 << 20) as conn:
-        yield Raw(conn)
 
 
 def code(raw, command, data=b""):

@@ -7,8 +7,8 @@ from spec import wire
 HELLO = {"op": "hello", "version": [0, 1], "name": "conformance", "memory": "inline", "mem_size": 1 << 20}
 
 
-def test_hello_reply_lists_devices_and_heartbeat(raw):
-    p = raw()
+def test_hello_reply_lists_devices_and_heartbeat(raw_peer):
+    p = raw_peer()
     r = p.request(HELLO)
     assert r["ok"] is True and isinstance(r["session"], str)
     assert [d["index"] for d in r["devices"]] == [0, 1]
@@ -16,8 +16,8 @@ def test_hello_reply_lists_devices_and_heartbeat(raw):
     assert r["heartbeat_ms"] > 0
 
 
-def test_undecodable_frame_is_dropped_and_host_carries_on(raw):
-    p = raw()
+def test_undecodable_frame_is_dropped_and_host_carries_on(raw_peer):
+    p = raw_peer()
     p.send_frames([b"\xc1\xff not msgpack"])
     p.send_frames([msgpack.packb([1, 2, 3])])
     p.send_frames([msgpack.packb({"op": "hello"})])  # a request without seq
@@ -25,14 +25,14 @@ def test_undecodable_frame_is_dropped_and_host_carries_on(raw):
     assert p.request(HELLO)["ok"] is True
 
 
-def test_unknown_op_gets_an_error_reply(raw):
-    p = raw()
+def test_unknown_op_gets_an_error_reply(raw_peer):
+    p = raw_peer()
     r = p.request({"op": "frobnicate"})
     assert r["ok"] is False and r["error"] == wire.CTL_ERR_UNKNOWN_OP and r["message"]
 
 
-def test_missing_and_mistyped_fields(raw):
-    p = raw()
+def test_missing_and_mistyped_fields(raw_peer):
+    p = raw_peer()
     r = p.request({"op": "hello", "version": [0, 1], "name": "x", "memory": "inline"})
     assert r["ok"] is False and r["error"] == wire.CTL_ERR_MISSING_FIELD
     r = p.request(dict(HELLO, mem_size="big"))
@@ -41,8 +41,8 @@ def test_missing_and_mistyped_fields(raw):
     assert r["ok"] is False and r["error"] == wire.CTL_ERR_MALFORMED
 
 
-def test_requests_before_hello_and_second_hello(raw):
-    p = raw()
+def test_requests_before_hello_and_second_hello(raw_peer):
+    p = raw_peer()
     r = p.request({"op": "get_status", "dev": 0})
     assert r["ok"] is False and r["error"] == wire.CTL_ERR_NO_SESSION
     assert p.request(HELLO)["ok"]
@@ -50,16 +50,16 @@ def test_requests_before_hello_and_second_hello(raw):
     assert r["ok"] is False and r["error"] == wire.CTL_ERR_BAD_STATE
 
 
-def test_bad_version_and_memory_limits(raw):
-    p = raw()
+def test_bad_version_and_memory_limits(raw_peer):
+    p = raw_peer()
     assert p.request(dict(HELLO, version=[9, 0]))["error"] == wire.CTL_ERR_BAD_VERSION
     assert p.request(dict(HELLO, mem_size=1000))["error"] == wire.CTL_ERR_MALFORMED
     assert p.request(dict(HELLO, mem_size=1 << 50))["error"] == wire.CTL_ERR_LIMIT
     assert p.request(dict(HELLO, memory="telepathy"))["error"] == wire.CTL_ERR_MALFORMED
 
 
-def test_device_and_queue_checks(raw):
-    p = raw()
+def test_device_and_queue_checks(raw_peer):
+    p = raw_peer()
     p.request(HELLO)
     assert p.request({"op": "get_status", "dev": 7})["error"] == wire.CTL_ERR_BAD_DEVICE
     assert p.request({"op": "get_features", "dev": 0})["features"] == wire.DEVICE_FEATURES
@@ -72,8 +72,8 @@ def test_device_and_queue_checks(raw):
     assert p.request({"op": "set_status", "dev": 0, "status": 1})["error"] == wire.CTL_ERR_BAD_STATE
 
 
-def test_features_ok_not_kept_without_version_1(raw):
-    p = raw()
+def test_features_ok_not_kept_without_version_1(raw_peer):
+    p = raw_peer()
     p.request(HELLO)
     for s in (1, 3):
         p.request({"op": "set_status", "dev": 0, "status": s})
@@ -82,8 +82,8 @@ def test_features_ok_not_kept_without_version_1(raw):
     assert not p.request({"op": "get_status", "dev": 0})["status"] & wire.STATUS_FEATURES_OK
 
 
-def test_set_vring_validation_and_driver_ok_preconditions(raw):
-    p = raw()
+def test_set_vring_validation_and_driver_ok_preconditions(raw_peer):
+    p = raw_peer()
     p.request(HELLO)
     for s in (1, 3):
         p.request({"op": "set_status", "dev": 0, "status": s})
@@ -100,12 +100,12 @@ def test_set_vring_validation_and_driver_ok_preconditions(raw):
     assert p.request({"op": "set_status", "dev": 0, "status": 15})["ok"]
 
 
-def test_set_mem_table_rules(raw):
-    p = raw()
+def test_set_mem_table_rules(raw_peer):
+    p = raw_peer()
     p.request(HELLO)  # inline model
     r = p.request({"op": "set_mem_table", "regions": [{"gpa": 0, "size": 1 << 20, "name": "x"}]})
     assert r["error"] == wire.CTL_ERR_BAD_STATE
-    q = raw()
+    q = raw_peer()
     q.request(dict(HELLO, memory="shared"))
     r = q.request({"op": "set_mem_table", "regions": [{"gpa": 0, "size": 1 << 20, "name": "pvgpu-does-not-exist"}]})
     assert r["error"] == wire.CTL_ERR_BAD_MEMORY
@@ -113,16 +113,16 @@ def test_set_mem_table_rules(raw):
     assert r["error"] == wire.CTL_ERR_BAD_MEMORY
 
 
-def test_ping_and_bye(raw):
-    p = raw()
+def test_ping_and_bye(raw_peer):
+    p = raw_peer()
     p.request(HELLO)
     assert p.request({"op": "ping"})["ok"]
     assert p.request({"op": "bye"})["ok"]
     assert p.request({"op": "get_status", "dev": 0})["error"] == wire.CTL_ERR_NO_SESSION
 
 
-def test_a_bad_session_does_not_disturb_another(raw):
-    good, bad = raw(), raw()
+def test_a_bad_session_does_not_disturb_another(raw_peer):
+    good, bad = raw_peer(), raw_peer()
     good.request(HELLO)
     bad.request(HELLO)
     for junk in ([b"\x00"], [msgpack.packb({"op": 5, "seq": 1})], [msgpack.packb({"op": "kick", "dev": "x"})],

@@ -9,12 +9,6 @@ from guest.frontend.driver import command
 from spec import wire
 
 
-@pytest.fixture(params=["shared", "inline"])
-def conn(request, shared_host):
-    with guest.connect(shared_host.endpoint, memory=request.param, mem_size=32 << 20) as c:
-        yield c
-
-
 def test_kernel_argument_at_unmapped_va_is_a_page_fault(conn):
     dev = conn.devices[0]
     with dev.create_context() as bad, dev.create_context() as good:

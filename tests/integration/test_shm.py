@@ -19,12 +19,6 @@ N = 1 << 18  # 1 MiB of float32
 GRID, BLOCK = N // 256, 256
 
 
-@pytest.fixture(params=["shared", "inline"])
-def conn(request, shared_host):
-    with guest.connect(shared_host.endpoint, memory=request.param, mem_size=32 << 20) as c:
-        yield c
-
-
 def vram_free(endpoint):
     with guest.connect(endpoint, memory="inline", mem_size=1 << 20) as c:
         return c.devices[0].info()["vram_free"]

@@ -20,12 +20,6 @@ GRID, BLOCK = N // 256, 256
 LONG_BURN_US = 300_000
 
 
-@pytest.fixture(params=["shared", "inline"])
-def conn(request, shared_host):
-    with guest.connect(shared_host.endpoint, memory=request.param, mem_size=32 << 20) as c:
-        yield c
-
-
 def test_two_streams_each_run_a_launch_chain(conn):
     with conn.devices[0].create_context() as ctx:
         s1, s2 = ctx.create_stream(), ctx.create_stream()

@@ -13,12 +13,6 @@ P = wire.PAGE_SIZE
 N = 4 * P // 4  # float32 elements of a 4-page buffer
 
 
-@pytest.fixture(params=["shared", "inline"])
-def conn(request, shared_host):
-    with guest.connect(shared_host.endpoint, memory=request.param, mem_size=32 << 20) as c:
-        yield c
-
-
 def test_read_only_mapping_reads_and_faults_on_write(conn):
     dev = conn.devices[0]
     with dev.create_context() as ctx, dev.create_context() as other:

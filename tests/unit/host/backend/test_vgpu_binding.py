@@ -10,7 +10,7 @@ from host.hw.gpu import Platform
 from host.kmd.device import KmdDevice
 from host.kmd.sched import VgpuShares
 from spec import wire
-from tests.unit.host.backend.test_backend import Guest, cmd
+from tests.unit.host.backend.test_backend import Guest, _backend, cmd
 
 A = VgpuShares("A", compute=50, copy=50, mem=25)
 B = VgpuShares("B", compute=50, copy=50, mem=50)
@@ -18,18 +18,7 @@ B = VgpuShares("B", compute=50, copy=50, mem=50)
 
 @pytest.fixture
 def backend():
-    plat = Platform(num_gpus=1, vram_size=32 << 20)
-    kmds = [KmdDevice(g, vgpus=(A, B)) for g in plat.gpus]
-    for k in kmds:
-        k.start()
-    b = Backend(kmds, heartbeat_ms=100, vgpus=(A, B))
-    try:
-        yield b
-    finally:
-        b.shutdown()
-        for k in kmds:
-            k.stop()
-        plat.stop()
+    yield from _backend(num_gpus=1, backend_options={"vgpus": (A, B)}, vgpus=(A, B))
 
 
 def hello(g, **fields):

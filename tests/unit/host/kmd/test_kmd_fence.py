@@ -132,3 +132,11 @@ def test_signal_all_marks_before_callbacks():
     signal_all(fences)
     assert seen == [[True, True, True]]
     assert Fence.signaled_fence().signaled
+
+
+def test_force_completion_writes_the_last_sequence_and_pops_everything():
+    fd, _, ring = make()
+    fences = [fd.emit(ring) for _ in range(3)]
+    done = fd.force_completion()
+    assert done == fences and not fd.pending
+    assert fd.read_wb() == fences[-1].seq and not any(f.signaled for f in fences)

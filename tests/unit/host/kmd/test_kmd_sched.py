@@ -353,3 +353,16 @@ def test_snapshot_reports_per_vgpu_accounting():
     assert snap["vgpus"]["a"]["busy_ns"] == 10 * MS
     assert snap["vgpus"]["a"]["jobs"] == 1
     assert snap["busy_ns"] == 10 * MS
+
+
+def test_queued_jobs_are_counted_per_owner():
+    ring, s = make(hw_limit=1)
+    a, b = object(), object()
+    ea, eb = s.entity("a", A, owner=a), s.entity("b", B, owner=b)
+    push(s, ea), push(s, ea), push(s, eb, deps=[Fence(9, 1)])
+    assert (s.queued(), s.queued(a), s.queued(b)) == (3, 2, 1)
+    s.schedule(0)  # one of a's jobs goes to the hardware
+    assert (s.queued(), s.queued(a), s.queued(b)) == (2, 1, 1)
+    s.close_entity(eb, cancel=ContextLost("gone"))
+    assert (s.queued(), s.queued(a), s.queued(b)) == (1, 1, 0)
+    assert s.queued(a) == sum(len(e.jobs) for e in s.entities if e.owner is a)

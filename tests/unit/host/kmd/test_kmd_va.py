@@ -136,8 +136,6 @@ def test_unmap_is_deferred_behind_pending_work_and_remap_waits(dev):
 
 
 def test_mapping_an_evicted_buffer_brings_it_back_and_aliased_ones_stay(dev):
-    if not hasattr(dev, "_evict_bo"):
-        pytest.skip("this KMD does not evict")
     ctx = dev.create_context()
     win = Window(dev, ctx)
     bo = ctx.alloc(2 * P)
