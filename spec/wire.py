@@ -134,10 +134,11 @@ VIRTIO_F_EVENT_IDX = 29
 VIRTIO_F_VERSION_1 = 32
 PVGPU_F_COMPUTE = 0  # built-in kernel library and LAUNCH
 PVGPU_F_CONTEXT_INIT = 1  # ring_idx names a timeline (virtio-gpu CONTEXT_INIT)
+PVGPU_F_EVENTQ = 2  # queue 1 is the event queue (spec §5.7)
 
 DEVICE_FEATURES = (
     (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_F_INDIRECT_DESC) | (1 << VIRTIO_F_EVENT_IDX)
-    | (1 << PVGPU_F_COMPUTE) | (1 << PVGPU_F_CONTEXT_INIT)
+    | (1 << PVGPU_F_COMPUTE) | (1 << PVGPU_F_CONTEXT_INIT) | (1 << PVGPU_F_EVENTQ)
 )
 REQUIRED_FEATURES = (1 << VIRTIO_F_VERSION_1)
 
@@ -147,11 +148,13 @@ FEATURE_NAMES = {
     VIRTIO_F_VERSION_1: "VERSION_1",
     PVGPU_F_COMPUTE: "COMPUTE",
     PVGPU_F_CONTEXT_INIT: "CONTEXT_INIT",
+    PVGPU_F_EVENTQ: "EVENTQ",
 }
 
 VIRTIO_ID_GPU = 16
 CONTROLQ = 0
-NUM_QUEUES = 1
+EVENTQ = 1  # exists only with PVGPU_F_EVENTQ negotiated
+NUM_QUEUES = 2
 MAX_QUEUE_SIZE = 1024  # the device's limit for set_vring `size`
 MAX_RING_IDX = 63
 
@@ -386,6 +389,20 @@ ACCESS_READ = 1
 ACCESS_WRITE = 2
 ACCESS_EXEC = 4
 ACCESS_NAMES = {ACCESS_READ: "read", ACCESS_WRITE: "write", ACCESS_EXEC: "exec"}
+
+# Event queue (queue EVENTQ, spec §5.7): the driver posts device-writable buffers of at
+# least EVTQ_ENTRY_SIZE bytes; the device fills one per event: a control header (type,
+# flags, fence_id 0, ctx_id, ring_idx of the failed job's timeline) and this body:
+#   le64 seq; le64 timestamp_ns; le64 address; le32 vmid; u8 access; u8 engine; u8 pad[2];
+#   le32 missed; le32 reserved
+EVTQ_PAGE_FAULT = 0x1400  # a job of ctx_id faulted: address/access/vmid/engine name it
+EVTQ_CONTEXT_LOST = 0x1401  # ctx_id was lost (its job on `engine` ran past the timeout)
+EVTQ_NAMES = {EVTQ_PAGE_FAULT: "PAGE_FAULT", EVTQ_CONTEXT_LOST: "CONTEXT_LOST"}
+EVTQ_FLAG_MISSED = 1  # events were dropped before this one (`missed` says how many)
+EVTQ_BODY_FORMAT = "<QQQIBB2xII"
+EVTQ_ENTRY_SIZE = CTRL_HDR_SIZE + struct.calcsize(EVTQ_BODY_FORMAT)  # 64
+MAX_PENDING_EVENTS = 64  # events the device keeps while the driver posts no buffer
+EVTQ_ENGINE_NAMES = {0: "compute", 1: "copy0", 2: "copy1"}  # EVTQ `engine`
 
 PAGE_SIZE = 4096
 # Device virtual address layout of every context (spec §6.3).

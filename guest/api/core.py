@@ -92,8 +92,26 @@ def _api(fn):
                 mapped = errors.translate(e)
                 if mapped is e:
                     raise
+                if isinstance(mapped, errors.PageFaultError):
+                    _claim_fault_event(self, mapped)
                 raise mapped from None
     return wrapper
+
+
+def _claim_fault_event(obj, err) -> None:
+    """Attach the event-queue entry of a fault (spec §5.7) to the PageFaultError raised for
+    it. Every fault event of the same context received so far counts as reported with it
+    (one operation, e.g. a chunked copy, may fault in several jobs), so a later
+    synchronize does not raise them again."""
+    ctx = obj if isinstance(obj, Context) else getattr(obj, "context", None)
+    device = ctx.device if isinstance(ctx, Context) else getattr(obj, "device", obj)
+    if not isinstance(device, Device):
+        return
+    same = (lambda ev: ev.ctx_id == ctx.ctx_id) if isinstance(ctx, Context) else \
+        (lambda ev: ev.address == err.address)
+    claimed = device._claim_faults(same)
+    err.event = next((ev for ev in claimed if ev.address == err.address),
+                     claimed[0] if claimed else None)
 
 
 def connect(endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
@@ -193,6 +211,29 @@ class Device:
         self.small_h2d_max = SMALL_H2D_MAX  # 0: every H2D goes through a bounce chunk
         self._stale = set()  # lent chunks of an earlier staging_chunk size
         _pinned.init_device(self)  # pinned_request, pinned_depth, copy_stats
+        self._unclaimed_faults = collections.deque(maxlen=256)  # fault events not yet raised
+        driver.event_handler = self._on_device_event
+
+    def _on_device_event(self, event) -> None:
+        """An event-queue entry (spec §5.7), from the driver's reap."""
+        ctx = self._contexts.get(event.ctx_id)
+        if ctx is not None:
+            ctx._device_events.append(event)
+        if event.type == wire.EVTQ_PAGE_FAULT:
+            self._unclaimed_faults.append(event)
+
+    def _claim_faults(self, match) -> list:
+        """-> the unclaimed fault events that `match`, oldest first (now claimed)."""
+        claimed = [ev for ev in self._unclaimed_faults if match(ev)]
+        for ev in claimed:
+            self._unclaimed_faults.remove(ev)
+        return claimed
+
+    @property
+    def events(self) -> list:
+        """The latest events the device reported on its event queue (DeviceEvent: page
+        faults and lost contexts, of every context of this connection on the device)."""
+        return list(self.driver.events)
 
     @property
     def staging_chunk(self) -> int:
@@ -725,6 +766,18 @@ class Context:
         self.destroyed = False
         self._streams = {}  # ring_idx -> Stream
         self.default_stream = self._streams[0] = Stream(self, 0)
+        self._device_events = []  # DeviceEvents of this context (event queue)
+
+    @property
+    def faults(self) -> list:
+        """The GPU page faults of this context's jobs, as the device reported them on its
+        event queue (DeviceEvent: address, access, vmid, engine, ring_idx, timestamp_ns).
+        A faulted context keeps working (spec CMD-FAULT-4)."""
+        return [e for e in self._device_events if e.type == wire.EVTQ_PAGE_FAULT]
+
+    @property
+    def faulted(self) -> bool:
+        return bool(self.faults)
 
     # ------------------------------------------------------------------ streams
     @_api
@@ -1163,6 +1216,14 @@ class Context:
         for s in streams:
             s._settle()
         raise_first(err, *[s._take_error() for s in streams])
+        # faults whose jobs' errors nobody has seen (they came only on the event queue)
+        claimed = self.device._claim_faults(lambda ev: ev.ctx_id == self.ctx_id)
+        if claimed:
+            ev = claimed[0]
+            more = f" (and {len(claimed) - 1} more)" if len(claimed) > 1 else ""
+            e = errors.PageFaultError(f"{ev}{more}", info0=ev.address, info1=ev.access)
+            e.event = ev
+            raise e
 
     @_api
     def destroy(self) -> None:

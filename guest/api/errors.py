@@ -69,9 +69,18 @@ class InvalidAddressError(DeviceError):
 
 
 class PageFaultError(DeviceError):
-    """The GPU faulted: `address` is the faulting device VA, `access` 'read'/'write'/'exec'."""
+    """The GPU faulted: `address` is the faulting device VA, `access` 'read'/'write'/'exec'.
+    `event` is the device's event-queue report of the fault (a DeviceEvent with its vmid,
+    engine and stream), when the device has an event queue; `str()` then includes it."""
 
     code = wire.RESP_ERR_PAGE_FAULT
+    event = None
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.event is not None and str(self.event) not in text:
+            text = f"{text} [{self.event}]"
+        return text
 
     @property
     def address(self) -> int:

@@ -9,11 +9,18 @@ response and its indirect table, so the hot path allocates nothing.
 
 Requests are asynchronous: `submit` returns a `Request` that completes when the device
 returns the chain on the used ring; `wait` blocks on the session for it.
+
+With PVGPU_F_EVENTQ negotiated the driver also sets up the event queue (spec §5.7): it
+keeps EVENTQ_SIZE device-writable buffers posted, and `reap` turns each returned one into
+a `DeviceEvent` (a page fault or a lost context), hands it to `event_handler` and
+re-posts the buffer.
 """
 
 from __future__ import annotations
 
+import collections
 import struct
+from typing import NamedTuple
 
 from spec import wire
 from transport.virtqueue import DriverQueue, VirtqLayout
@@ -23,7 +30,9 @@ SLOT_CMD = 256  # header + body + launch args
 SLOT_RESP = wire.MIN_RESPONSE_SIZE
 SLOT_TABLE_ENTRIES = 16
 SLOT_SIZE = 1024  # cmd 256 | resp 256 | table 256 | spare
+EVENTQ_SIZE = 16  # event buffers kept posted
 _HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
+_EVTQ_BODY = struct.Struct(wire.EVTQ_BODY_FORMAT)
 _ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
 WANTED_FEATURES = wire.DEVICE_FEATURES
 
@@ -45,6 +54,42 @@ class DeviceResponseError(RuntimeError):
     @property
     def name(self) -> str:
         return wire.RESP_NAMES.get(self.resp, hex(self.resp))
+
+
+class DeviceEvent(NamedTuple):
+    """One event-queue entry (spec EVTQ-ENTRY-1)."""
+
+    type: int  # wire.EVTQ_*
+    ctx_id: int
+    ring_idx: int
+    seq: int
+    timestamp_ns: int
+    address: int
+    vmid: int
+    access: int  # wire.ACCESS_*
+    engine: int
+    missed: int  # events the device dropped just before this one
+
+    @property
+    def kind(self) -> str:
+        return wire.EVTQ_NAMES.get(self.type, hex(self.type)).lower()
+
+    @classmethod
+    def parse(cls, raw: bytes) -> "DeviceEvent":
+        etype, _flags, _fence, ctx_id, ring_idx = _HDR.unpack_from(raw)
+        seq, ts, address, vmid, access, engine, missed, _ = _EVTQ_BODY.unpack_from(raw, _HDR.size)
+        return cls(etype, ctx_id, ring_idx, seq, ts, address, vmid, access, engine, missed)
+
+    def __str__(self) -> str:
+        engine = wire.EVTQ_ENGINE_NAMES.get(self.engine, str(self.engine))
+        if self.type == wire.EVTQ_PAGE_FAULT:
+            access = wire.ACCESS_NAMES.get(self.access, f"access {self.access}")
+            return (f"GPU page fault in context {self.ctx_id}: {access} at VA {self.address:#x} "
+                    f"(vmid {self.vmid}, {engine} engine, stream {self.ring_idx})")
+        if self.type == wire.EVTQ_CONTEXT_LOST:
+            return (f"context {self.ctx_id} lost: its job on the {engine} engine "
+                    f"(stream {self.ring_idx}) ran past the host's timeout")
+        return f"device event {self.type:#x} for context {self.ctx_id}"
 
 
 class Request:
@@ -109,11 +154,25 @@ class VirtioGpuDriver:
         self._by_head = {}
         self._unkicked = 0
         self.config = None
+        self.eventq: DriverQueue | None = None
+        self._event_bufs = {}  # head -> gpa of a posted event buffer
+        self.events = collections.deque(maxlen=256)  # the latest DeviceEvents
+        self.event_handler = None  # fn(DeviceEvent), called from reap()
 
     @staticmethod
-    def area_size() -> int:
-        ring = VirtqLayout.at(0, QUEUE_SIZE).end
-        return -(-ring // 4096) * 4096 + QUEUE_SIZE * SLOT_SIZE
+    def _layout_offsets() -> tuple:
+        """-> (offset of the request slots, of the event queue, of the event buffers,
+        total size) of a device's area."""
+        page = 4096
+        slots = -(-VirtqLayout.at(0, QUEUE_SIZE).end // page) * page
+        eventq = slots + QUEUE_SIZE * SLOT_SIZE
+        bufs = eventq + -(-VirtqLayout.at(0, EVENTQ_SIZE).end // 64) * 64
+        end = bufs + EVENTQ_SIZE * wire.EVTQ_ENTRY_SIZE
+        return slots, eventq, bufs, -(-end // page) * page
+
+    @classmethod
+    def area_size(cls) -> int:
+        return cls._layout_offsets()[3]
 
     def slot_gpa(self, slot: int) -> int:
         return self._slots_base + slot * SLOT_SIZE
@@ -140,7 +199,8 @@ class VirtioGpuDriver:
             raise RuntimeError(f"device {dev} refused features {self.features:#x}")
         self.config = struct.unpack(wire.CONFIG_FORMAT, s.control(wire.OP_GET_CONFIG, dev=dev)["config"])
         layout = VirtqLayout.at(self.base, QUEUE_SIZE)
-        self._slots_base = -(-layout.end // 4096) * 4096
+        slots, eventq_off, bufs_off, _ = self._layout_offsets()
+        self._slots_base = self.base + slots
         self.queue = DriverQueue(self.mem, layout,
                                  event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
                                  indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC))
@@ -151,11 +211,30 @@ class VirtioGpuDriver:
         s.control(wire.OP_SET_VRING, dev=dev, queue=wire.CONTROLQ, size=layout.size,
                   desc=layout.desc, avail=layout.avail, used=layout.used)
         s.control(wire.OP_ENABLE_VRING, dev=dev, queue=wire.CONTROLQ, enable=True)
+        self.eventq = None
+        self._event_bufs = {}
+        if self.has(wire.PVGPU_F_EVENTQ):
+            self._setup_eventq(self.base + eventq_off, self.base + bufs_off)
         status |= wire.STATUS_DRIVER_OK
         s.control(wire.OP_SET_STATUS, dev=dev, status=status)
         self.needs_reset = False
         self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
         self._by_head = {}
+
+    def _setup_eventq(self, ring_gpa: int, bufs_gpa: int) -> None:
+        """Queue 1 with EVENTQ_SIZE posted buffers, notifications on (spec EVTQ-SETUP-1)."""
+        layout = VirtqLayout.at(ring_gpa, EVENTQ_SIZE)
+        q = DriverQueue(self.mem, layout, event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
+                        indirect=False)
+        for i in range(EVENTQ_SIZE):
+            gpa = bufs_gpa + i * wire.EVTQ_ENTRY_SIZE
+            self._event_bufs[q.add_chain([], [(gpa, wire.EVTQ_ENTRY_SIZE)])] = gpa
+        q.enable_interrupts()
+        self.session.control(wire.OP_SET_VRING, dev=self.index, queue=wire.EVENTQ,
+                             size=layout.size, desc=layout.desc, avail=layout.avail,
+                             used=layout.used)
+        self.session.control(wire.OP_ENABLE_VRING, dev=self.index, queue=wire.EVENTQ, enable=True)
+        self.eventq = q
 
     def has(self, bit: int) -> bool:
         return bool(self.features & (1 << bit))
@@ -214,9 +293,12 @@ class VirtioGpuDriver:
             self.session.kick(self.index)
 
     def reap(self) -> int:
-        """Collect used entries; -> how many requests completed."""
+        """Collect used entries; -> how many requests completed. Events are handled first,
+        so a job's event is known before the request that reports its error completes."""
         if self.queue is None:
             return 0
+        if self.eventq is not None:
+            self._reap_events()
         done = self.queue.pop_used()
         for head, length in done:
             req = self._by_head.pop(head, None)
@@ -228,6 +310,25 @@ class VirtioGpuDriver:
             if req.on_done is not None:
                 req.on_done(req)
         return len(done)
+
+    def _reap_events(self) -> None:
+        q = self.eventq
+        used = q.pop_used()
+        if not used:
+            return
+        for head, length in used:
+            gpa = self._event_bufs.pop(head, None)
+            if gpa is None:
+                continue
+            if length >= wire.EVTQ_ENTRY_SIZE:
+                event = DeviceEvent.parse(self.mem.read(gpa, wire.EVTQ_ENTRY_SIZE))
+                self.events.append(event)
+                if self.event_handler is not None:
+                    self.event_handler(event)
+            self._event_bufs[q.add_chain([], [(gpa, wire.EVTQ_ENTRY_SIZE)])] = gpa
+        q.enable_interrupts()
+        if q.should_kick() or self.session.inline:
+            self.session.kick(self.index, wire.EVENTQ)
 
     def fail_all(self, exc: Exception) -> None:
         """DEVICE_NEEDS_RESET: every pending request fails with `exc`."""

@@ -106,8 +106,8 @@ class FrontendSession:
             raise ControlRequestError(op, reply.get("error", "?"), reply.get("message", ""))
         return reply
 
-    def kick(self, dev: int) -> None:
-        msg = {"op": wire.OP_KICK, "dev": dev, "queue": wire.CONTROLQ}
+    def kick(self, dev: int, queue: int = wire.CONTROLQ) -> None:
+        msg = {"op": wire.OP_KICK, "dev": dev, "queue": queue}
         frames = ()
         if self.inline:
             dirty = self.mem.take_dirty()

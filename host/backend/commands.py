@@ -145,6 +145,17 @@ def fault_to_error(err) -> CommandError:
     return CommandError(wire.RESP_ERR_UNSPEC, f"GPU error: {err}")
 
 
+def error_to_event(err):
+    """A KMD context error (error_listener) -> (EVTQ type, address, access, vmid) of its
+    event-queue entry (spec §5.7), or None for errors that have no event."""
+    address = getattr(err, "address", None)
+    if address is not None:
+        return wire.EVTQ_PAGE_FAULT, address, getattr(err, "access", 0), getattr(err, "vmid", 0)
+    if isinstance(err, KmdError) and err.code in (kmd_errors.JOB_TIMEOUT, kmd_errors.CONTEXT_LOST):
+        return wire.EVTQ_CONTEXT_LOST, 0, 0, 0
+    return None
+
+
 def kmd_to_error(e: KmdError) -> CommandError:
     shm = shm_error(e)
     if shm is not None:
@@ -171,12 +182,15 @@ class ComputeDevice:
 
     def __init__(self, kmd, dma_mapping, mem_size: int, negotiated_features: int = 0, *,
                  exports: EventExports | None = None, owner=None, device_index: int | None = None,
-                 vgpu=None):
+                 vgpu=None, event_sink: Callable | None = None):
         """`exports`: the host-global export registry (a private one if None); `owner`:
         the session, whose exports are bounded together and whose queued GPU jobs are
         flow-controlled together; `device_index`: for GET_STATS; `vgpu`: the session's
-        vGPU (host.kmd.sched.VgpuShares), None for the device's default one."""
+        vGPU (host.kmd.sched.VgpuShares), None for the device's default one;
+        `event_sink(type, ctx_id, ring_idx, address, access, vmid, engine)`: where the
+        faults and losses of this session's contexts go (called on engine threads)."""
         self.vgpu = vgpu
+        self.event_sink = event_sink
         self.kmd = kmd
         self.dma_mapping = dma_mapping  # the session's guest memory, DMA-mapped for this GPU
         self.mem_size = mem_size
@@ -286,7 +300,19 @@ class ComputeDevice:
             self.kmd.destroy_context(kctx)
             raise kmd_to_error(e) from None
         self.contexts[req.ctx_id] = ContextState(req.ctx_id, kctx)
+        if self.event_sink is not None:
+            kctx.error_listener = self._context_error_listener(req.ctx_id)
         return Response()
+
+    def _context_error_listener(self, ctx_id: int):
+        sink = self.event_sink
+
+        def on_error(_kctx, error, timeline: int, engine: int) -> None:  # engine thread
+            event = error_to_event(error)
+            if event is not None:
+                etype, address, access, vmid = event
+                sink(etype, ctx_id, timeline, address, access, vmid, engine)
+        return on_error
 
     def cmd_ctx_destroy(self, req, body, chain, mem):
         ctx = self._ctx(req)
@@ -671,6 +697,7 @@ class ComputeDevice:
             self.resource_owner.pop(rid, None)
         ctx.resources.clear()
         del self.contexts[ctx.ctx_id]
+        ctx.kmd_ctx.error_listener = None  # EVTQ-EVENT-3: no events of destroyed contexts
         # frees are deferred until its work is done; on reset its queued work is dropped
         self.kmd.destroy_context(ctx.kmd_ctx, cancel=cancel)
 

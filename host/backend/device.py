@@ -9,10 +9,17 @@ writable part and the chain is returned on the used ring.
 A malformed chain (a VirtqError with its spec clause) puts this device of this session
 into DEVICE_NEEDS_RESET: held chains are dropped, the queue stops until the driver
 resets the device, and the session sends `config_changed` (spec VQ-* clauses, DEV-*).
+
+With PVGPU_F_EVENTQ negotiated the device also has the event queue (spec §5.7): the
+faults and losses of this session's contexts arrive from engine threads through
+`ComputeDevice.event_sink`, are queued on the backend thread (at most
+MAX_PENDING_EVENTS, oldest dropped and counted) and written into the buffers the driver
+posts on queue 1.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import struct
 
@@ -25,6 +32,7 @@ from transport.virtqueue import DeviceQueue, VirtqLayout
 log = logging.getLogger("pvgpu.backend")
 
 _HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
+_EVTQ_BODY = struct.Struct(wire.EVTQ_BODY_FORMAT)
 _ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
 _ADDABLE = (wire.STATUS_ACKNOWLEDGE | wire.STATUS_DRIVER | wire.STATUS_FEATURES_OK
             | wire.STATUS_DRIVER_OK | wire.STATUS_FAILED)
@@ -43,13 +51,22 @@ class VirtioGpuDevice:
         self.queue_layout = None
         self.queue_enabled = False
         self.queue: DeviceQueue | None = None
+        self.eventq_layout = None
+        self.eventq_enabled = False
+        self.eventq: DeviceQueue | None = None
+        self.incoming_events = collections.deque()  # from engine threads, not yet numbered
+        self.events = collections.deque()  # (seq, type, ctx_id, ring_idx, fields) not yet posted
+        self.event_seq = 0
+        self.events_missed = 0  # dropped since the last delivered event
+        self.eventq_added = False  # used entries added to the event queue, call not yet sent
         self.compute: ComputeDevice | None = None
         self.held = 0  # chains held for a fence
         self.reset_announced = False  # config_changed sent for the current NEEDS_RESET
         self.stalled = False  # holding back chains until the GPU has room again
         self.abandoned = []  # fences of work torn down by DEVICE_NEEDS_RESET
         self.stats = {"chains": 0, "bad_chains": 0, "unanswerable": 0, "ignored_kicks": 0,
-                      "stalls": 0}
+                      "stalls": 0, "events": 0, "events_posted": 0, "events_dropped": 0,
+                      "bad_event_buffers": 0}
 
     # ------------------------------------------------------------------ control ops
     def get_config(self) -> bytes:
@@ -106,17 +123,29 @@ class VirtioGpuDevice:
             layout.validate_in(self.session.mem_size)
         except VirtqLayoutError as e:
             raise ControlError(wire.CTL_ERR_BAD_MEMORY, str(e)) from None
-        self.queue_layout = layout
+        if queue == wire.EVENTQ:
+            self.eventq_layout = layout
+        else:
+            self.queue_layout = layout
 
     def enable_vring(self, queue: int, enable: bool) -> None:
         self._check_queue(queue)
-        if enable and self.queue_layout is None:
+        layout = self.eventq_layout if queue == wire.EVENTQ else self.queue_layout
+        if enable and layout is None:
             raise ControlError(wire.CTL_ERR_BAD_STATE, "enable_vring before set_vring")
-        self.queue_enabled = enable
+        if queue == wire.EVENTQ:
+            self.eventq_enabled = enable
+            if enable and self.eventq is None and self.status & wire.STATUS_DRIVER_OK:
+                self._open_eventq()
+        else:
+            self.queue_enabled = enable
 
     def _check_queue(self, queue: int) -> None:
         if not 0 <= queue < wire.NUM_QUEUES:
             raise ControlError(wire.CTL_ERR_BAD_QUEUE, f"queue {queue} does not exist")
+        if queue == wire.EVENTQ and not self.has(wire.PVGPU_F_EVENTQ):
+            raise ControlError(wire.CTL_ERR_BAD_QUEUE,
+                               "queue 1 (the event queue) needs PVGPU_F_EVENTQ, not negotiated")
 
     def _go_live(self) -> None:
         mem = self.session.mem
@@ -127,7 +156,15 @@ class VirtioGpuDevice:
                                      self.session.mem_size, self.driver_features,
                                      exports=getattr(self.session.backend, "event_exports", None),
                                      owner=self.session, device_index=self.index,
-                                     vgpu=getattr(self.session, "vgpu", None))
+                                     vgpu=getattr(self.session, "vgpu", None),
+                                     event_sink=self._event_sink())
+        if self.eventq_layout is not None:
+            self._open_eventq()
+
+    def _open_eventq(self) -> None:
+        self.eventq = DeviceQueue(self.session.mem, self.eventq_layout,
+                                  event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
+                                  indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC))
 
     def reset(self) -> list:
         """Device reset (status 0): -> fences still in flight for what was torn down,
@@ -141,6 +178,14 @@ class VirtioGpuDevice:
         self.queue_layout = None
         self.queue_enabled = False
         self.queue = None
+        self.eventq_layout = None
+        self.eventq_enabled = False
+        self.eventq = None
+        self.events.clear()
+        self.incoming_events.clear()
+        self.event_seq = 0
+        self.events_missed = 0
+        self.eventq_added = False
         self.compute = None
         self.held = 0
         self.reset_announced = False
@@ -216,6 +261,75 @@ class VirtioGpuDevice:
             return False
         return self._complete(chain, req, response=result)
 
+    # ------------------------------------------------------------------ event queue (§5.7)
+    def _event_sink(self):
+        """The ComputeDevice's event sink: from an engine thread, queue the event on the
+        backend thread (dropped if the device is reset meanwhile)."""
+        if not self.has(wire.PVGPU_F_EVENTQ):
+            return None
+        generation = self.generation
+
+        def sink(etype, ctx_id, ring_idx, address, access, vmid, engine):
+            # Queued before the KMD sets the job's error, so any response reporting that
+            # error is built after this append and takes the event first (EVTQ-EVENT-1).
+            self.incoming_events.append((generation, etype, ctx_id, ring_idx,
+                                         (self.kmd.clock_ns(), address, vmid, access, engine)))
+            self.session.post_completion(self, self._take_events)
+        return sink
+
+    def _take_events(self) -> bool:
+        """On the backend thread: number the incoming events and post what fits.
+        -> False: no control-queue entries were added."""
+        while self.incoming_events:
+            generation, etype, ctx_id, ring_idx, fields = self.incoming_events.popleft()
+            if generation != self.generation:
+                continue
+            self.event_seq += 1
+            self.stats["events"] += 1
+            self.events.append((self.event_seq, etype, ctx_id, ring_idx, fields))
+            if len(self.events) > wire.MAX_PENDING_EVENTS:  # EVTQ-EVENT-2
+                self.events.popleft()
+                self.events_missed += 1
+                self.stats["events_dropped"] += 1
+        self.process_eventq()
+        return False
+
+    def process_eventq(self) -> None:
+        """Fill posted event buffers with pending events (spec EVTQ-BUF-1, EVTQ-ENTRY-1)."""
+        if not self.live() or self.eventq is None or not self.eventq_enabled:
+            return
+        mem = self.session.mem
+        while self.events:
+            try:
+                chain = self.eventq.pop()
+            except VirtqError as e:
+                self.stats["bad_chains"] += 1
+                self.needs_reset(f"event queue: [{e.clause}] {e.message}")
+                return
+            if chain is None:
+                return
+            if chain.readable_len or chain.writable_len < wire.EVTQ_ENTRY_SIZE:
+                self.stats["bad_event_buffers"] += 1
+                self.eventq.add_used(chain.head, 0)
+                self.eventq_added = True
+                continue
+            seq, etype, ctx_id, ring_idx, (timestamp, address, vmid, access, engine) = \
+                self.events.popleft()
+            missed, self.events_missed = self.events_missed, 0
+            entry = (_HDR.pack(etype, wire.EVTQ_FLAG_MISSED if missed else 0, 0, ctx_id, ring_idx)
+                     + _EVTQ_BODY.pack(seq, timestamp, address, vmid, access, engine, missed, 0))
+            chain.write(mem, 0, entry)
+            self.eventq.add_used(chain.head, len(entry))
+            self.eventq_added = True
+            self.stats["events_posted"] += 1
+
+    def take_eventq_call(self) -> tuple:
+        """-> (entries were added to the event queue, the driver wants a call for them)."""
+        if not self.eventq_added:
+            return False, False
+        self.eventq_added = False
+        return True, self.eventq is not None and self.eventq.should_notify()
+
     def _stall(self) -> bool:
         """-> True if processing should pause until a resume is posted."""
         if self.stalled:
@@ -266,6 +380,8 @@ class VirtioGpuDevice:
 
     def _complete(self, chain, req: Request, response: Response | None = None,
                   error: CommandError | None = None) -> bool:
+        if self.incoming_events:
+            self._take_events()
         flags = req.flags & (wire.FLAG_FENCE | wire.FLAG_INFO_RING_IDX)
         fence_id = req.fence_id if req.flags & wire.FLAG_FENCE else 0
         if error is not None:

@@ -269,13 +269,17 @@ class Backend:
         if op == wire.OP_ENABLE_VRING:
             dev.enable_vring(msg["queue"], msg["enable"])
             if msg["enable"] and dev.live():
-                self._after_processing(session, dev, dev.process_queue(), out)
+                if msg["queue"] == wire.EVENTQ:
+                    dev.process_eventq()
+                    self._after_processing(session, dev, False, out)
+                else:
+                    self._after_processing(session, dev, dev.process_queue(), out)
             return {}
         raise ControlError(wire.CTL_ERR_UNKNOWN_OP, f"unknown op {op!r}")
 
     def _kick(self, session, msg, extra) -> list:
         dev_index, queue = msg["dev"], msg["queue"]
-        if not 0 <= dev_index < len(session.devices) or queue != wire.CONTROLQ:
+        if not 0 <= dev_index < len(session.devices) or queue not in (wire.CONTROLQ, wire.EVENTQ):
             self.stats["bad_kicks"] += 1
             return []
         dev = session.devices[dev_index]
@@ -293,21 +297,31 @@ class Backend:
                 self._after_processing(session, dev, False, out)
                 return out
         out = []
-        self._after_processing(session, dev, dev.process_queue(), out)
+        if queue == wire.EVENTQ:
+            dev.process_eventq()
+            self._after_processing(session, dev, False, out)
+        else:
+            self._after_processing(session, dev, dev.process_queue(), out)
         return out
 
     def _after_processing(self, session, dev, added: bool, out: list) -> None:
-        """Queue the `call` (and `config_changed`) the device owes the driver."""
+        """Queue the `call`s (and `config_changed`) the device owes the driver: one for
+        the control queue if it added used entries, one for the event queue if it did."""
         if dev.status & wire.STATUS_DEVICE_NEEDS_RESET and not dev.reset_announced:
             dev.reset_announced = True
             out.append((session.peer, codec.encode({"op": wire.OP_CONFIG_CHANGED, "dev": dev.index})))
+        events, events_notify = dev.take_eventq_call()
         if session.tracks_dirty:
             dirty = session.mem.take_dirty() if session.mem is not None else []
             if not dirty and not added:
                 return
-            notify = bool(added and dev.queue is not None and dev.queue.should_notify())
+            if added or not events:
+                queue = wire.CONTROLQ
+                notify = bool(added and dev.queue is not None and dev.queue.should_notify())
+            else:
+                queue, notify = wire.EVENTQ, events_notify
             buf = session.mem.buf
-            msg = {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.CONTROLQ, "notify": notify,
+            msg = {"op": wire.OP_CALL, "dev": dev.index, "queue": queue, "notify": notify,
                    "patches": [[gpa, i] for i, (gpa, _n) in enumerate(dirty)]}
             # Ring and response bytes are copied now: the loop sends later, after handling
             # more messages that may already have moved used.idx on. Large ranges are
@@ -315,9 +329,16 @@ class Backend:
             frames = [buf[gpa:gpa + n] if n >= ZERO_COPY_MIN else bytes(buf[gpa:gpa + n])
                       for gpa, n in dirty]
             out.append((session.peer, codec.encode(msg, frames)))
-        elif added and dev.queue is not None and dev.queue.should_notify():
-            out.append((session.peer, codec.encode(
-                {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.CONTROLQ, "notify": True})))
+            if events_notify and queue == wire.CONTROLQ:  # after the patches it relies on
+                out.append((session.peer, codec.encode(
+                    {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.EVENTQ, "notify": True})))
+        else:
+            if added and dev.queue is not None and dev.queue.should_notify():
+                out.append((session.peer, codec.encode(
+                    {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.CONTROLQ, "notify": True})))
+            if events_notify:
+                out.append((session.peer, codec.encode(
+                    {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.EVENTQ, "notify": True})))
 
     def _reply_when_done(self, session, dev, seq: int, fences) -> None:
         """Send `{ok: true}` for request `seq` once every fence has signalled."""

@@ -192,14 +192,15 @@ class IbPool:
 
 
 class _Job:
-    __slots__ = ("fence", "context", "kind", "ib", "ib_block", "submitted")
+    __slots__ = ("fence", "context", "kind", "ib", "ib_block", "submitted", "timeline")
 
-    def __init__(self, fence, context, kind, ib, ib_block):
+    def __init__(self, fence, context, kind, ib, ib_block, timeline: int = 0):
         self.fence = fence
         self.context = context
-        self.kind = kind
+        self.kind = kind  # the engine
         self.ib = ib
         self.ib_block = ib_block
+        self.timeline = timeline
         self.submitted = time.monotonic()
 
 
@@ -810,7 +811,8 @@ class KmdDevice:
         ring.alloc(5 + fence_mod.FENCE_DW)  # never waits: hw_limit jobs fit many times over
         ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
         fence = self.fences[engine].emit(ring)
-        self._jobs[fence] = _Job(fence, ctx, engine, phys, ib_blocks)
+        self._jobs[fence] = _Job(fence, ctx, engine, phys, ib_blocks,
+                                 ctx._timeline_of.get(job.entity, 0))
         ring.commit()
         fence.add_done_callback(lambda f, job=job: self._hw_done(job, f))
         return fence
@@ -937,6 +939,7 @@ class KmdDevice:
             ctx.lost = True
             ctx.lost_reason = (f"a job on {sched.name} ran past the "
                                f"{sched.timeout_ns / 1e9:g} s timeout")
+            timeline = ctx._timeline_of.get(job.entity, 0)
             self.stats["timeouts"] += 1
             self.stats["engine_resets"] += 1
             log.warning("gpu%d: %s timed out (context %d); resetting %s", self.index, job,
@@ -961,6 +964,7 @@ class KmdDevice:
                 s.schedule(now)
                 self._arm_timer(s)
             signals = self._take_signals()
+        ctx.report_error(errors.JobTimedOut(ctx.lost_reason), timeline, engine)
         self._signal(signals)
         return True
 
@@ -1077,6 +1081,8 @@ class KmdDevice:
             if job is not None:
                 job.context.stats["faults"] += 1
                 job.context.faults.append(error)
+        if job is not None:
+            job.context.report_error(error, job.timeline, job.kind)
         if not target.set_error(error):
             log.info("gpu%d: second error for %r: %s", self.index, target, error)
 
@@ -1109,6 +1115,11 @@ class Context:
         self._va_reserved = {}  # va -> size of each reserve_va range
         self._va_maps = {}  # va -> (bo, offset, size, writable) of map_bo_at
         self._entities = {}  # (engine, timeline) -> SchedEntity
+        self._timeline_of = {}  # SchedEntity -> timeline
+        # error_listener(context, error, timeline, engine): told of each fault attached to
+        # one of its jobs and of its loss to a hang (TDR), on the thread that found it,
+        # with no lock held. The backend turns these into event-queue entries.
+        self.error_listener = None
         self.last_fence = None  # finished fence of the most recent job
         self.faults = []  # every error attached to one of this context's jobs
         self.stats = collections.Counter()
@@ -1128,7 +1139,18 @@ class Context:
             ent = sched.entity(f"ctx{self.id}.t{timeline}", self.vgpu, self.priority, owner=self,
                                now=self.device.clock_ns())
             self._entities[key] = ent
+            self._timeline_of[ent] = timeline
         return ent
+
+    def report_error(self, error, timeline: int, engine: int) -> None:
+        """Tell the error listener (no lock held); its failures are logged, not raised."""
+        listener = self.error_listener
+        if listener is None or self.destroyed:
+            return
+        try:
+            listener(self, error, timeline, engine)
+        except Exception:
+            log.exception("gpu%d: error listener of context %d failed", self.device.index, self.id)
 
     def __repr__(self) -> str:
         return f"Context(id={self.id}, vmid={self.vmid}, name={self.name!r})"
