@@ -456,6 +456,9 @@ BUILTIN_KERNELS = {k.kernel_id: k for k in (
     KernelSignature(KERNEL_BURN, "burn", (("microseconds", ARG_U32),)),
 )}
 KERNELS_BY_NAME = {k.name: k for k in BUILTIN_KERNELS.values()}
+# The pointer arguments a built-in kernel writes (the others it only reads): implicit
+# synchronisation of shared buffers orders writers and readers by them (spec §12.4).
+KERNEL_WRITTEN_ARGS = frozenset({"dst", "c", "y"})
 BURN_FOREVER = 0xFFFFFFFF  # burn(microseconds=BURN_FOREVER) runs until the engine is reset
 
 

@@ -14,5 +14,6 @@ registers, never guests, sessions or virtio.
   kernels.py            the built-in kernel library and KernelMemory
   command_processor.py  CommandProcessor: packet decoding and execution
   engine.py             Engine: one ring and its thread (three per GPU: compute, copy0, copy1)
+  pcie.py               PcieFabric: PCIe topology, BARs, p2pdma distance, peer views
   gpu.py                Gpu and Platform builders
 """

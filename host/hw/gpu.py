@@ -8,6 +8,8 @@ copy1; all run concurrently). The KMD drives it only through:
   gpu.irq         set_handler(fn(Interrupt))
   gpu.sysmem      dma_map(buf) -> bus address / dma_unmap(bus address)
   gpu.clock_ns()  the device clock (also MMIO REG_TIMESTAMP)
+  gpu.pci         its PCIe function (pcie.Endpoint): bdf, bar0 (bus address of BAR0, which
+                  exposes the whole VRAM to peers), bar0_size, p2pdma_distance(other.pci)
   gpu.index, gpu.name, gpu.vram.size
 Everything else (gpu.mmu, gpu.engines, stats()) is for tests and benchmarks.
 
@@ -16,8 +18,11 @@ time.monotonic_ns(), so device timestamps (REG_TIMESTAMP, Interrupt.timestamp, e
 busy time) compare directly with the host's time.monotonic_ns() — as if the driver had
 calibrated the GPU clock against the CPU clock. It never goes backwards.
 
-Platform builds one SystemMemory shared by all devices and `num_gpus` GPUs (the PCIe
-topology and P2P come later).
+Platform builds one SystemMemory shared by all devices, `num_gpus` GPUs and the PCIe
+fabric they sit in (`topology`: one of pcie.LAYOUTS, default "switch"). Each GPU's MMU
+resolves PTE_PEER pages through that fabric, so a GPU can reach a peer's VRAM through the
+peer's BAR0 where the route allows P2P. A Gpu built on its own sits alone in a slot of a
+private fabric.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from host.hw.engine import Engine
 from host.hw.interrupts import InterruptController
 from host.hw.mmio import RO, RW, WO, RegisterFile
 from host.hw.mmu import Mmu
+from host.hw.pcie import DEFAULT_LAYOUT, PcieFabric
 from host.hw.regs import (DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, NUM_ENGINES, NUM_VMIDS,
                           REG_DEVICE_ID, REG_IRQ_ENABLE, REG_TIMESTAMP, REG_VM_INVALIDATE,
                           REG_VM_PT_BASE, REG_VRAM_SIZE, VM_INVALIDATE_ALL)
@@ -41,15 +47,26 @@ DEFAULT_VRAM_SIZE = 1 << 30
 
 class Gpu:
     def __init__(self, index: int, vram_size: int, sysmem: SystemMemory,
-                 name: str = "pvgpu-emu", compute_units: int | None = None):
+                 name: str = "pvgpu-emu", compute_units: int | None = None,
+                 fabric: PcieFabric | None = None):
+        """fabric: the platform's PcieFabric, whose endpoint `index` (and its VRAM) is
+        this GPU; None: a private one-GPU fabric."""
         self.index = index
         self.name = name
         tag = f"gpu{index}"
         self.sysmem = sysmem
-        self.vram = Vram(vram_size)
+        if fabric is None:
+            fabric = PcieFabric(DEFAULT_LAYOUT, [Vram(vram_size)])
+            self.pci = fabric.endpoints[0]
+        else:
+            self.pci = fabric.endpoints[index]
+        if self.pci.vram.size != vram_size:
+            raise ValueError(f"{self.pci.name} has {self.pci.vram.size:#x} bytes of VRAM, "
+                             f"not {vram_size:#x}")
+        self.vram = self.pci.vram
         self.mmio = RegisterFile(tag)
         self.irq = InterruptController(tag)
-        self.mmu = Mmu(self.vram, sysmem, tag)
+        self.mmu = Mmu(self.vram, sysmem, tag, fabric, self.pci.index)
         self.fence_cond = threading.Condition()  # every FENCE write notifies it
         self.cus = ComputeUnits(compute_units, tag)
         self.engines = [Engine(e, self.vram, self.mmu, self.irq, self.fence_cond, tag,
@@ -120,9 +137,11 @@ class Gpu:
 
 class Platform:
     def __init__(self, num_gpus: int = 2, vram_size: int = DEFAULT_VRAM_SIZE,
-                 name: str = "pvgpu-emu"):
+                 name: str = "pvgpu-emu", topology: str = DEFAULT_LAYOUT):
         self.sysmem = SystemMemory()
-        self.gpus = [Gpu(i, vram_size, self.sysmem, name) for i in range(num_gpus)]
+        self.fabric = PcieFabric(topology, [Vram(vram_size) for _ in range(num_gpus)])
+        self.gpus = [Gpu(i, vram_size, self.sysmem, name, fabric=self.fabric)
+                     for i in range(num_gpus)]
 
     def start(self) -> None:
         for gpu in self.gpus:

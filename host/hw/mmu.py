@@ -3,22 +3,27 @@
 Page-table format (host/hw/regs.py): 48-bit VA = PD2[9] PD1[9] PD0[9] PT[9] offset[12].
 Every table is a 4 KiB VRAM page of 512 little-endian u64 entries; REG_VM_PT_BASE(vmid)
 holds the root (PD2) and reaches the MMU through set_root(). A PDE is the next table's
-VRAM address | PDE_VALID. A PTE is a page address | PTE_VALID | permissions, with
-PTE_SYSTEM meaning "system bus address" (SystemMemory, i.e. DMA-mapped host memory).
-VMID 0 is the kernel's physical address space: identity, VRAM only, no permission checks.
+VRAM address | PDE_VALID. A PTE is a page address | PTE_VALID | permissions; the address
+is of one of three kinds: this device's VRAM (no kind bit), with PTE_SYSTEM a system bus
+address (SystemMemory, i.e. DMA-mapped host memory), with PTE_PEER a bus address inside a
+peer GPU's BAR0 (PcieFabric.peer_view, pcie.py; this device's own BAR works too). Without
+a fabric (Mmu(..., fabric=None)) PEER pages fault. VMID 0 is the kernel's physical
+address space: identity, VRAM only, no permission checks.
 
 translate(vmid, va, size, access) returns the range as a list of numpy uint8 views
 ("extents"), in VA order, with physically contiguous pages merged, so copies and kernels
 work on a few large views instead of pages. It is vectorized: the directories are walked
 once per 2 MiB leaf table and the leaf's PTE slice is checked with numpy masks; page
-runs are found with np.diff on the addresses. Python work is per leaf table and per
-extent, never per page.
+runs of one kind are found with np.diff on the addresses. Python work is per leaf table
+and per extent, never per page.
 
-Faults. A missing PDE/PTE, a missing permission, a PTE outside VRAM, a SYSTEM address
-outside every DMA mapping (or a write to a read-only mapping) and, for now, any PTE_PEER
-page (P2P comes later) raise MmuFault(vmid, address, access): `address` is the first
-faulting page's address (or `va` itself if that is the first page); `access` is the
-ACCESS_* bits that were missing for a permission fault, else the requested access.
+Faults. A missing PDE/PTE, a missing permission, a PTE outside VRAM or with both
+PTE_SYSTEM and PTE_PEER, a SYSTEM address outside every DMA mapping (or a write to a
+read-only mapping), a PEER address the fabric refuses (outside every BAR's VRAM or on a
+P2PDMA_MAP_NOT_SUPPORTED route: reason "peer not reachable: ...") and any PEER page
+without a fabric raise MmuFault(vmid, address, access): `address` is the first faulting
+page's address (or `va` itself if that is the first page); `access` is the ACCESS_*
+bits that were missing for a permission fault, else the requested access.
 MmuFault is internal to host/hw: the engines turn it into an IRQ_PAGE_FAULT interrupt.
 Nothing is written by translate, so a fault leaves memory untouched.
 
@@ -42,6 +47,7 @@ import numpy as np
 from host.hw.regs import (NUM_VMIDS, PAGE_SHIFT, PAGE_SIZE, PDE_VALID, PT_ENTRIES,
                           PT_ENTRY_BITS, PTE_ADDR_MASK, PTE_EXEC, PTE_PEER, PTE_READ,
                           PTE_SYSTEM, PTE_VALID, PTE_WRITE, VA_BITS, VMID_KERNEL)
+from host.hw.pcie import PeerFault
 from host.hw.sysmem import SysmemFault
 from spec.wire import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
 
@@ -53,6 +59,11 @@ PD_SHIFT = LEAF_SHIFT + PT_ENTRY_BITS  # 30: VA bytes covered by one PD0 table
 _IDX = PT_ENTRIES - 1
 _PAGE_MASK = PAGE_SIZE - 1
 BATCH_LEAVES = 64  # leaf tables checked at once (128 MiB of VA)
+# a page's kind: the PTE_SYSTEM/PTE_PEER bits of its PTE
+_VRAM = 0
+_SYSTEM = PTE_SYSTEM
+_PEER = PTE_PEER
+_KINDS = PTE_SYSTEM | PTE_PEER  # both at once: a bad PTE
 
 _PERM = ((ACCESS_READ, PTE_READ), (ACCESS_WRITE, PTE_WRITE), (ACCESS_EXEC, PTE_EXEC))
 
@@ -80,10 +91,16 @@ class MmuFault(Exception):
 class Mmu:
     TLB_CAPACITY = 2048  # leaf tables (each caches 2 MiB of VA; 8 MiB of PTE copies)
 
-    def __init__(self, vram, sysmem, name: str = "gpu"):
+    def __init__(self, vram, sysmem, name: str = "gpu", fabric=None, requester: int = 0):
+        """fabric: the PcieFabric resolving PEER pages, requester: this device's endpoint
+        index in it; without a fabric PEER pages fault."""
         self.vram = vram
         self.sysmem = sysmem
         self.name = name
+        self.fabric = fabric
+        self.requester = requester
+        self._bus_kinds = (_SYSTEM, _PEER) if fabric is not None else (_SYSTEM,)
+        self._forbidden_kind = 0 if fabric is not None else PTE_PEER
         self._roots = [0] * NUM_VMIDS
         self._lock = threading.Lock()
         self._tlb = [{} for _ in range(NUM_VMIDS)]  # va >> 21 -> read-only PTE array
@@ -218,16 +235,17 @@ class Mmu:
                 self._fault(vmid, va, access, "no page table")
             pte = int(ptes[index])
             addr = pte & PTE_ADDR_MASK
-            system = bool(pte & PTE_SYSTEM)
-            if (pte & (need | PTE_PEER)) == need and (system or addr + PAGE_SIZE <= self.vram.size):
-                runs = [(system, addr, va & ~_PAGE_MASK, 1)]
+            kind = pte & _KINDS
+            if (pte & need) == need and (addr + PAGE_SIZE <= self.vram.size if kind == _VRAM
+                                         else kind in self._bus_kinds):
+                runs = [(kind, addr, va & ~_PAGE_MASK, 1)]
                 return self._views(vmid, runs, va, end, access)
             if not cached:
                 break
         self._bad_pte(vmid, va, pte, access)
 
     def _translate_range(self, vmid, va, end, access, need, first, last) -> list:
-        runs: list = []  # (is_system, phys, page_va, npages), physically contiguous
+        runs: list = []  # (kind, phys, page_va, npages), physically contiguous
         page = first
         while page <= last:
             page, bad_at, bad_pte, missing = self._batch(vmid, need, page, last, runs)
@@ -264,9 +282,10 @@ class Mmu:
                 return page, None, 0, missing
             sl = slices[0] if len(slices) == 1 else np.concatenate(slices)
             addr = sl & PTE_ADDR_MASK
-            system = (sl & PTE_SYSTEM) != 0
-            bad = (sl & (need | PTE_PEER)) != need
-            bad |= (addr > self.vram.size - PAGE_SIZE) & ~system
+            kind = (sl & _KINDS).astype(np.uint8)  # u8: few large arrays alive (page faults)
+            bad = (sl & (need | self._forbidden_kind)) != need
+            bad |= kind == _KINDS
+            bad |= (addr > self.vram.size - PAGE_SIZE) & (kind == _VRAM)
             bad_at = int(bad.argmax())
             if not bad[bad_at]:
                 bad_at = -1
@@ -289,13 +308,13 @@ class Mmu:
         # 3. physically contiguous runs of the good prefix
         n = bad_at if bad_at >= 0 else sl.shape[0]
         if n:
-            addr, system = addr[:n], system[:n]
+            addr, kind = addr[:n], kind[:n]
             brk = np.diff(addr) != PAGE_SIZE
-            brk |= system[1:] != system[:-1]
+            brk |= kind[1:] != kind[:-1]
             idx = np.flatnonzero(brk) + 1
             starts = [0] + idx.tolist() + [n]
             phys = [int(addr[0])] + addr[idx].tolist()
-            kinds = [bool(system[0])] + system[idx].tolist()
+            kinds = [int(kind[0])] + kind[idx].tolist()
             if runs:  # join the previous batch's last run?
                 kind, p, run_va, npages = runs[-1]
                 if kind == kinds[0] and p + (npages << PAGE_SHIFT) == phys[0]:
@@ -309,30 +328,43 @@ class Mmu:
         return page, None, 0, missing
 
     def _bad_pte(self, vmid, address, pte, access):
-        if pte & PTE_VALID and not pte & PTE_PEER and _missing_access(pte, access):
+        kind = pte & _KINDS
+        if kind == _PEER and self.fabric is None:
+            self._fault(vmid, address, access, "peer access not supported (no PCIe fabric)")
+        if pte & PTE_VALID and kind != _KINDS and _missing_access(pte, access):
             self._fault(vmid, address, _missing_access(pte, access), "permission")
-        reason = "peer access not supported" if pte & PTE_PEER else f"bad PTE {pte:#x}"
-        self._fault(vmid, address, access, reason)
+        self._fault(vmid, address, access, f"bad PTE {pte:#x}")
 
     def _fault(self, vmid, address, access, reason):
         self.faults += 1
         raise MmuFault(vmid, address, access, reason)
 
     def _views(self, vmid: int, runs, va: int, end: int, access: int) -> list:
-        """Runs (is_system, phys, page_va, npages) -> views clipped to [va, end)."""
+        """Runs (kind, phys, page_va, npages) -> views clipped to [va, end)."""
         views = []
         write = bool(access & ACCESS_WRITE)
         mem = self.vram.mem
-        for system, phys, run_va, npages in runs:
+        for kind, phys, run_va, npages in runs:
             s = max(va, run_va)
             e = min(end, run_va + (npages << PAGE_SHIFT))
             p = phys + (s - run_va)
-            if system:
-                try:
-                    views.append(self.sysmem.view(p, e - s, write))
-                except SysmemFault as f:
-                    bad_va = (s + (f.address - p)) & ~_PAGE_MASK
-                    self._fault(vmid, max(va, bad_va), access, "system address not mapped")
-            else:
+            if kind == _VRAM:
                 views.append(mem[p:p + e - s])
+                continue
+            try:
+                if kind == _SYSTEM:
+                    views.append(self.sysmem.view(p, e - s, write))
+                else:
+                    views.append(self.fabric.peer_view(self.requester, p, e - s, write))
+            except SysmemFault as f:
+                self._fault(vmid, self._fault_va(va, s, p, f.address), access,
+                            "system address not mapped")
+            except PeerFault as f:
+                self._fault(vmid, self._fault_va(va, s, p, f.address), access,
+                            f"peer not reachable: {f.reason}")
         return views
+
+    @staticmethod
+    def _fault_va(va: int, s: int, p: int, bad_addr: int) -> int:
+        """The VA of the page holding bus address bad_addr of a run mapping s -> p."""
+        return max(va, (s + (bad_addr - p)) & ~_PAGE_MASK)

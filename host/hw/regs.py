@@ -10,7 +10,8 @@ Page tables (modelled on amdgpu's GMC, 4 KiB pages):
   entries. A PDE holds the VRAM physical address of the next table and PDE_VALID. A PTE
   holds a page address and the flags below: without PTE_SYSTEM/PTE_PEER the address is
   this device's VRAM physical address; with PTE_SYSTEM it is a system bus address (DMA
-  mapped host memory, see sysmem.py). REG_VM_PT_BASE(vmid) holds the root (PD2) address.
+  mapped host memory, see sysmem.py); with PTE_PEER it is a bus address inside a GPU's
+  BAR0 (peer-to-peer, see pcie.py). REG_VM_PT_BASE(vmid) holds the root (PD2) address.
   VMID 0 is the kernel's physical address space: no translation, VRAM only.
 """
 

@@ -35,7 +35,7 @@ class BufferObject:
     """VRAM memory owned by one context and mapped at `va` in its address space."""
 
     __slots__ = ("handle", "size", "blocks", "extents", "va", "context", "refcount", "freed",
-                 "sysmem", "__weakref__")
+                 "sysmem", "resv", "dmabuf", "sys_pins", "__weakref__")
 
     def __init__(self, size: int, blocks: list, context=None, va: int = 0):
         self.handle = next(_handles)
@@ -47,6 +47,9 @@ class BufferObject:
         self.refcount = 1
         self.freed = False
         self.sysmem = None  # DmaMapping of the host copy while evicted
+        self.resv = None  # DmaResv once exported (host/kmd/prime.py): implicit sync
+        self.dmabuf = None  # its DmaBuf while exported
+        self.sys_pins = 0  # attachments that need it in system memory (no peer-to-peer)
 
     @property
     def evicted(self) -> bool:

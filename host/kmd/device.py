@@ -95,6 +95,8 @@ from host.kmd.buddy import CONTIGUOUS, TOPDOWN, BuddyAllocator
 from host.kmd.errors import (ContextLost, DeviceLost, InvalidAddress, InvalidArgument,
                              InvalidContext, KmdError, NoVmid, OutOfMemory)
 from host.kmd.fence import Fence, FenceDriver
+from host.kmd.prime import PrimeExporter
+from host.kmd.resv import RESV_LOCK
 from host.kmd.ring import DEFAULT_RING_SIZE, Ring
 from host.kmd.shm import SharedSegment, ShmManager
 from host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BUFFER_NS,
@@ -289,6 +291,7 @@ class KmdDevice:
         for v in (DEFAULT_VGPU, *vgpus):
             self.add_vgpu(v)
         self.shm = ShmManager(self, DEFAULT_VGPU)  # shared device memory segments
+        self.prime = PrimeExporter(self)  # dma-buf export and import (host/kmd/prime.py)
         self._timer_cond = threading.Condition()
         self._timer_target = None
         self._timer_idle_since = 0  # when the worker last went to sleep without a target
@@ -491,14 +494,19 @@ class KmdDevice:
             self._vgpu_mem[ctx.vgpu.name] -= sum(bo.size for bo in bos)
             for bo in bos:
                 bo.freed = True
+                if bo.dmabuf is not None:
+                    bo.dmabuf.revoke()
             ctx._sys_maps.clear()
             shared = self.shm.detach_all_locked(ctx)
-            self._defer(ctx.pending_fences(), lambda: self._release_context(ctx, bos, shared))
+            imports = list(ctx._imports.values())
+            ctx._imports.clear()
+            self._defer(ctx.pending_fences(),
+                        lambda: self._release_context(ctx, bos, shared, imports))
             self._reclaim_locked()
             self._restore_evicted()
         self._signal(signals)
 
-    def _release_context(self, ctx: "Context", bos: list, shared=()) -> None:
+    def _release_context(self, ctx: "Context", bos: list, shared=(), imports=()) -> None:
         self.mmio.write(regs.REG_VM_PT_BASE(ctx.vmid), 0)
         self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
         for bo in bos:
@@ -506,6 +514,9 @@ class KmdDevice:
                 self._release_bo_memory(bo)
         ctx.vm.free()
         self.shm.drop_mappings(shared)  # the VM and its PTEs are gone
+        for imp in imports:
+            imp.freed = True
+            imp.attachment.detach()
         self._vmids.append(ctx.vmid)
         self._vmids.sort()
         self.stats["contexts_released"] += 1
@@ -574,54 +585,73 @@ class KmdDevice:
                 if self.evicted_bytes + bo.size > self.max_evicted_bytes:
                     self.mem_counters["evict_skipped_limit"] += 1
                     continue
-                self._evict_bo(bo)
-                evicted += 1
+                if self._evict_bo(bo):
+                    evicted += 1
         return evicted, busy
 
-    def _evict_bo(self, bo: BufferObject) -> None:
+    def _evict_bo(self, bo: BufferObject) -> bool:
         """Move an idle context's BO to host memory: copy it out through the VRAM BAR,
         dma_map the copy, rewrite its PTEs to PTE_SYSTEM pages there (same VA, TLB
-        flushed), free its VRAM. The lock is held and the context has nothing on the GPU."""
-        ctx = bo.context
-        buf = np.empty(bo.size, dtype=np.uint8)
-        off = 0
-        for phys, size in bo.extents:
-            buf[off:off + size] = self.vram.view(phys, size)
-            off += size
-        mapping = self.dma_map(buf)
-        flags = ctx.vm.mapping_at(bo.va)[2]
-        ctx.vm.unmap(bo.va)  # PTEs cleared, TLB of the VMID invalidated
-        ctx.vm.map(bo.va, [(mapping.bus_addr, bo.size)], flags | regs.PTE_SYSTEM)
-        self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
-        self._release_vram(bo.blocks)
-        bo.blocks, bo.extents, bo.sysmem = [], [], mapping
-        ctx.evicted_bos += 1
+        flushed), free its VRAM. The lock is held and the context has nothing on the GPU.
+        A shared BO moves only when no job uses it (host/kmd/prime.py); -> moved."""
+        move = self.prime.begin_move(bo)
+        if move is None:
+            return False
+        try:
+            ctx = bo.context
+            buf = np.empty(bo.size, dtype=np.uint8)
+            off = 0
+            for phys, size in bo.extents:
+                buf[off:off + size] = self.vram.view(phys, size)
+                off += size
+            mapping = self.dma_map(buf)
+            mapped = ctx is not None and not ctx.vm.freed and ctx._bos.get(bo.va) is bo
+            if mapped:
+                flags = ctx.vm.mapping_at(bo.va)[2]
+                ctx.vm.unmap(bo.va)  # PTEs cleared, TLB of the VMID invalidated
+                ctx.vm.map(bo.va, [(mapping.bus_addr, bo.size)], flags | regs.PTE_SYSTEM)
+                self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
+            self._release_vram(bo.blocks)
+            bo.blocks, bo.extents, bo.sysmem = [], [], mapping
+        finally:
+            self.prime.end_move(move)
+        if ctx is not None:
+            ctx.evicted_bos += 1
+            ctx.stats["bos_evicted"] += 1
         self.evicted_bytes += bo.size
         self.mem_counters["evictions"] += 1
         self.mem_counters["bytes_evicted"] += bo.size
-        ctx.stats["bos_evicted"] += 1
+        return True
 
     def _restore_bo(self, bo: BufferObject) -> bool:
-        """Bring an evicted BO back into free VRAM (never evicts); -> False if it does not fit."""
-        if bo.size > self.mm.avail:
+        """Bring an evicted BO back into free VRAM (never evicts); -> False if it does not
+        fit, is pinned in system memory for an importer, or is shared and busy."""
+        if bo.size > self.mm.avail or bo.sys_pins:
             return False
         try:
             blocks = self.mm.alloc_blocks(bo.size)
         except OutOfMemory:
             return False
-        ctx = bo.context
-        extents = blocks_to_extents(blocks)
-        src = bo.sysmem.buf
-        off = 0
-        for phys, size in extents:
-            self.vram.view(phys, size)[:] = src[off:off + size]
-            off += size
-        flags = ctx.vm.mapping_at(bo.va)[2] & ~regs.PTE_SYSTEM
-        ctx.vm.unmap(bo.va)
-        ctx.vm.map(bo.va, extents, flags)
-        self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
-        self._drop_sysmem(bo)
-        bo.blocks, bo.extents = blocks, extents
+        move = self.prime.begin_move(bo)
+        if move is None:
+            self.mm.free_blocks(blocks)
+            return False
+        try:
+            ctx = bo.context
+            extents = blocks_to_extents(blocks)
+            src = bo.sysmem.buf
+            off = 0
+            for phys, size in extents:
+                self.vram.view(phys, size)[:] = src[off:off + size]
+                off += size
+            flags = ctx.vm.mapping_at(bo.va)[2] & ~regs.PTE_SYSTEM
+            ctx.vm.unmap(bo.va)
+            ctx.vm.map(bo.va, extents, flags)
+            self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
+            self._drop_sysmem(bo)
+            bo.blocks, bo.extents = blocks, extents
+        finally:
+            self.prime.end_move(move)
         self.mem_counters["restores"] += 1
         self.mem_counters["bytes_restored"] += bo.size
         ctx.stats["bos_restored"] += 1
@@ -759,10 +789,12 @@ class KmdDevice:
         else:
             self.ib_pool.free(phys)
 
-    def _submit(self, ctx: "Context", engine: int, ib: bytes, wait, timeline: int = 0) -> Fence:
+    def _submit(self, ctx: "Context", engine: int, ib: bytes, wait, timeline: int = 0,
+                touches=()) -> Fence:
         """Queue a job (its IB's packets) on the scheduler of `engine`, on the entity of
         timeline `timeline` of ctx; -> the job's finished fence. Never waits: the job runs
-        when its dependencies have signalled and the scheduler picks it."""
+        when its dependencies have signalled and the scheduler picks it. `touches`: the
+        (va, size, write) ranges it accesses, for implicit sync of shared buffers."""
         deps = []
         for f in wait or ():
             if f is None:
@@ -783,7 +815,14 @@ class KmdDevice:
             sched = self.schedulers[engine]
             ent = ctx._entity(sched, timeline)
             now = self.clock_ns()
-            job = sched.push(SchedJob(ent, ib, deps), now)
+            resvs = self.prime.touched(ctx, touches) if ctx.shared and touches else ()
+            if resvs:
+                with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
+                    deps += self.prime.implicit_deps(resvs)
+                    job = sched.push(SchedJob(ent, ib, deps), now)
+                    self.prime.add_job_fence(resvs, job.finished)
+            else:
+                job = sched.push(SchedJob(ent, ib, deps), now)
             ent.last_finished = job.finished
             ctx.last_fence = job.finished
             ctx.last_use_ns = now
@@ -805,6 +844,8 @@ class KmdDevice:
         ctx.last_use_ns = self.clock_ns()
         if ctx.evicted_bos and not self._ctx_on_gpu(ctx):
             self._restore_evicted(ctx)  # only into free VRAM; never waits
+        if ctx.stale_imports:
+            self.prime.remap_stale(ctx)  # the exporter moved a buffer this job may use
         phys, ib_blocks = self._ib_alloc_nowait(len(ib))
         self.vram.write(phys, ib)
         ring = self.rings[engine]
@@ -1114,6 +1155,9 @@ class Context:
         self._shm = {}  # SharedSegment -> va of its attachment
         self._va_reserved = {}  # va -> size of each reserve_va range
         self._va_maps = {}  # va -> (bo, offset, size, writable) of map_bo_at
+        self._imports = {}  # va -> PrimeImport (dma-bufs mapped here)
+        self.shared = 0  # exported BOs + imports: whether jobs need implicit sync
+        self.stale_imports = False  # an exporter moved an imported buffer
         self._entities = {}  # (engine, timeline) -> SchedEntity
         self._timeline_of = {}  # SchedEntity -> timeline
         # error_listener(context, error, timeline, engine): told of each fault attached to
@@ -1239,15 +1283,34 @@ class Context:
             dev._vgpu_mem[self.vgpu.name] -= bo.size
             self.stats["bytes_allocated"] -= bo.size
             self.stats["bos_freed"] += 1
-            if bo.put():
-                dev._defer(self.pending_fences(), lambda: self._release_bo(bo))
+            if bo.dmabuf is not None:  # exported: no new imports; importers keep it alive
+                bo.dmabuf.revoke()
+                self.shared -= 1
+            last = bo.put()
+            dev._defer(self.pending_fences(), lambda: self._release_bo(bo, last))
             dev._restore_evicted()
 
-    def _release_bo(self, bo: BufferObject) -> None:
+    def _release_bo(self, bo: BufferObject, memory: bool = True) -> None:
         if not self.vm.freed:
             self.vm.unmap(bo.va)
             self.vm.va.free(bo.va)
-        self.device._release_bo_memory(bo)
+        if memory:
+            self.device._release_bo_memory(bo)
+
+    def export_dmabuf(self, bo: BufferObject):
+        """drm_gem_prime_export: the BO's dma-buf (one per BO; each call adds a reference
+        the caller drops with put())."""
+        return self.device.prime.export(self, bo)
+
+    def import_dmabuf(self, dmabuf, peer2peer: bool = True):
+        """drm_gem_prime_import: attach `dmabuf` (of this or another device) and map it at
+        a fresh VA; -> PrimeImport (va, size, kind). Without `peer2peer`, or when the
+        fabric cannot route it, another device's buffer is migrated to system memory."""
+        return self.device.prime.import_(self, dmabuf, peer2peer)
+
+    def free_import(self, imp) -> None:
+        """Unmap an import (after this context's pending work) and detach it."""
+        self.device.prime.free_import(self, imp)
 
     def attach_shared(self, seg: SharedSegment, readonly: bool = False) -> int:
         """Map shared segment `seg` (dev.shm.get / import_) at a fresh VA, READ|WRITE (or
@@ -1499,7 +1562,10 @@ class Context:
         engine = ENGINE_FOR_COPY.get(direction)
         if engine is None:
             raise InvalidArgument(f"bad copy direction {direction!r}")
-        fence = self.device._submit(self, engine, b"".join(parts), wait, timeline)
+        touches = [t for src, dst, size in copies if size
+                   for t in ((int(src), int(size), False), (int(dst), int(size), True))] \
+            if self.shared else ()
+        fence = self.device._submit(self, engine, b"".join(parts), wait, timeline, touches)
         self.stats["copies"] += len(copies)
         self.stats["copy_bytes"] += total
         return fence
@@ -1518,7 +1584,12 @@ class Context:
             if not isinstance(a, (int, np.integer)) or not -(1 << 63) <= a <= _U64:
                 raise InvalidArgument(f"bad kernel argument {a!r}")
         ib = packets.launch(int(kernel_id), grid, block, [int(a) for a in args])
-        fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline)
+        touches = ()
+        sig = wire.BUILTIN_KERNELS.get(int(kernel_id))
+        if self.shared and sig is not None:
+            touches = [(int(a), 1, name in wire.KERNEL_WRITTEN_ARGS)
+                       for (name, kind), a in zip(sig.args, args) if kind == wire.ARG_PTR]
+        fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches)
         self.stats["launches"] += 1
         return fence
 

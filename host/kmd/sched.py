@@ -95,6 +95,11 @@ class SchedFence(Fence):
         super().__init__(engine, seq)
         self.job = job
 
+    @property
+    def context(self):
+        """The dma_fence context: the job's entity, whose jobs complete in order."""
+        return self.job.entity
+
 
 class SchedJob:
     """One unit of hardware work: `payload` is opaque to the scheduler (the driver's IB)."""

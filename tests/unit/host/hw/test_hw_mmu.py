@@ -9,6 +9,7 @@ from hwtest import RO, RW, PageTables
 
 from host.hw import mmu as mmu_module
 from host.hw.mmu import BATCH_LEAVES, Mmu, MmuFault
+from host.hw.pcie import PcieFabric
 from host.hw.regs import (NUM_VMIDS, PAGE_SIZE, PTE_EXEC, PTE_PEER, PTE_READ, PTE_SYSTEM,
                           PTE_VALID, PTE_WRITE)
 from host.hw.sysmem import SystemMemory
@@ -155,14 +156,115 @@ def test_unmapped_pages_fault_at_the_first_bad_page(env):
 
 def test_bad_pte_kinds_fault(env):
     vram, _, mmu, pt = env
-    pt.map(VA, DATA, 1, RW | PTE_PEER)  # P2P comes later: PEER faults for now
-    pt.map(VA + PAGE_SIZE, VRAM_SIZE, 1)  # outside VRAM
-    for va in (VA, VA + PAGE_SIZE):
+    bad = [(DATA, RW | PTE_PEER),  # an Mmu without a PCIe fabric: PEER faults
+           (VRAM_SIZE, RW),  # outside VRAM
+           (DATA, RW | PTE_SYSTEM | PTE_PEER)]  # two kinds at once
+    for i, (addr, flags) in enumerate(bad):
+        va = VA + i * (2 << 20)
+        pt.map(va - PAGE_SIZE, DATA, 1)
+        pt.map(va, addr, 1, flags)
         with pytest.raises(MmuFault) as e:
             mmu.translate(1, va, 16, ACCESS_READ)
         assert e.value.address == va
-    with pytest.raises(MmuFault):
-        mmu.translate(1, VA, 2 * PAGE_SIZE, ACCESS_READ)
+        with pytest.raises(MmuFault) as e:  # the multi-page path
+            mmu.translate(1, va - PAGE_SIZE, 2 * PAGE_SIZE, ACCESS_READ)
+        assert e.value.address == va
+    with pytest.raises(MmuFault) as e:
+        mmu.translate(1, VA, 8, ACCESS_READ | ACCESS_WRITE)
+    assert "peer access not supported" in e.value.reason
+
+
+PEER_VRAM = 16 << 20
+
+
+@pytest.fixture
+def peer_env(request):
+    """GPU0's MMU in a two-GPU fabric (layout: the test's parameter, default "switch")."""
+    layout = getattr(request, "param", "switch")
+    vram, peer = Vram(VRAM_SIZE), Vram(PEER_VRAM)
+    fabric = PcieFabric(layout, [vram, peer])
+    mmu = Mmu(vram, SystemMemory(), "gpu0", fabric, 0)
+    pt = PageTables(vram, TABLES)
+    mmu.set_root(1, pt.root)
+    peer.mem.view("<u4")[:] = np.arange(0, PEER_VRAM, 4, dtype=np.uint32) | 0x80000000
+    return mmu, pt, peer, fabric.endpoints[1].bar0
+
+
+def test_peer_pages_are_views_of_the_peers_vram(peer_env):
+    mmu, pt, peer, bar = peer_env
+    pt.map(VA, bar + 5 * PAGE_SIZE, 3, RW | PTE_PEER)
+    ext = mmu.translate(1, VA + 8, 3 * PAGE_SIZE - 16, ACCESS_READ | ACCESS_WRITE)
+    assert len(ext) == 1 and np.shares_memory(ext[0], peer.mem)
+    assert np.array_equal(ext[0], peer.view(5 * PAGE_SIZE + 8, 3 * PAGE_SIZE - 16))
+    ext[0][:4] = 0xEE
+    assert peer.read(5 * PAGE_SIZE + 8, 4) == b"\xee" * 4
+    ext = mmu.translate(1, VA + PAGE_SIZE + 4, 8, ACCESS_WRITE)  # the one-page path
+    assert np.shares_memory(ext[0], peer.mem)
+    assert np.array_equal(ext[0], peer.view(6 * PAGE_SIZE + 4, 8))
+    stats = mmu.fabric.stats()["gpu0->gpu1"]
+    assert stats["write_bytes"] == 3 * PAGE_SIZE - 16 + 8 and stats["read_bytes"] == 0
+
+
+def test_vram_system_and_peer_runs_in_one_range(peer_env):
+    mmu, pt, peer, bar = peer_env
+    host = np.full(2 * PAGE_SIZE, 7, np.uint8)
+    bus = mmu.sysmem.dma_map(host)
+    va = VA + (2 << 20) - 3 * PAGE_SIZE  # crosses a leaf table boundary
+    pt.map(va, DATA, 2)
+    pt.map(va + 2 * PAGE_SIZE, bus, 2, RW | PTE_SYSTEM)
+    pt.map(va + 4 * PAGE_SIZE, bar + 2 * PAGE_SIZE, 2, RW | PTE_PEER)
+    # pages continuing the addresses of earlier runs, but not theirs: separate extents
+    pt.map(va + 6 * PAGE_SIZE, DATA + 2 * PAGE_SIZE, 1)
+    pt.map(va + 7 * PAGE_SIZE, bar + 4 * PAGE_SIZE, 1, RW | PTE_PEER)
+    ext = mmu.translate(1, va + 4, 8 * PAGE_SIZE - 8, ACCESS_READ)
+    assert [e.shape[0] for e in ext] == [2 * PAGE_SIZE - 4, 2 * PAGE_SIZE, 2 * PAGE_SIZE,
+                                         PAGE_SIZE, PAGE_SIZE - 4]
+    owners = [mmu.vram.mem, host, peer.mem, mmu.vram.mem, peer.mem]
+    assert all(np.shares_memory(e, o) for e, o in zip(ext, owners))
+    expect = np.concatenate([mmu.vram.view(DATA + 4, 2 * PAGE_SIZE - 4), host,
+                             peer.view(2 * PAGE_SIZE, 2 * PAGE_SIZE),
+                             mmu.vram.view(DATA + 2 * PAGE_SIZE, PAGE_SIZE),
+                             peer.view(4 * PAGE_SIZE, PAGE_SIZE - 4)])
+    assert np.array_equal(joined(ext), expect)
+
+
+def test_peer_page_permissions(peer_env):
+    mmu, pt, _, bar = peer_env
+    pt.map(VA, bar, 1, RW | PTE_PEER)
+    pt.map(VA + PAGE_SIZE, bar + PAGE_SIZE, 1, RO | PTE_PEER)
+    assert mmu.translate(1, VA + PAGE_SIZE, 8, ACCESS_READ)[0].shape == (8,)
+    for va, size in ((VA + PAGE_SIZE + 4, 8), (VA, 2 * PAGE_SIZE)):
+        with pytest.raises(MmuFault) as e:
+            mmu.translate(1, va, size, ACCESS_WRITE)
+        assert (e.value.address, e.value.access) == (va if size == 8 else VA + PAGE_SIZE,
+                                                     ACCESS_WRITE)
+        assert e.value.reason == "permission"
+
+
+def test_peer_pages_outside_a_bars_vram_fault_at_their_va(peer_env):
+    mmu, pt, _, bar = peer_env
+    pt.map(VA, bar + PEER_VRAM - 2 * PAGE_SIZE, 3, RW | PTE_PEER)  # the last one is past VRAM
+    pt.map(VA + (1 << 20), DATA, 1)
+    pt.map(VA + (1 << 20) + PAGE_SIZE, bar - (1 << 30), 1, RW | PTE_PEER)  # no BAR there
+    for va, size, bad in ((VA + 8, 3 * PAGE_SIZE - 8, VA + 2 * PAGE_SIZE),
+                          (VA + 2 * PAGE_SIZE + 8, 8, VA + 2 * PAGE_SIZE + 8),
+                          (VA + (1 << 20), 2 * PAGE_SIZE, VA + (1 << 20) + PAGE_SIZE)):
+        with pytest.raises(MmuFault) as e:
+            mmu.translate(1, va, size, ACCESS_READ)
+        assert e.value.address == bad and e.value.reason.startswith("peer not reachable")
+
+
+@pytest.mark.parametrize("peer_env", ["sockets"], indirect=True)
+def test_peer_pages_on_an_unsupported_route_fault(peer_env):
+    mmu, pt, _, bar = peer_env
+    pt.map(VA, DATA, 1)
+    pt.map(VA + PAGE_SIZE, bar, 1, RW | PTE_PEER)
+    for va, size in ((VA + 16, 2 * PAGE_SIZE), (VA + PAGE_SIZE + 16, 8)):
+        with pytest.raises(MmuFault) as e:
+            mmu.translate(1, va, size, ACCESS_READ)
+        assert e.value.address == max(va, VA + PAGE_SIZE) and e.value.access == ACCESS_READ
+        assert "peer" in e.value.reason and "not supported" in e.value.reason
+    assert mmu.fabric.stats()["gpu0->gpu1"] == {"read_bytes": 0, "write_bytes": 0}
 
 
 def test_vmid_zero_is_physical_and_bounded(env):
@@ -292,11 +394,14 @@ def _timed(fn):
 @settings(max_examples=60, deadline=None)
 @given(st.data())
 def test_translate_matches_a_per_page_model(data):
-    vram = Vram(8 << 20)
+    vram, peer = Vram(8 << 20), Vram(1 << 20)
     sysmem = SystemMemory()
-    mmu = Mmu(vram, sysmem)
+    fabric = PcieFabric("switch", [vram, peer])
+    mmu = Mmu(vram, sysmem, "gpu0", fabric, 0)
     vram.mem[4 << 20:(4 << 20) + 64 * PAGE_SIZE] = np.random.default_rng(1).integers(
         0, 256, 64 * PAGE_SIZE, dtype=np.uint8)
+    peer.mem[:64 * PAGE_SIZE] = np.random.default_rng(3).integers(0, 256, 64 * PAGE_SIZE,
+                                                                  dtype=np.uint8)
     pt = PageTables(vram, 1 << 20)
     mmu.set_root(3, pt.root)
     host = np.random.default_rng(2).integers(0, 256, 64 * PAGE_SIZE, dtype=np.uint8)
@@ -306,7 +411,7 @@ def test_translate_matches_a_per_page_model(data):
                                                      (4 << 20) - 30 * PAGE_SIZE]))
     model = []  # bytes of each page, or None
     for i in range(npages):
-        kind = data.draw(st.sampled_from(["vram", "vram", "sys", "none"]))
+        kind = data.draw(st.sampled_from(["vram", "vram", "sys", "peer", "none"]))
         if kind == "none":
             model.append(None)
             continue
@@ -315,9 +420,13 @@ def test_translate_matches_a_per_page_model(data):
             phys = (4 << 20) + j * PAGE_SIZE
             pt.map(base_va + i * PAGE_SIZE, phys, 1)
             model.append(vram.mem[phys:phys + PAGE_SIZE])
-        else:
+        elif kind == "sys":
             pt.map(base_va + i * PAGE_SIZE, bus + j * PAGE_SIZE, 1, RW | PTE_SYSTEM)
             model.append(host[j * PAGE_SIZE:(j + 1) * PAGE_SIZE])
+        else:
+            bar = fabric.endpoints[1].bar0
+            pt.map(base_va + i * PAGE_SIZE, bar + j * PAGE_SIZE, 1, RW | PTE_PEER)
+            model.append(peer.mem[j * PAGE_SIZE:(j + 1) * PAGE_SIZE])
     start = data.draw(st.integers(0, npages * PAGE_SIZE - 1))
     size = data.draw(st.integers(1, npages * PAGE_SIZE - start))
     first, last = start // PAGE_SIZE, (start + size - 1) // PAGE_SIZE

@@ -10,8 +10,8 @@ from host.kmd import KmdDevice
 def make_dev():
     made = []
 
-    def make(vram_size=32 << 20, num_gpus=1, **kw):
-        platform = Platform(num_gpus, vram_size)
+    def make(vram_size=32 << 20, num_gpus=1, topology="switch", **kw):
+        platform = Platform(num_gpus, vram_size, topology=topology)
         devs = [KmdDevice(g, **kw) for g in platform.gpus]
         made.append((platform, devs))
         for d in devs:
