@@ -15,6 +15,7 @@ from guest.api.errors import (ContextLostError, ControlError, DeviceError, Devic
                               NotReadyError, OutOfMemoryError, PageFaultError,
                               PermissionDeniedError, PvgpuError, ShortCommandError,
                               UnknownCommandError)
+from guest.api.prime import BufferHandle, ImportedArray
 from guest.api.shm import SharedArray, SharedSegment, ShmHandle
 from spec.wire import KERNELS_BY_NAME as _K
 
@@ -23,7 +24,7 @@ KERNELS = sorted(_K)
 __all__ = [
     "connect", "Connection", "Device", "Context", "DeviceArray", "Stream", "Event",
     "EventHandle", "KERNELS", "SharedSegment", "SharedArray", "ShmHandle", "VaRange",
-    "MappedArray",
+    "MappedArray", "BufferHandle", "ImportedArray",
     "PvgpuError", "DeviceError", "OutOfMemoryError", "InvalidResourceError", "InvalidContextError",
     "InvalidParameterError", "UnknownCommandError", "ShortCommandError", "InvalidKernelError",
     "InvalidAddressError", "PageFaultError", "ContextLostError", "JobTimeoutError",

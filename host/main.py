@@ -17,6 +17,7 @@ import time
 from spec import wire
 from host.backend.session import Backend
 from host.hw.gpu import Platform
+from host.hw.pcie import DEFAULT_LAYOUT
 from host.config import SchedConfig
 from host.kmd.device import KmdDevice
 from transport.channel import HostChannel, default_endpoint
@@ -30,9 +31,9 @@ class HostServer:
     def __init__(self, endpoints=None, *, vram_size: int = DEFAULT_VRAM, num_gpus: int = 2,
                  heartbeat_ms: int = wire.DEFAULT_HEARTBEAT_MS,
                  max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, sched: SchedConfig | None = None,
-                 max_evicted_bytes: int | None = None):
+                 max_evicted_bytes: int | None = None, topology: str = DEFAULT_LAYOUT):
         self.sched = (sched or SchedConfig()).validate()
-        self.platform = Platform(num_gpus=num_gpus, vram_size=vram_size)
+        self.platform = Platform(num_gpus=num_gpus, vram_size=vram_size, topology=topology)
         # max_evicted_bytes: host memory for BOs evicted from VRAM (None: the KMD's 2x VRAM)
         self.kmds = [KmdDevice(gpu, **self.sched.kmd_kwargs(), max_evicted_bytes=max_evicted_bytes)
                      for gpu in self.platform.gpus]
@@ -111,10 +112,11 @@ class HostServer:
 
 def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
              max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, ready_file: str | None = None,
-             sched: SchedConfig | None = None, max_evicted_bytes: int | None = None) -> int:
+             sched: SchedConfig | None = None, max_evicted_bytes: int | None = None,
+             topology: str = DEFAULT_LAYOUT) -> int:
     server = HostServer(endpoints, vram_size=vram_size, num_gpus=num_gpus,
                         heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size, sched=sched,
-                        max_evicted_bytes=max_evicted_bytes)
+                        max_evicted_bytes=max_evicted_bytes, topology=topology)
 
     def on_signal(signum, _frame):
         log.info("received %s, shutting down", signal.Signals(signum).name)
@@ -126,8 +128,8 @@ def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
     try:
         for ep in server.endpoints:
             log.info("listening on %s", ep)
-        print("pvgpu host: %d GPU(s), %d MiB VRAM each; %s; listening on %s" % (
-            len(server.kmds), vram_size >> 20, server.sched.describe(),
+        print("pvgpu host: %d GPU(s), %d MiB VRAM each, PCIe topology %s; %s; listening on %s" % (
+            len(server.kmds), vram_size >> 20, topology, server.sched.describe(),
             " ".join(server.endpoints)), flush=True)
         if ready_file:
             with open(ready_file + ".tmp", "w") as f:

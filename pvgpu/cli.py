@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="do not bind the local ipc endpoint (only the --listen ones)")
     p.add_argument("--vram", type=parse_size, default="1G", help="VRAM per device (default %(default)s)")
     p.add_argument("--gpus", type=int, default=2, help="number of emulated GPUs (default 2)")
+    p.add_argument("--topology", choices=_layouts(), default="switch",
+                   help="PCIe layout of the GPUs: switch = behind one PCIe switch (peer-to-peer "
+                        "allowed, default); hostbridge = on root ports of one whitelisted host "
+                        "bridge (peer-to-peer through the root complex); sockets = under two "
+                        "host bridges (no peer-to-peer: shared buffers bounce through system "
+                        "memory)")
     p.add_argument("--heartbeat-ms", type=int, default=wire.DEFAULT_HEARTBEAT_MS,
                    help="heartbeat period; a guest silent for %d periods is reclaimed" % wire.HEARTBEAT_MISSES)
     p.add_argument("--max-guest-mem", type=parse_size, default=f"{wire.MAX_GUEST_MEM_SIZE >> 30}G",
@@ -198,7 +204,12 @@ def cmd_host(args) -> int:
         return 2
     return run_host(endpoints, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
                     num_gpus=args.gpus, max_mem_size=args.max_guest_mem, ready_file=args.ready_file,
-                    sched=sched, max_evicted_bytes=args.max_evicted)
+                    sched=sched, max_evicted_bytes=args.max_evicted, topology=args.topology)
+
+
+def _layouts():
+    from host.hw.pcie import LAYOUTS
+    return tuple(LAYOUTS)
 
 
 def sched_config(args):
@@ -240,6 +251,12 @@ def cmd_info(args) -> int:
             info = dev.info()
             print(f"  device {dev.index}: {dev.name}  VRAM {dev.vram_size >> 20} MiB "
                   f"({info['vram_free'] >> 20} MiB free)  features {','.join(dev.features)}")
+            for peer in conn.devices:
+                if peer is not dev:
+                    p = dev.peer_info(peer)
+                    how = (f"peer-to-peer ({p['link']}, {p['distance']} PCIe hops)" if p["p2p"]
+                           else "no peer-to-peer: shared buffers bounce through system memory")
+                    print(f"    to device {peer.index}: {how}")
     return 0
 
 

@@ -222,6 +222,17 @@ MEM_MAP_ACCESS_WRITE = 2
 MAX_VA_ALIGN = 1 << 30  # the largest VA_RESERVE alignment
 MAX_VA_RESERVATIONS = 1024  # live reservations per context
 MAX_VA_MAPPINGS = 4096  # live MEM_MAP mappings per context
+# Buffer sharing between devices and guests (spec §6.5.29-§6.5.31, §12): DRM PRIME
+CMD_RESOURCE_EXPORT = 0x0480
+CMD_RESOURCE_IMPORT = 0x0481
+CMD_RESOURCE_REVOKE = 0x0482
+IMPORT_FLAG_PEER2PEER = 1  # RESOURCE_IMPORT flags: the importer accepts peer-to-peer access
+IMPORT_PLACEMENT_LOCAL = 0  # RESP_OK_IMPORT placement: the importing device's own VRAM
+IMPORT_PLACEMENT_PEER = 1  # the exporting device's VRAM, through its PCIe BAR (P2P)
+IMPORT_PLACEMENT_SYSTEM = 2  # system memory: migrated there, both devices use it there
+IMPORT_PLACEMENT_NAMES = {IMPORT_PLACEMENT_LOCAL: "local", IMPORT_PLACEMENT_PEER: "peer",
+                          IMPORT_PLACEMENT_SYSTEM: "system"}
+MAX_RESOURCE_EXPORTS = 1024  # live exports per session; exporting more withdraws the oldest
 
 # Responses: OK 0x11xx, errors 0x12xx (virtio-gpu codes kept, compute from 0x1180/0x1280)
 RESP_OK_NODATA = 0x1100
@@ -235,6 +246,8 @@ RESP_OK_SHM_ATTACH = 0x1191
 RESP_OK_SHM_HANDLE = 0x1192
 RESP_OK_SHM_STAT = 0x1193
 RESP_OK_VA = 0x11A0  # VA_RESERVE
+RESP_OK_EXPORT = 0x11B0  # RESOURCE_EXPORT
+RESP_OK_IMPORT = 0x11B1  # RESOURCE_IMPORT
 RESP_ERR_UNSPEC = 0x1200
 RESP_ERR_OUT_OF_MEMORY = 0x1201
 RESP_ERR_INVALID_RESOURCE_ID = 0x1203
@@ -265,6 +278,8 @@ RESP_NAMES = {
     RESP_OK_SHM_HANDLE: "OK_SHM_HANDLE",
     RESP_OK_SHM_STAT: "OK_SHM_STAT",
     RESP_OK_VA: "OK_VA",
+    RESP_OK_EXPORT: "OK_EXPORT",
+    RESP_OK_IMPORT: "OK_IMPORT",
     RESP_ERR_UNSPEC: "ERR_UNSPEC",
     RESP_ERR_OUT_OF_MEMORY: "ERR_OUT_OF_MEMORY",
     RESP_ERR_INVALID_RESOURCE_ID: "ERR_INVALID_RESOURCE_ID",
@@ -318,6 +333,9 @@ CMD_BODY_FORMATS = {
     CMD_VA_RELEASE: "<Q",  # va (of the reservation)
     CMD_MEM_MAP: "<QQQII",  # va, offset, size, resource_id, flags (MEM_MAP_ACCESS_*)
     CMD_MEM_UNMAP: "<Q",  # va (of the mapping)
+    CMD_RESOURCE_EXPORT: "<I4x",  # resource_id; response RESP_EXPORT_FORMAT
+    CMD_RESOURCE_IMPORT: "<QQII",  # handle_id, token, resource_id, flags (IMPORT_FLAG_*)
+    CMD_RESOURCE_REVOKE: "<Q",  # handle_id
 }
 CMD_BODY_SIZES = {k: struct.calcsize(v) for k, v in CMD_BODY_FORMATS.items()}
 CMD_NAMES = {
@@ -349,6 +367,9 @@ CMD_NAMES = {
     CMD_VA_RELEASE: "VA_RELEASE",
     CMD_MEM_MAP: "MEM_MAP",
     CMD_MEM_UNMAP: "MEM_UNMAP",
+    CMD_RESOURCE_EXPORT: "RESOURCE_EXPORT",
+    CMD_RESOURCE_IMPORT: "RESOURCE_IMPORT",
+    CMD_RESOURCE_REVOKE: "RESOURCE_REVOKE",
 }
 LAUNCH_ARG_SIZE = 8
 MAX_KERNEL_ARGS = 16
@@ -366,6 +387,8 @@ RESP_SHM_ATTACH_FORMAT = "<QQ"  # va, size
 RESP_SHM_HANDLE_FORMAT = "<QQ"  # handle_id, token
 RESP_SHM_STAT_FORMAT = "<QQII"  # size, va (in hdr.ctx_id, or 0), nattach, flags (SHM_STAT_*)
 RESP_VA_FORMAT = "<QQ"  # va, size (rounded to pages) of a VA_RESERVE
+RESP_EXPORT_FORMAT = "<QQQ"  # handle_id, token, size (rounded to pages)
+RESP_IMPORT_FORMAT = "<QQI4x"  # va, size, placement (IMPORT_PLACEMENT_*)
 RESP_STATS_FORMAT = "<I4x"  # length of the msgpack map that follows the body
 RESP_STATS_SIZE = struct.calcsize(RESP_STATS_FORMAT)
 RESP_ERROR_FORMAT = "<QII"  # info0 (e.g. fault address), info1 (e.g. access), message_len

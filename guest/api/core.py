@@ -286,6 +286,22 @@ class Device:
         """The live contexts this connection created on the device."""
         return list(self._contexts.values())
 
+    def can_access_peer(self, peer: "Device") -> bool:
+        """Whether this device and `peer` reach each other peer-to-peer on the host's PCIe
+        fabric (cuDeviceCanAccessPeer)."""
+        from guest.api import prime
+        return bool(prime.peer_info(self, peer)["p2p"])
+
+    def peer_info(self, peer: "Device") -> dict:
+        """{dev, p2p, link, distance}: the host's PCIe route between this device and peer."""
+        from guest.api import prime
+        return prime.peer_info(self, peer)
+
+    def revoke(self, handle) -> None:
+        """Withdraw an export made on this device (DeviceArray.export): no new imports."""
+        from guest.api import prime
+        prime.revoke(self, handle)
+
     @_api
     def info(self) -> dict:
         _t, body = self.driver.call(command(wire.CMD_GET_DEVICE_INFO))
@@ -767,6 +783,8 @@ class Context:
         self._streams = {}  # ring_idx -> Stream
         self.default_stream = self._streams[0] = Stream(self, 0)
         self._device_events = []  # DeviceEvents of this context (event queue)
+        self._peer_access = set()  # device indices whose VRAM imports may map P2P
+        self._peer_imports = {}  # (dev, ctx_id, resource_id, p2p) -> (weakref(src), ImportedArray)
 
     @property
     def faults(self) -> list:
@@ -778,6 +796,31 @@ class Context:
     @property
     def faulted(self) -> bool:
         return bool(self.faults)
+
+    # ------------------------------------------------------------------ sharing (§12)
+    def enable_peer_access(self, peer: "Device") -> None:
+        """Let buffers of device `peer` imported into this context be mapped peer-to-peer
+        (cuCtxEnablePeerAccess); PvgpuError if the host's fabric cannot route it."""
+        from guest.api import prime
+        prime.enable_peer_access(self, peer)
+
+    def disable_peer_access(self, peer: "Device") -> None:
+        from guest.api import prime
+        prime.disable_peer_access(self, peer)
+
+    def import_array(self, handle, shape=None, dtype=np.float32, *, peer2peer=None):
+        """Import a buffer another context, device or guest exported (DeviceArray.export)
+        -> ImportedArray (guest/api/prime.py)."""
+        from guest.api import prime
+        return prime.import_(self, handle, shape, dtype, peer2peer=peer2peer)
+
+    def memcpy_peer(self, dst: "DeviceArray", src: "DeviceArray", nbytes: int | None = None,
+                    **kw) -> str:
+        """Copy from `src` (any context or device of this connection) into `dst` (of this
+        context), like cuMemcpyPeer; -> "d2d", "local", "peer", "system" or "staged"
+        (guest/api/prime.py)."""
+        from guest.api import prime
+        return prime.memcpy_peer(self, dst, src, nbytes, **kw)
 
     # ------------------------------------------------------------------ streams
     @_api
@@ -1304,6 +1347,12 @@ class DeviceArray:
 
     def copy_from_host_async(self, array, stream: Stream | None = None) -> None:
         self.context.copy_h2d_async(self.ptr, self._src(array), stream)
+
+    def export(self):
+        """Publish this buffer for other contexts, devices and guests -> BufferHandle (a
+        capability: keep it private). Importers keep the memory alive after free()."""
+        from guest.api import prime
+        return prime.export(self)
 
     def free(self) -> None:
         """MEM_FREE; refused (InvalidParameterError, the array stays live) while the

@@ -45,10 +45,12 @@ import msgpack
 from spec import wire
 from host.backend.errors import CommandError
 from host.backend.events import EventExports, EventSnapshot
+from host.backend.prime import ResourceExports
 from host.backend.shm import ShmTable, shm_error
 from host.kmd import errors as kmd_errors
 from host.kmd import sched
 from host.kmd.errors import KmdError, OutOfMemory
+from host.kmd.prime import PrimeImport
 
 _BODY = {k: struct.Struct(v) for k, v in wire.CMD_BODY_FORMATS.items()}
 _ARG = struct.Struct("<Q")
@@ -107,7 +109,7 @@ class Timeline:
 class ContextState:
     ctx_id: int
     kmd_ctx: object
-    resources: dict = field(default_factory=dict)  # resource_id -> BufferObject
+    resources: dict = field(default_factory=dict)  # resource_id -> BufferObject | PrimeImport
     timelines: dict = field(default_factory=dict)  # ring_idx -> Timeline
 
     def timeline(self, ring_idx: int) -> Timeline:
@@ -182,13 +184,15 @@ class ComputeDevice:
 
     def __init__(self, kmd, dma_mapping, mem_size: int, negotiated_features: int = 0, *,
                  exports: EventExports | None = None, owner=None, device_index: int | None = None,
-                 vgpu=None, event_sink: Callable | None = None):
+                 vgpu=None, event_sink: Callable | None = None,
+                 resource_exports: ResourceExports | None = None):
         """`exports`: the host-global export registry (a private one if None); `owner`:
         the session, whose exports are bounded together and whose queued GPU jobs are
         flow-controlled together; `device_index`: for GET_STATS; `vgpu`: the session's
         vGPU (host.kmd.sched.VgpuShares), None for the device's default one;
         `event_sink(type, ctx_id, ring_idx, address, access, vmid, engine)`: where the
-        faults and losses of this session's contexts go (called on engine threads)."""
+        faults and losses of this session's contexts go (called on engine threads);
+        `resource_exports`: the host-global registry of exported buffers."""
         self.vgpu = vgpu
         self.event_sink = event_sink
         self.kmd = kmd
@@ -200,6 +204,8 @@ class ComputeDevice:
         self.resource_owner: dict = {}  # resource_id -> ctx_id
         self.events: dict = {}  # event_id -> EventState
         self.exports = exports if exports is not None else EventExports()
+        self.resource_exports = resource_exports if resource_exports is not None \
+            else ResourceExports()
         self.owner = owner if owner is not None else self
         self.device_index = device_index if device_index is not None else getattr(kmd, "index", 0)
         self.shm = ShmTable()  # shared segment ids of this session on this device
@@ -357,6 +363,11 @@ class ComputeDevice:
                                f"(and {len(mapped) - 1} more): MEM_UNMAP first")
         del ctx.resources[resource_id]
         del self.resource_owner[resource_id]
+        if isinstance(bo, PrimeImport):
+            ctx.kmd_ctx.free_import(bo)  # detached once the context's work is done
+            return Response()
+        if bo.dmabuf is not None:  # freeing the export stops new imports (§12.2)
+            self.resource_exports.withdraw_dmabuf(self.owner, bo.dmabuf)
         ctx.kmd_ctx.free(bo)
         return Response()
 
@@ -585,6 +596,56 @@ class ComputeDevice:
         shm_id = self.shm.bind(seg)
         return Response(wire.RESP_OK_SHM, struct.pack(wire.RESP_SHM_FORMAT, shm_id, 0, seg.size))
 
+    # ------------------------------------------------------------------ buffer sharing (§12)
+    def cmd_resource_export(self, req, body, chain, mem):
+        (resource_id,) = body
+        ctx = self._ctx(req)
+        obj = ctx.resources.get(resource_id)
+        if obj is None:
+            raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
+                               f"resource {resource_id} does not belong to context {req.ctx_id}")
+        try:
+            # an import re-exports the original dma-buf (PRIME)
+            dmabuf = obj.dmabuf.get() if isinstance(obj, PrimeImport) \
+                else ctx.kmd_ctx.export_dmabuf(obj)
+        except KmdError as e:
+            raise kmd_to_error(e) from None
+        handle, token = self.resource_exports.export(self.owner, dmabuf)
+        return Response(wire.RESP_OK_EXPORT, struct.pack(wire.RESP_EXPORT_FORMAT, handle, token,
+                                                         dmabuf.size))
+
+    def cmd_resource_import(self, req, body, chain, mem):
+        handle, token, resource_id, flags = body
+        ctx = self._ctx(req)
+        if resource_id == 0 or resource_id in self.resource_owner:
+            raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
+                               f"resource id {resource_id} is zero or already in use")
+        if flags & ~wire.IMPORT_FLAG_PEER2PEER:
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"RESOURCE_IMPORT flags {flags:#x}: only PEER2PEER (1) is defined")
+        dmabuf = self.resource_exports.lookup(handle, token)
+        if dmabuf is None:
+            raise CommandError(wire.RESP_ERR_PERMISSION,
+                               f"no live export with handle {handle} and that token")
+        try:
+            imp = ctx.kmd_ctx.import_dmabuf(dmabuf,
+                                            peer2peer=bool(flags & wire.IMPORT_FLAG_PEER2PEER))
+        except KmdError as e:
+            raise kmd_to_error(e) from None
+        ctx.resources[resource_id] = imp
+        self.resource_owner[resource_id] = ctx.ctx_id
+        placement = {"local": wire.IMPORT_PLACEMENT_LOCAL, "peer": wire.IMPORT_PLACEMENT_PEER,
+                     "system": wire.IMPORT_PLACEMENT_SYSTEM}[imp.kind]
+        return Response(wire.RESP_OK_IMPORT, struct.pack(wire.RESP_IMPORT_FORMAT, imp.va, imp.size,
+                                                         placement))
+
+    def cmd_resource_revoke(self, req, body, chain, mem):
+        (handle,) = body
+        if not self.resource_exports.revoke(self.owner, handle):
+            raise CommandError(wire.RESP_ERR_PERMISSION,
+                               f"this session has no live export with handle {handle}")
+        return Response()
+
     # ------------------------------------------------------------------ explicit VA management
     @staticmethod
     def _va_error(e: KmdError) -> CommandError:
@@ -625,6 +686,10 @@ class ComputeDevice:
         if bo is None:
             raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
                                f"resource {resource_id} does not belong to context {req.ctx_id}")
+        if isinstance(bo, PrimeImport):
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"resource {resource_id} is an imported buffer: MEM_MAP maps "
+                               "only the context's own allocations")
         rw = wire.MEM_MAP_ACCESS_READ | wire.MEM_MAP_ACCESS_WRITE
         if flags not in (wire.MEM_MAP_ACCESS_READ, rw):
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
@@ -721,6 +786,7 @@ class ComputeDevice:
         for ev in self.events.values():
             self.exports.withdraw(h for h, _t in ev.exports)
         self.events.clear()
+        self.resource_exports.withdraw_owner(self.owner, exporter=self.kmd)
         # shared segments: the contexts' attachments went with them; the segments this
         # session created are removed (freed once other sessions detach), its imports revoked
         shm = getattr(self.kmd, "shm", None)
@@ -790,5 +856,8 @@ _HANDLERS = {
     wire.CMD_VA_RELEASE: ComputeDevice.cmd_va_release,
     wire.CMD_MEM_MAP: ComputeDevice.cmd_mem_map,
     wire.CMD_MEM_UNMAP: ComputeDevice.cmd_mem_unmap,
+    wire.CMD_RESOURCE_EXPORT: ComputeDevice.cmd_resource_export,
+    wire.CMD_RESOURCE_IMPORT: ComputeDevice.cmd_resource_import,
+    wire.CMD_RESOURCE_REVOKE: ComputeDevice.cmd_resource_revoke,
 }
 assert set(_HANDLERS) == set(wire.CMD_BODY_FORMATS)

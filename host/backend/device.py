@@ -155,6 +155,8 @@ class VirtioGpuDevice:
         self.compute = ComputeDevice(self.kmd, self.session.dma_mapping(self.index),
                                      self.session.mem_size, self.driver_features,
                                      exports=getattr(self.session.backend, "event_exports", None),
+                                     resource_exports=getattr(self.session.backend,
+                                                              "resource_exports", None),
                                      owner=self.session, device_index=self.index,
                                      vgpu=getattr(self.session, "vgpu", None),
                                      event_sink=self._event_sink())

@@ -24,6 +24,7 @@ from spec import wire
 from host.backend.device import VirtioGpuDevice
 from host.backend.errors import ControlError
 from host.backend.events import EventExports
+from host.backend.prime import ResourceExports
 from transport import codec
 from transport.codec import ZERO_COPY_MIN
 from transport.errors import GuestMemoryError
@@ -124,6 +125,7 @@ class Backend:
         self._inflight = []  # fences of torn-down work, kept until they signal
         self._releases = []  # (session, fences) waiting to release guest memory
         self.event_exports = EventExports()  # host-global: events shared across sessions
+        self.resource_exports = ResourceExports()  # host-global: buffers shared (dma-bufs)
         self.stats = collections.Counter()
 
     # ------------------------------------------------------------------ engine side
@@ -209,10 +211,21 @@ class Backend:
             **reply_vgpu,
             "session": sid,
             "devices": [{"index": k.index, "name": k.name, "vram_size": k.vram_size,
-                         "device_id": wire.VIRTIO_ID_GPU} for k in self.kmds],
+                         "device_id": wire.VIRTIO_ID_GPU, "peers": self._peers(k)}
+                        for k in self.kmds],
             "heartbeat_ms": self.heartbeat_ms,
             "max_mem_size": self.max_mem_size,
         }
+
+    def _peers(self, kmd) -> list:
+        """hello `peers` of a device (spec CTL-HELLO-9): how each other device reaches it."""
+        out = []
+        for other in self.kmds:
+            if other is not kmd:
+                link, distance = kmd.p2p_distance(other)
+                out.append({"dev": other.index, "p2p": link != "NOT_SUPPORTED",
+                            "link": link.lower(), "distance": distance})
+        return out
 
     def _bind_vgpu(self, requested):
         """The vGPU a new session joins: the one it names, else the configured vGPU with
@@ -385,6 +398,7 @@ class Backend:
             self.stats.update(dev.stats)  # keep the totals after the session is gone
         pending = session.teardown() + [f for f in self._inflight if not f.signaled]
         self.event_exports.withdraw_owner(session)  # (teardown withdrew them per event)
+        self.resource_exports.withdraw_owner(session)
         self._releases.append((session, pending))
         self._reap_releases()
         log.info("session %s (%s) closed: %s", session.sid, session.name, reason)

@@ -95,6 +95,7 @@ from host.kmd.buddy import CONTIGUOUS, TOPDOWN, BuddyAllocator
 from host.kmd.errors import (ContextLost, DeviceLost, InvalidAddress, InvalidArgument,
                              InvalidContext, KmdError, NoVmid, OutOfMemory)
 from host.kmd.fence import Fence, FenceDriver
+from host.hw.pcie import P2PDMA_MAP_NAMES
 from host.kmd.prime import PrimeExporter
 from host.kmd.resv import RESV_LOCK
 from host.kmd.ring import DEFAULT_RING_SIZE, Ring
@@ -318,6 +319,13 @@ class KmdDevice:
     @property
     def vram_size(self) -> int:
         return self.mm.size
+
+    def p2p_distance(self, peer: "KmdDevice") -> tuple:
+        """pci_p2pdma_distance with this device's BAR as the provider and `peer` as the
+        client: -> (map type name, distance); "NOT_SUPPORTED" when the fabric cannot
+        route peer-to-peer traffic between them."""
+        map_type, distance = self.gpu.pci.p2pdma_distance(peer.gpu.pci)
+        return P2PDMA_MAP_NAMES[map_type], distance
 
     def vram_free(self) -> int:
         self.reclaim()

@@ -112,6 +112,8 @@ class PrimeExporter:
                 bo.get()
                 if bo.resv is None:
                     bo.resv = DmaResv()
+                    for f in ctx.pending_fences():  # earlier work may still write it
+                        bo.resv.add_fence(f, DMA_RESV_USAGE_WRITE)
                 bo.dmabuf = DmaBuf(self, bo, bo.size, bo.resv, exporter=dev)
                 ctx.shared += 1
                 self.stats["exports"] += 1

@@ -122,7 +122,8 @@ def test_cli_info_and_run_over_tcp(host_factory, tmp_endpoint):
     tcp = next(ep for ep in host.endpoints if ep.startswith("tcp://"))
     r = run_guest(["info", "--connect", tcp, "--mem-size", "16M"], timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.count("device ") == 2 and "VERSION_1" in r.stdout and "128 MiB" in r.stdout
+    assert r.stdout.count("  device ") == 2 and "VERSION_1" in r.stdout and "128 MiB" in r.stdout
+    assert r.stdout.count("to device ") == 2 and "peer-to-peer (bus_addr, 4 PCIe hops)" in r.stdout
     r = run_guest(["run", "vector-add", "saxpy", "gemm", "--connect", tcp, "--memory", "inline",
                    "--size", "300", "--mem-size", "16M", "--json"], timeout=60)
     assert r.returncode == 0, r.stderr
