@@ -92,8 +92,8 @@ def cmd(type_, body=(), ctx_id=0, flags=0, fence_id=0, ring_idx=0, extra=b""):
             + struct.pack(wire.CMD_BODY_FORMATS[type_], *body) + extra)
 
 
-def _backend(num_gpus=2, backend_options=None, **kmd_options):
-    plat = Platform(num_gpus=num_gpus, vram_size=32 << 20)
+def _backend(num_gpus=2, backend_options=None, topology="switch", **kmd_options):
+    plat = Platform(num_gpus=num_gpus, vram_size=32 << 20, topology=topology)
     kmds = [KmdDevice(g, **kmd_options) for g in plat.gpus]
     for k in kmds:
         k.start()
