@@ -112,6 +112,14 @@ class ContextState:
     resources: dict = field(default_factory=dict)  # resource_id -> BufferObject | PrimeImport
     timelines: dict = field(default_factory=dict)  # ring_idx -> Timeline
 
+    def resource(self, resource_id: int):
+        """The context's allocation or import `resource_id`; else INVALID_RESOURCE_ID."""
+        obj = self.resources.get(resource_id)
+        if obj is None:
+            raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
+                               f"resource {resource_id} does not belong to context {self.ctx_id}")
+        return obj
+
     def timeline(self, ring_idx: int) -> Timeline:
         t = self.timelines.get(ring_idx)
         if t is None:
@@ -352,10 +360,7 @@ class ComputeDevice:
     def cmd_mem_free(self, req, body, chain, mem):
         (resource_id,) = body
         ctx = self._ctx(req)
-        bo = ctx.resources.get(resource_id)
-        if bo is None:
-            raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
-                               f"resource {resource_id} does not belong to context {req.ctx_id}")
+        bo = ctx.resource(resource_id)
         mapped = ctx.kmd_ctx.mapped_elsewhere(bo)  # CMD-FREE-3
         if mapped:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
@@ -600,10 +605,7 @@ class ComputeDevice:
     def cmd_resource_export(self, req, body, chain, mem):
         (resource_id,) = body
         ctx = self._ctx(req)
-        obj = ctx.resources.get(resource_id)
-        if obj is None:
-            raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
-                               f"resource {resource_id} does not belong to context {req.ctx_id}")
+        obj = ctx.resource(resource_id)
         try:
             # an import re-exports the original dma-buf (PRIME)
             dmabuf = obj.dmabuf.get() if isinstance(obj, PrimeImport) \
@@ -682,10 +684,7 @@ class ComputeDevice:
     def cmd_mem_map(self, req, body, chain, mem):
         va, offset, size, resource_id, flags = body
         ctx = self._ctx(req)
-        bo = ctx.resources.get(resource_id)
-        if bo is None:
-            raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
-                               f"resource {resource_id} does not belong to context {req.ctx_id}")
+        bo = ctx.resource(resource_id)
         if isinstance(bo, PrimeImport):
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
                                f"resource {resource_id} is an imported buffer: MEM_MAP maps "
@@ -786,7 +785,7 @@ class ComputeDevice:
         for ev in self.events.values():
             self.exports.withdraw(h for h, _t in ev.exports)
         self.events.clear()
-        self.resource_exports.withdraw_owner(self.owner, exporter=self.kmd)
+        self.resource_exports.withdraw_device(self.owner, self.kmd)
         # shared segments: the contexts' attachments went with them; the segments this
         # session created are removed (freed once other sessions detach), its imports revoked
         shm = getattr(self.kmd, "shm", None)

@@ -13,18 +13,14 @@ other sessions that imported it. Nothing here owns GPU state; dropping a snapsho
 affects the work it describes.
 
 `EventExports` is the host-global registry of exported snapshots (one per host, shared
-by every session and device): an export is named by a handle id and guarded by an
-unguessable 64-bit token from `secrets`. Each session keeps at most
+by every session and device; host/backend/capabilities.py): an export is named by a
+handle id and guarded by an unguessable 64-bit token. Each session keeps at most
 `MAX_EVENT_EXPORTS` exports; a newer one withdraws the session's oldest.
 """
 
 from __future__ import annotations
 
-import collections
-import hmac
-import itertools
-import secrets
-
+from host.backend.capabilities import CapabilityRegistry
 from spec import wire
 
 
@@ -79,62 +75,8 @@ class EventSnapshot:
         return t
 
 
-class EventExports:
+class EventExports(CapabilityRegistry):
     """Host-global registry: handle id -> (owner, token, snapshot)."""
 
     def __init__(self, max_per_owner: int = wire.MAX_EVENT_EXPORTS):
-        self.max_per_owner = max_per_owner
-        self._ids = itertools.count(1)
-        self._by_handle = {}  # handle_id -> (owner, token, snapshot)
-        self._by_owner = {}  # owner -> OrderedDict(handle_id -> None), oldest first
-
-    def __len__(self) -> int:
-        return len(self._by_handle)
-
-    def export(self, owner, snapshot: EventSnapshot) -> tuple:
-        """-> (handle_id, token) for `snapshot`, owned by `owner` (a session)."""
-        handle = next(self._ids)
-        token = secrets.randbits(64) or 1
-        self._by_handle[handle] = (owner, token, snapshot)
-        mine = self._by_owner.setdefault(owner, collections.OrderedDict())
-        mine[handle] = None
-        while len(mine) > self.max_per_owner:
-            old, _ = mine.popitem(last=False)
-            self._by_handle.pop(old, None)
-        return handle, token
-
-    def exists(self, handle: int) -> bool:
-        return handle in self._by_handle
-
-    def live(self, handle: int, snapshot: EventSnapshot) -> bool:
-        """Whether export `handle` still exists and still names `snapshot`."""
-        entry = self._by_handle.get(handle)
-        return entry is not None and entry[2] is snapshot
-
-    def lookup(self, handle: int, token: int) -> EventSnapshot | None:
-        """The exported snapshot, or None for an unknown handle or a wrong token (the two
-        are not told apart)."""
-        entry = self._by_handle.get(handle)
-        if entry is None:
-            return None
-        ok = hmac.compare_digest(entry[1].to_bytes(8, "little"),
-                                 (token & (2**64 - 1)).to_bytes(8, "little"))
-        return entry[2] if ok else None
-
-    def withdraw(self, handles) -> None:
-        for h in handles:
-            entry = self._by_handle.pop(h, None)
-            if entry is not None:
-                mine = self._by_owner.get(entry[0])
-                if mine is not None:
-                    mine.pop(h, None)
-                    if not mine:
-                        del self._by_owner[entry[0]]
-
-    def withdraw_owner(self, owner) -> None:
-        """Drop every export of `owner` (its session ended)."""
-        for h in self._by_owner.pop(owner, ()):
-            self._by_handle.pop(h, None)
-
-    def count(self, owner) -> int:
-        return len(self._by_owner.get(owner, ()))
+        super().__init__(max_per_owner)

@@ -185,7 +185,7 @@ def test_registry_bounds_and_withdrawals():
     assert bufs[0].puts == 1 and reg.lookup(*h[0]) is None  # the oldest went
     assert reg.lookup(*h[1]) is bufs[1] and reg.lookup(h[1][0], h[1][1] + 1) is None
     assert not reg.revoke(b, h[1][0]) and reg.count(a) == 2
-    reg.withdraw_owner(a, exporter="gpu1")
+    reg.withdraw_device(a, "gpu1")
     assert bufs[2].puts == 1 and reg.count(a) == 1
     reg.withdraw_dmabuf(a, bufs[1])
     assert bufs[1].puts == 1 and len(reg) == 0
