@@ -1062,7 +1062,7 @@ class KmdDevice:
             return {"device": self.index, "policy": self.policy, "now_ns": now,
                     "engines": engines, "vgpus": vgpus,
                     "timeouts": self.stats["timeouts"], "shm": self.shm.stats(),
-                    "mem": self.mem_stats(),
+                    "mem": self.mem_stats(), "prime": self.prime.snapshot(),
                     "contexts_lost": sum(1 for c in self.contexts.values() if c.lost)}
 
     def _retire(self, fd: FenceDriver, done: list, error=None, timestamp=None) -> None:

@@ -320,5 +320,6 @@ class PrimeExporter:
         return deps
 
     def snapshot(self) -> dict:
+        """GET_STATS `prime`: exports, imports by placement, migrations and moves."""
         return dict(self.stats, dmabufs=len(self.cache))
 
