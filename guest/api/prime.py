@@ -183,16 +183,22 @@ def memcpy_peer(ctx: Context, dst: DeviceArray, src: DeviceArray, nbytes: int | 
         raise ValueError("memcpy_peer copies between arrays of one connection; "
                          "share buffers between guests with export()/import_array()")
     if src.context is ctx:
-        ctx.copy_d2d(dst.ptr, src.ptr, n)
-        ctx.synchronize()
+        _copy_d2d_sync(ctx, dst.ptr, src.ptr, n)
         return "d2d"
     if sdev is ddev or sdev.index in ctx._peer_access:
         imp = _imported(ctx, src)
-        ctx.copy_d2d(dst.ptr, imp.ptr, n)
-        ctx.synchronize()
-        return "local" if imp.placement == "local" else imp.placement
+        _copy_d2d_sync(ctx, dst.ptr, imp.ptr, n)
+        return imp.placement
     _staged(ctx, dst, src, n, stage_chunk)
     return "staged"
+
+
+@_api
+def _copy_d2d_sync(ctx: Context, dst_va: int, src_va: int, n: int) -> None:
+    """One fenced COPY_D2D on the default stream: answered once the copy is done."""
+    ctx._check_live()
+    ctx._driver.call(_cmd(wire.CMD_COPY_D2D, (src_va, dst_va, n), ctx_id=ctx.ctx_id, fence_id=1))
+    ctx.default_stream._raise_async_error()
 
 
 def _imported(ctx: Context, src: DeviceArray) -> ImportedArray:

@@ -69,8 +69,9 @@ class Gpu:
         self.mmu = Mmu(self.vram, sysmem, tag, fabric, self.pci.index)
         self.fence_cond = threading.Condition()  # every FENCE write notifies it
         self.cus = ComputeUnits(compute_units, tag)
+        self.dma_lanes = ComputeUnits(compute_units, tag + ".dma")  # of both copy engines
         self.engines = [Engine(e, self.vram, self.mmu, self.irq, self.fence_cond, tag,
-                               self.cus if e == ENGINE_COMPUTE else None, self.clock_ns)
+                               self.cus if e == ENGINE_COMPUTE else self.dma_lanes, self.clock_ns)
                         for e in range(NUM_ENGINES)]
         self._started = False
 
@@ -112,6 +113,7 @@ class Gpu:
         deadline = time.monotonic() + timeout
         ok = all([e.join(max(0.0, deadline - time.monotonic())) for e in self.engines])
         self.cus.shutdown()
+        self.dma_lanes.shutdown()
         return ok
 
     def stats(self) -> dict:

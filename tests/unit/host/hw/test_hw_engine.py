@@ -610,3 +610,23 @@ def test_reset_stops_softmax_and_reduce_sum_between_blocks(big_gpu, monkeypatch)
                          P.fence(2 << 20, 1))
     assert g.vram.read_u64(out) == 0xFFFFFFFF  # dst not written
     assert not got  # no fence, no interrupt
+
+
+def test_a_large_copy_is_spread_over_the_dma_lanes(dev):
+    """A COPY piece of at least COPY_SPLIT bytes goes over the copy engines' DMA lanes."""
+    from host.hw.command_processor import COPY_SPLIT
+    from host.hw.compute_units import ComputeUnits
+    n = COPY_SPLIT + 3 * PAGE_SIZE
+    host = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
+    back = np.zeros_like(host)
+    hva, bva = VA + (1 << 30), VA + (2 << 30)
+    dev.pt.map(hva, dev.gpu.sysmem.dma_map(host), n // PAGE_SIZE, RO | PTE_SYSTEM)
+    dev.pt.map(bva, dev.gpu.sysmem.dma_map(back), n // PAGE_SIZE, RO | PTE_SYSTEM | PTE_WRITE)
+    lanes = dev.gpu.dma_lanes
+    if lanes.count == 1:  # a one-CPU machine: force two lanes
+        lanes = dev.gpu.dma_lanes = ComputeUnits(2, "test.dma")
+        dev.gpu.engines[ENGINE_COPY].cp.cus = lanes
+    before = lanes.split_launches
+    dev.copy.submit(dev.ib(P.copy(hva, bva, n)) + P.fence(fence_addr(0), 1))
+    dev.wait_irq(IRQ_FENCE, 1)
+    assert np.array_equal(back, host) and lanes.split_launches == before + 1
