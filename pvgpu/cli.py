@@ -7,10 +7,13 @@
   pvgpu tenant WORKLOAD --seconds S [--vgpu NAME] one guest of a shared-GPU run (long, short, copy, mixed)
   pvgpu demo                                      host + two guests, every result verified
   pvgpu demo --guests N --sched band [--shares ..] N guests sharing device 0 through vGPUs, live table
+  pvgpu demo p2p                                  a buffer shared by two guests on two GPUs, with
+                                                  and without peer-to-peer
   pvgpu bench [--json FILE]                       hot paths against this machine's limits
   pvgpu bench sched [--seconds S] [--policies ..] scheduler fairness (Gdev's experiment) + overlap
   pvgpu bench copies [--json FILE] [--quick]      pinned vs pageable copies, chunk sizes, small copies
   pvgpu bench dataflow [--json FILE] [--quick]    shared device memory vs copies through the host
+  pvgpu bench p2p [--json FILE] [--quick] [--sizes MiB,..]  GPU-to-GPU copies: P2P vs bounce vs memcpy
 """
 
 from __future__ import annotations
@@ -142,7 +145,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "workloads long, short, copy, mixed in turn) bound to vGPUs "
                                    "g1..gN that split device 0 -- all on device 0 so they "
                                    "compete -- with a live utilisation table and fairness "
-                                   "figures (over compute) at the end.")
+                                   "figures (over compute) at the end. `pvgpu demo p2p`: guest "
+                                   "A exports a buffer it computed on GPU 0, guest B imports "
+                                   "it on GPU 1 and consumes it, on a host with peer-to-peer "
+                                   "(--topology switch) and on one without (sockets).")
+    p.add_argument("which", nargs="?", choices=("pair", "p2p"), default=None,
+                   help="pair: the two-guest demo (the default without vGPU options); p2p: a "
+                        "buffer shared between two guests on two GPUs, with and without "
+                        "peer-to-peer")
     p.add_argument("--vram", default="512M", help="VRAM per device for the demo host")
     p.add_argument("--guests", type=int, default=None, metavar="N",
                    help="vGPU demo: N guests and vGPUs, 1..8 (default 4, or one per --shares)")
@@ -156,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="measure hot paths against this machine's limits, or "
                                      "the GPU scheduler's fairness (`bench sched`)")
-    p.add_argument("which", nargs="?", choices=("hotpaths", "sched", "copies", "dataflow"),
+    p.add_argument("which", nargs="?", choices=("hotpaths", "sched", "copies", "dataflow", "p2p"),
                    default="hotpaths",
                    help="hotpaths (default): copies, round trip, kernels against the machine's "
                         "limits; sched: Gdev's fairness experiment under each policy, four "
@@ -164,7 +174,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "unpipelined copies 1 KiB..256 MiB against memcpy, chunk-size sweep, "
                         "small-copy crossover; dataflow: Gdev's dataflow, buffers passed "
                         "between contexts and guests through shared device memory vs "
-                        "through the host")
+                        "through the host; p2p: GPU-to-GPU copies of 16..256 MiB, "
+                        "peer-to-peer vs staged through pinned host memory vs through the "
+                        "guest, against memcpy")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     p.add_argument("--seconds", type=float, default=20.0,
@@ -177,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sched: which runs (default %(default)s)")
     p.add_argument("--time-buffer-us", type=int, default=None,
                    help="sched: the hosts' BAND time buffer (default: the host's, Gdev's 500)")
+    p.add_argument("--sizes", default=None, metavar="MiB,...",
+                   help="p2p: copy sizes in MiB (default 16,64,256; 16,64 with --quick)")
     return ap
 
 
@@ -328,7 +342,14 @@ def cmd_tenant(args) -> int:
 
 def cmd_demo(args) -> int:
     from pvgpu import demo
-    if args.guests is None and args.sched is None and args.shares is None:
+    sharing = not (args.guests is None and args.sched is None and args.shares is None)
+    if args.which is not None and sharing:
+        print(f"pvgpu demo {args.which}: --guests, --sched and --shares are options of the vGPU "
+              "demo (`pvgpu demo --guests N`)", file=sys.stderr)
+        return 2
+    if args.which == "p2p":
+        return demo.run_p2p(vram=args.vram)
+    if not sharing:
         return demo.run_pair(vram=args.vram)
     return demo.run_sharing(args.guests, sched=args.sched or "band", seconds=args.seconds,
                             vram=args.vram, shares=args.shares)
@@ -343,6 +364,14 @@ def cmd_bench(args) -> int:
     if args.which == "dataflow":
         from bench.dataflow import run_bench as run_dataflow
         return run_dataflow(json_path=args.json, quick=args.quick)
+    if args.which == "p2p":
+        from bench.p2p import parse_sizes, run_bench as run_p2p
+        try:
+            sizes = parse_sizes(args.sizes)
+        except ValueError as e:
+            print(f"pvgpu bench p2p: {e}", file=sys.stderr)
+            return 2
+        return run_p2p(json_path=args.json, quick=args.quick, sizes_mib=sizes)
     if args.which == "copies":
         from bench.copies import run_bench as run_copies
         return run_copies(json_path=args.json, quick=args.quick)

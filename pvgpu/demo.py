@@ -1,6 +1,6 @@
 """`pvgpu demo`: a host and guest processes, every result verified.
 
-Two demos:
+Three demos:
 
   pvgpu demo                          the pair: a host with two GPUs and two guests (one
                                       per memory model), vector add and gemm on each GPU
@@ -11,8 +11,19 @@ Two demos:
                                       workloads long, short, copy, mixed in turn -- all on
                                       device 0, so they compete for one compute engine
                                       and its two copy engines
+  pvgpu demo p2p                      a buffer shared between guests on two GPUs: guest
+                                      A (`python -m pvgpu.demo p2p-producer`) computes
+                                      16 MiB on GPU 0 with a kernel and exports it; guest
+                                      B (`p2p-consumer`) gets the handle through a pipe,
+                                      imports it on GPU 1 (with peer access when the
+                                      fabric allows it), scales and sums it there. Run on
+                                      a `--topology switch` host (placement "peer": GPU 1
+                                      reads GPU 0's VRAM) and a `sockets` host ("system":
+                                      the buffer moved to system memory); exits 0 when
+                                      both are verified against numpy with the expected
+                                      placement and every process exited cleanly
 
-While the tenants run, the demo's own guest session (a monitor: it submits no GPU work,
+In the vGPU demo, while the tenants run, the demo's own guest session (a monitor: it submits no GPU work,
 so its host-assigned vGPU does not matter) polls the device's scheduling statistics
 (GET_STATS) once a second and prints each vGPU's compute and copy utilisation over that
 second. At the end it prints, per vGPU, the mean utilisation over the time all tenants
@@ -23,10 +34,15 @@ its results and the host shut down cleanly.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import queue
 import shutil
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 from spec import wire
@@ -309,3 +325,207 @@ def run_pair(vram: str = "512M", out=None) -> int:
     out(f"\npvgpu demo: {'all results match numpy' if ok else 'FAILED'}; host exited {code}; "
         f"{time.perf_counter() - t0:.1f}s")
     return 0 if ok else 1
+
+
+# ---------------------------------------------------------------------- the P2P demo
+P2P_TOPOLOGIES = (("switch", "peer"), ("sockets", "system"))  # (fabric, expected placement)
+P2P_N = 4 << 20  # float32 elements: 16 MiB
+P2P_MEM = 64 << 20  # guest memory of each P2P guest
+P2P_TIMEOUT_S = 60.0  # per guest step
+
+
+def p2p_expected(n: int = P2P_N):
+    """What the consumer computes from the producer's buffer: 2 * (0.5 * (i % 1000))."""
+    import numpy as np
+    return (np.arange(n, dtype=np.int64) % 1000).astype(np.float32)
+
+
+class _Peer:
+    """A guest process driven line by line (stdin/stdout); its output is read by a thread
+    so that every wait has a deadline, and it is always reaped by finish()."""
+
+    def __init__(self, args):
+        self.proc = subprocess.Popen([sys.executable, "-m", "pvgpu.demo", *args],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.lines, self.output = queue.Queue(), []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.output.append(line)
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)  # EOF
+
+    def send(self, line: str) -> None:
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def expect(self, word: str, timeout: float = P2P_TIMEOUT_S) -> str:
+        """-> the rest of the next line starting with `word`; RuntimeError on exit or timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                line = self.lines.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise RuntimeError(f"no {word!r} from the guest within {timeout:g}s") from None
+            if line is None:
+                raise RuntimeError(f"the guest exited ({self.proc.wait()}) before {word!r}:\n"
+                                   + "".join(self.output))
+            if line.split(" ", 1)[0] == word:
+                return line[len(word):].strip()
+
+    def finish(self, timeout: float = 15.0) -> int:
+        """Close stdin, wait (kill on overrun), reap. -> exit code."""
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait()
+        self.reader.join(5)
+        return code
+
+
+def p2p_producer(endpoint: str, n: int) -> int:
+    """Guest A: on device 0, computes 0.5 * (i % 1000) with a kernel, exports it and prints
+    `handle <str>`; waits for `done` (or EOF) on stdin, then frees it and exits."""
+    import numpy as np
+    import guest
+    with guest.connect(endpoint, memory=wire.MEMORY_SHARED, mem_size=P2P_MEM,
+                       name="p2p-producer") as conn:
+        with conn.devices[0].create_context("producer") as ctx:
+            x = ctx.to_device((np.arange(n, dtype=np.int64) % 1000).astype(np.float32))
+            a = ctx.empty(n)
+            ctx.launch("scale", n // 256, 256, (a, x, 0.5, n))
+            ctx.synchronize()
+            x.free()
+            print("handle", a.export(), flush=True)
+            for line in sys.stdin:
+                if line.strip() == "done":
+                    break
+            a.free()
+    print("bye", flush=True)
+    return 0
+
+
+def p2p_consumer(endpoint: str, n: int) -> int:
+    """Guest B: reads `handle <str>` on stdin; on device 1 enables peer access when the
+    fabric allows it, imports the buffer, scales it by 2 into its own buffer and sums that
+    on the device; prints `result <json>` (placement, sums, times)."""
+    import numpy as np
+    import guest
+    handle = sys.stdin.readline().split(" ", 1)[1].strip()
+    with guest.connect(endpoint, memory=wire.MEMORY_SHARED, mem_size=P2P_MEM,
+                       name="p2p-consumer") as conn:
+        d0, d1 = conn.devices
+        with d1.create_context("consumer") as ctx:
+            peer = d1.can_access_peer(d0)
+            if peer:
+                ctx.enable_peer_access(d0)
+            t0 = time.perf_counter()
+            src = ctx.import_array(guest.BufferHandle.parse(handle), (n,), np.float32)
+            t1 = time.perf_counter()
+            out, total = ctx.empty(n), ctx.empty(1)
+            ctx.launch("scale", n // 256, 256, (out, src, 2.0, n))  # reads device 0's buffer
+            ctx.launch("reduce_sum", 1, 1, (out, total, n))
+            ctx.synchronize()
+            t2 = time.perf_counter()
+            got = out.to_host()
+            r = {"placement": src.placement, "can_access_peer": peer,
+                 "link": d1.peer_info(d0)["link"], "device_sum": float(total.to_host()[0]),
+                 "checksum": float(got.sum(dtype=np.float64)),
+                 "sha256": hashlib.sha256(got.tobytes()).hexdigest(),
+                 "import_ms": (t1 - t0) * 1e3, "consume_ms": (t2 - t1) * 1e3}
+            src.free()
+    print("result", json.dumps(r), flush=True)
+    return 0
+
+
+def p2p_check(r: dict, n: int = P2P_N) -> tuple:
+    """-> (verified, reason) of a consumer's result against numpy."""
+    import numpy as np
+    want = p2p_expected(n)
+    checksum = float(want.sum(dtype=np.float64))
+    if r["sha256"] != hashlib.sha256(want.tobytes()).hexdigest():
+        return False, f"data differ (sum {r['checksum']:.6g}, numpy {checksum:.6g})"
+    if abs(r["device_sum"] - checksum) > 1e-5 * checksum:  # binary32 sum: order unspecified
+        return False, f"device sum {r['device_sum']:.6g}, numpy {checksum:.6g}"
+    return True, f"sum {checksum:.6g}"
+
+
+def _p2p_once(topology: str, vram: str) -> tuple:
+    """One host of `topology`, the producer and the consumer. -> (ok, line)."""
+    from pvgpu.procs import HostProcess, private_endpoint
+    endpoint, tmpdir = private_endpoint(f"pvgpu-demo-p2p-{topology}")
+    t0 = time.perf_counter()
+    host = producer = consumer = None
+    r, error, codes, host_code = None, None, [], None
+    try:
+        host = HostProcess([endpoint], vram=vram, extra_args=["--topology", topology])
+        producer = _Peer(["p2p-producer", endpoint, str(P2P_N)])
+        handle = producer.expect("handle")
+        consumer = _Peer(["p2p-consumer", endpoint, str(P2P_N)])
+        consumer.send(f"handle {handle}")  # the capability goes by pipe, not argv
+        r = json.loads(consumer.expect("result"))
+        producer.send("done")
+        producer.expect("bye")
+    except Exception as e:  # a guest that failed or hung, a host that did not start
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        codes = [p.finish() for p in (consumer, producer) if p is not None]
+        if host is not None:
+            host_code = host.stop()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    seconds = time.perf_counter() - t0
+    if r is None:
+        return False, f"{topology:<8} FAILED: {error}"
+    verified, why = p2p_check(r)
+    want = dict(P2P_TOPOLOGIES)[topology]
+    ok = (verified and r["placement"] == want and error is None and host_code == 0
+          and codes == [0, 0])
+    line = (f"{topology:<8} link {r['link']:<14} peer access {'yes' if r['can_access_peer'] else 'no ':<3}"
+            f"  placement {r['placement']:<7} {'verified' if verified else 'NOT verified'} ({why})"
+            f"  import {r['import_ms']:6.1f} ms  consume {r['consume_ms']:6.1f} ms  total {seconds:4.1f}s")
+    if r["placement"] != want:
+        line += f"  -- expected placement {want}"
+    if error or codes != [0, 0] or host_code != 0:
+        line += f"  -- {error or ''} guests exited {codes}, host {host_code}"
+    return ok, line
+
+
+def run_p2p(vram: str = "512M", out=None) -> int:
+    """The P2P demo: a buffer shared between two guest processes on two GPUs, once with
+    peer-to-peer (switch) and once without (sockets). -> exit code."""
+    out = out or _say
+    t0 = time.perf_counter()
+    out(f"pvgpu demo p2p: guest A computes {P2P_N * 4 >> 20} MiB on GPU 0 and exports it; "
+        "guest B imports it on GPU 1, scales and sums it there; checked against numpy")
+    results = []
+    for topology, _want in P2P_TOPOLOGIES:
+        ok, line = _p2p_once(topology, vram)
+        results.append(ok)
+        out(line)
+    ok = all(results)
+    out(f"pvgpu demo p2p: {'both topologies verified' if ok else 'FAILED'}; "
+        f"{time.perf_counter() - t0:.1f}s")
+    return 0 if ok else 1
+
+
+def main(argv=None) -> int:
+    """Entry of the P2P demo's guest processes: `python -m pvgpu.demo p2p-producer|p2p-consumer
+    ENDPOINT N` (started by run_p2p, not by users)."""
+    argv = sys.argv[1:] if argv is None else argv
+    roles = {"p2p-producer": p2p_producer, "p2p-consumer": p2p_consumer}
+    if len(argv) != 3 or argv[0] not in roles:
+        print("usage: python -m pvgpu.demo p2p-producer|p2p-consumer ENDPOINT N", file=sys.stderr)
+        return 2
+    return roles[argv[0]](argv[1], int(argv[2]))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
