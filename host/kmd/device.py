@@ -766,6 +766,8 @@ class KmdDevice:
             fn()
 
     def _reclaim_locked(self) -> int:
+        if self.prime._released:
+            self.prime.reap()
         if not self._deferred:
             return 0
         done = 0

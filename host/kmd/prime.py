@@ -36,6 +36,8 @@ all under RESV_LOCK, so a reader on one device waits for the writers on the othe
 
 from __future__ import annotations
 
+import collections
+import threading
 import time
 
 from host.hw import regs
@@ -90,6 +92,11 @@ class PrimeExporter:
     def __init__(self, device):
         self.dev = device
         self.cache = DmaBufCache()
+        # detach and release come from importers, often under the importer's device lock:
+        # they never take this device's lock (two devices importing from each other would
+        # deadlock). Pins change under _pins; released BOs wait in _released for reap().
+        self._pins = threading.Lock()
+        self._released = collections.deque()
         self.stats = {"exports": 0, "imports": 0, "peer_maps": 0, "system_maps": 0,
                       "local_maps": 0, "migrations": 0, "moves_notified": 0,
                       "moves_skipped_busy": 0, "remaps": 0}
@@ -133,7 +140,7 @@ class PrimeExporter:
 
     def detach(self, dmabuf, attachment) -> None:
         if attachment.priv == SG_SYSTEM:
-            with self.dev.lock:
+            with self._pins:
                 dmabuf.priv.sys_pins -= 1
 
     def map(self, attachment) -> SgTable:
@@ -155,16 +162,26 @@ class PrimeExporter:
         pass
 
     def release(self, dmabuf) -> None:
-        bo = dmabuf.priv
+        self._released.append(dmabuf.priv)
+        if self.dev.lock.acquire(blocking=False):  # else the next reclaim reaps it
+            try:
+                self.reap()
+            finally:
+                self.dev.lock.release()
+
+    def reap(self) -> None:
+        """(lock held) Drop the references of released dma-bufs; the BO's memory goes once
+        its last user is done with it."""
         dev = self.dev
-        with dev.lock:
+        while self._released:
+            bo = self._released.popleft()
             bo.dmabuf = None
             ctx = bo.context
             if ctx is not None and ctx._bos.get(bo.va) is bo:
                 ctx.shared -= 1
             if bo.put():
                 fences = bo.resv.fences() if bo.resv is not None else []
-                dev._defer(fences, lambda: dev._release_bo_memory(bo))
+                dev._defer(fences, lambda bo=bo: dev._release_bo_memory(bo))
 
     # ------------------------------------------------------------------ moves
     def begin_move(self, bo):
@@ -196,7 +213,8 @@ class PrimeExporter:
         dev = self.dev
         deadline = time.monotonic() + dev.timeout
         with dev.lock:
-            bo.sys_pins += 1
+            with self._pins:
+                bo.sys_pins += 1
             try:
                 while bo.sysmem is None:
                     if bo.refcount <= 0:
@@ -212,7 +230,8 @@ class PrimeExporter:
                                           "be migrated to system memory")
                     dev._cond.wait(min(0.02, left))
             except BaseException:
-                bo.sys_pins -= 1
+                with self._pins:
+                    bo.sys_pins -= 1
                 raise
 
     # ------------------------------------------------------------------ import

@@ -174,3 +174,38 @@ def test_a_busy_shared_buffer_is_not_evicted(pair):
     assert time.monotonic() - t0 < 5
     assert src.sysmem is None and d0.prime.stats["moves_skipped_busy"] >= 1
     done(reader)
+
+
+def test_detach_and_release_never_wait_for_the_exporters_lock(pair):
+    """An importer detaches under its own lock (deferred frees); taking the exporter's lock
+    there would deadlock two devices that import from each other."""
+    import threading
+    d0, d1, a, b, _wa, _wb = pair("sockets")  # a system-memory pin to drop, too
+    src = a.alloc(1 * MiB)
+    dmabuf = a.export_dmabuf(src)
+    imp = b.import_dmabuf(dmabuf)
+    a.free(src)
+    dmabuf.put()  # only the attachment holds the buffer now
+    held, release = threading.Event(), threading.Event()
+
+    def hold_exporter():
+        with d0.lock:
+            held.set()
+            release.wait(10)
+    t = threading.Thread(target=hold_exporter)
+    t.start()
+    try:
+        assert held.wait(5)
+        done = threading.Event()
+
+        def detach():
+            with d1.lock:
+                imp.attachment.detach()  # the last reference: exporter detach + release
+            done.set()
+        threading.Thread(target=detach, daemon=True).start()
+        assert done.wait(5), "detach waited for the exporter's lock"
+    finally:
+        release.set()
+        t.join(5)
+    d0.reclaim()  # the exporter reaps the released buffer under its own lock
+    assert dmabuf.released and src.refcount == 0 and src.sys_pins == 0
