@@ -219,6 +219,10 @@ class PrimeExporter:
                 while bo.sysmem is None:
                     if bo.refcount <= 0:
                         raise InvalidContext("the buffer object was released")
+                    if dev.evicted_bytes + bo.size > dev.max_evicted_bytes:
+                        raise OutOfMemory(f"migrating {bo.size} bytes to system memory would "
+                                          f"exceed the device's {dev.max_evicted_bytes} bytes "
+                                          "for evicted and migrated buffers (--max-evicted)")
                     ctx = bo.context
                     busy = ctx is not None and not ctx.destroyed and dev._ctx_on_gpu(ctx)
                     if not busy and dev._evict_bo(bo):

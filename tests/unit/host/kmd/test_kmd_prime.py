@@ -209,3 +209,13 @@ def test_detach_and_release_never_wait_for_the_exporters_lock(pair):
         t.join(5)
     d0.reclaim()  # the exporter reaps the released buffer under its own lock
     assert dmabuf.released and src.refcount == 0 and src.sys_pins == 0
+
+
+def test_a_migration_beyond_the_host_memory_limit_is_refused(make_dev):
+    d0, d1 = make_dev(32 * MiB, num_gpus=2, topology="sockets", max_evicted_bytes=1 * MiB)
+    a, b = d0.create_context("a"), d1.create_context("b")
+    src = a.alloc(2 * MiB)
+    dmabuf = a.export_dmabuf(src)
+    with pytest.raises(OutOfMemory, match="max-evicted"):
+        b.import_dmabuf(dmabuf)
+    assert src.sysmem is None and src.sys_pins == 0 and dmabuf.nattach == 0
