@@ -233,6 +233,7 @@ IMPORT_PLACEMENT_SYSTEM = 2  # system memory: migrated there, both devices use i
 IMPORT_PLACEMENT_NAMES = {IMPORT_PLACEMENT_LOCAL: "local", IMPORT_PLACEMENT_PEER: "peer",
                           IMPORT_PLACEMENT_SYSTEM: "system"}
 MAX_RESOURCE_EXPORTS = 1024  # live exports per session; exporting more withdraws the oldest
+MAX_IMPORTS = 1024  # live imports per context
 
 # Responses: OK 0x11xx, errors 0x12xx (virtio-gpu codes kept, compute from 0x1180/0x1280)
 RESP_OK_NODATA = 0x1100

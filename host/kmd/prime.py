@@ -47,6 +47,7 @@ from host.kmd.errors import InvalidArgument, InvalidContext, OutOfMemory
 from host.kmd.fence import Fence
 from host.kmd.resv import (DMA_RESV_USAGE_KERNEL, DMA_RESV_USAGE_READ, DMA_RESV_USAGE_WRITE,
                            RESV_LOCK, DmaResv)
+from spec import wire
 
 P2P_ALLOWED = (P2PDMA_MAP_BUS_ADDR, P2PDMA_MAP_THRU_HOST_BRIDGE)
 _PAGE = regs.PAGE_SIZE
@@ -244,6 +245,9 @@ class PrimeExporter:
         dev = self.dev
         if not isinstance(dmabuf, DmaBuf):
             raise InvalidArgument(f"not a dma-buf: {dmabuf!r}")
+        with dev.lock:
+            if len(ctx._imports) >= wire.MAX_IMPORTS:
+                raise OutOfMemory(f"{wire.MAX_IMPORTS} imports live in context {ctx.id}")
         att = dmabuf.attach(dev, self, peer2peer=peer2peer)  # no lock: it may migrate
         try:
             with dev.lock:

@@ -219,3 +219,15 @@ def test_a_migration_beyond_the_host_memory_limit_is_refused(make_dev):
     with pytest.raises(OutOfMemory, match="max-evicted"):
         b.import_dmabuf(dmabuf)
     assert src.sysmem is None and src.sys_pins == 0 and dmabuf.nattach == 0
+
+
+def test_imports_per_context_are_bounded(pair, monkeypatch):
+    d0, d1, a, b, _wa, _wb = pair()
+    monkeypatch.setattr(wire, "MAX_IMPORTS", 3)
+    dmabuf = a.export_dmabuf(a.alloc(64 * 1024))
+    imps = [b.import_dmabuf(dmabuf) for _ in range(3)]
+    with pytest.raises(OutOfMemory, match="imports"):
+        b.import_dmabuf(dmabuf)
+    assert dmabuf.nattach == 3
+    b.free_import(imps[0])
+    b.import_dmabuf(dmabuf)  # room again
