@@ -24,6 +24,9 @@ def main(argv=None) -> None:
             except guest.PageFaultError as e:
                 print(f"caught {type(e).__name__}: {e}")
                 print(f"  faulting address {e.address:#x}, access {e.access}")
+                if e.event is not None:  # the device's event-queue report of the fault
+                    print(f"  reported on the event queue: {e.event}")
+                print(f"  context faulted: {ctx.faulted} ({len(ctx.faults)} fault(s))")
             try:
                 ctx.empty(1 << 40, np.uint8)
             except guest.OutOfMemoryError as e:
