@@ -20,7 +20,6 @@ drifting machine affects all alike). Ratios against memcpy are `memcpy time / co
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -29,6 +28,7 @@ import time
 
 import numpy as np
 
+from bench.common import rounds, write_json
 import guest
 from guest.api.core import _cmd
 from pvgpu.procs import HostProcess, private_endpoint
@@ -50,25 +50,9 @@ TARGET_PIPELINE = 1.3  # pipelined >= 1.3x faster than unpipelined for >= 16 MiB
 
 
 def _rounds(variants: dict, *, min_reps: int, max_reps: int, budget: float) -> dict:
-    """Median seconds of each variant (name -> fn, or (setup, fn)); one call of each per
-    round, after one warm-up round; stops after max_reps rounds, or after min_reps once
-    `budget` seconds have passed."""
-    items = [(k, v if isinstance(v, tuple) else (None, v)) for k, v in variants.items()]
-    for _k, (setup, fn) in items:
-        if setup:
-            setup()
-        fn()
-    times = {k: [] for k, _ in items}
-    start = time.perf_counter()
-    for r in range(max_reps):
-        for k, (setup, fn) in items:
-            if setup:
-                setup()
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-        if r + 1 >= min_reps and time.perf_counter() - start > budget:
-            break
+    """Median seconds of each variant (name -> fn, or (setup, fn)), interleaved after one
+    warm-up round (bench/common.py)."""
+    times = rounds(variants, max_reps=max_reps, min_reps=min_reps, budget=budget, warmup=True)
     return {k: statistics.median(v) for k, v in times.items()}
 
 
@@ -317,8 +301,5 @@ def run_bench(json_path: str | None = None, quick: bool = False) -> int:
     print(f"\nsummary (sizes >= 16 MiB, shared memory, worst of H2D/D2H): pinned vs memcpy "
           f"{verdict(summary['pinned_vs_memcpy_min_ge_16MiB'], TARGET_PINNED)}; pipelined vs unpipelined "
           f"{verdict(summary['pipeline_speedup_min_ge_16MiB'], TARGET_PIPELINE)}; {results['seconds']:.0f} s")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"wrote {json_path}")
+    write_json(json_path, results)
     return 0

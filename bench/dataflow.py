@@ -33,7 +33,6 @@ bit for bit against numpy (elementwise kernels are exact, spec KRN-SEM-5). Media
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bench.common import write_json
 import guest
 from pvgpu.procs import HostProcess, private_endpoint
 from spec import wire
@@ -359,10 +359,7 @@ def run_bench(json_path: str | None = None, quick: bool = False, *, size_mib: in
             shutil.rmtree(tmpdir, ignore_errors=True)
     results["met_target"] = ok
     print(f"target >= {TARGET}x: {'met' if ok else 'NOT met'}")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"wrote {json_path}")
+    write_json(json_path, results)
     return 0 if all(results[p]["verified"] for p in parts) else 1
 
 

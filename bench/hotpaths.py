@@ -14,7 +14,6 @@ Medians of repeated runs; ratios are `limit time / stack time` for bandwidths an
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -27,6 +26,7 @@ import msgpack
 import numpy as np
 import zmq
 
+from bench.common import write_json
 import guest
 from pvgpu.procs import HostProcess, private_endpoint
 from spec import wire
@@ -152,10 +152,7 @@ def run_bench(json_path: str | None = None, quick: bool = False) -> int:
     results["targets"] = {"copies_shared_vs_memcpy": ">= 0.5", "nop_rtt_vs_raw_zmq": "<= 2.0",
                           "kernels_vs_numpy": ">= 0.8"}
     print("\nratios (target): " + ", ".join(f"{k} {v:.2f}" for k, v in ratios.items()))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"wrote {json_path}")
+    write_json(json_path, results)
     return 0
 
 

@@ -23,16 +23,15 @@ a single memcpy of the same size. The exit code reports verification only, not t
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
 import statistics
 import sys
-import time
 
 import numpy as np
 
+from bench.common import rounds, write_json
 import guest
 from pvgpu.procs import HostProcess, private_endpoint
 from spec import wire
@@ -65,17 +64,6 @@ def _source(n: int) -> np.ndarray:
     """n float32 with a pattern that no stale or misplaced chunk reproduces (bit patterns:
     some are NaNs, so compare them as uint32)."""
     return (np.arange(n, dtype=np.uint32) * np.uint32(2654435761)).view(np.float32)
-
-
-def _rounds(variants: dict, reps: int) -> dict:
-    """-> name -> [seconds]: every variant once per round, `reps` rounds."""
-    times = {k: [] for k in variants}
-    for _ in range(reps):
-        for k, fn in variants.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return times
 
 
 def _verify(ctx1, dst, data, copy, expect_how=None) -> dict:
@@ -137,7 +125,7 @@ def _bench_host(topology: str, sizes_mib, reps: int, ways) -> dict:
                     row["memcpy"] = {"verified": bool(np.array_equal(mdst.view(np.uint32),
                                                                      data.view(np.uint32)))}
                     variants["memcpy"] = lambda: np.copyto(mdst, data)
-                for k, runs in _rounds(variants, reps).items():
+                for k, runs in rounds(variants, max_reps=reps).items():
                     row[k]["runs_s"] = runs
                 out[size] = row
                 for a in (src, dst):
@@ -221,10 +209,7 @@ def run_bench(json_path: str | None = None, quick: bool = False, *, sizes_mib=No
     print(f"results {'verified' if verified else 'WRONG'}; sockets host "
           f"{'refused' if refused else 'ALLOWED'} peer access; hosts exited "
           f"{switch['host_exit']}, {sockets['host_exit']}")
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(results, f, indent=2)
-        print(f"wrote {json_path}")
+    write_json(json_path, results)
     return 0 if verified and refused and hosts_ok else 1
 
 

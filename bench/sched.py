@@ -29,7 +29,6 @@ near 1 means they do not.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import shutil
@@ -37,6 +36,7 @@ import time
 
 import numpy as np
 
+from bench.common import write_json
 import guest
 from bench.hotpaths import _median_time
 from pvgpu import fairness
@@ -316,10 +316,7 @@ def run_bench(seconds: float = 20.0, policies=("fifo", "credit", "band"), json_p
     result["targets"] = t
     if t:
         out("\ntargets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in t.items()))
-    if json_path:
-        with open(json_path, "w") as f:
-            json.dump(result, f, indent=2)
-        out(f"wrote {json_path}")
+    write_json(json_path, result, out)
     if not ok:
         out("pvgpu bench sched: a guest failed verification or the host did not exit cleanly")
     return 0 if ok else 1

@@ -633,7 +633,19 @@ class EventHandle:
         return cls(int(m.group(1)), int(m.group(2), 16))
 
 
-class Event:
+class _DestroyedOnExit:
+    """`with obj:` destroys it at the end, unless it is gone already or its device must
+    be reset first (then destroying would only raise DeviceNeedsReset)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self.destroyed and not self._driver.needs_reset:
+            self.destroy()
+
+
+class Event(_DestroyedOnExit):
     """A marker in a stream (spec §7.5): `record(stream)` captures the work submitted to the
     stream so far; the event completes when that work has. Event ids belong to a device."""
 
@@ -756,12 +768,6 @@ class Event:
         if self.recorded and not self._driver.needs_reset:
             self._driver.call(_cmd(wire.CMD_EVENT_DESTROY, (self.event_id,)))
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if not self.destroyed and not self._driver.needs_reset:
-            self.destroy()
 
     def __repr__(self):
         return f"<pvgpu.Event {self.event_id} on device {self.device.index}>"
@@ -773,7 +779,7 @@ def raise_first(*errs) -> None:
             raise e
 
 
-class Context:
+class Context(_DestroyedOnExit):
     def __init__(self, device: Device, ctx_id: int):
         self.device = device
         self._conn_lock = device._conn_lock
@@ -1282,12 +1288,6 @@ class Context:
             s.destroyed = True
         self._streams = {0: self.default_stream}
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        if not self.destroyed and not self._driver.needs_reset:
-            self.destroy()
 
     def __repr__(self):
         return f"<pvgpu.Context {self.ctx_id} on device {self.device.index}>"

@@ -622,7 +622,7 @@ class KmdDevice:
             self._release_vram(bo.blocks)
             bo.blocks, bo.extents, bo.sysmem = [], [], mapping
         finally:
-            self.prime.end_move(move)
+            move.signal()
         if ctx is not None:
             ctx.evicted_bos += 1
             ctx.stats["bos_evicted"] += 1
@@ -659,7 +659,7 @@ class KmdDevice:
             self._drop_sysmem(bo)
             bo.blocks, bo.extents = blocks, extents
         finally:
-            self.prime.end_move(move)
+            move.signal()
         self.mem_counters["restores"] += 1
         self.mem_counters["bytes_restored"] += bo.size
         ctx.stats["bos_restored"] += 1

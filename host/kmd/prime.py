@@ -185,28 +185,22 @@ class PrimeExporter:
                 dev._defer(fences, lambda bo=bo: dev._release_bo_memory(bo))
 
     # ------------------------------------------------------------------ moves
-    def begin_move(self, bo):
-        """Before moving `bo` (lock held): -> None if it is shared and a job still uses
-        it (no move now); else what end_move() takes (a shared BO's move fence, added to
-        its reservation object at KERNEL usage, or True)."""
-        if bo.dmabuf is None and bo.resv is None:
-            return True
-        with RESV_LOCK:
-            if bo.resv is not None and not bo.resv.test_signaled():
-                self.stats["moves_skipped_busy"] += 1
-                return None
-            fence = Fence(-1, 0)
-            if bo.resv is not None:
+    def begin_move(self, bo) -> Fence | None:
+        """Before moving `bo` (lock held): -> the fence of the move, to signal when it is
+        done, or None if `bo` is shared and a job still uses it (no move now). A shared
+        BO's move fence goes into its reservation object at KERNEL usage, and its
+        importers are told (move_notify)."""
+        fence = Fence(-1, 0)
+        if bo.resv is not None:
+            with RESV_LOCK:
+                if not bo.resv.test_signaled():
+                    self.stats["moves_skipped_busy"] += 1
+                    return None
                 bo.resv.add_fence(fence, DMA_RESV_USAGE_KERNEL)
         if bo.dmabuf is not None:
             bo.dmabuf.move_notify()
             self.stats["moves_notified"] += 1
         return fence
-
-    @staticmethod
-    def end_move(fence) -> None:
-        if isinstance(fence, Fence):
-            fence.signal()
 
     def _pin_system(self, bo) -> None:
         """Migrate `bo` to system memory (if it is not there) and keep it there while the

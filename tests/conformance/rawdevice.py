@@ -25,6 +25,18 @@ def launch(kernel, *args, ctx_id, fence_id=0, ring_idx=0):
                fence_id=fence_id, ring_idx=ring_idx, extra=slots)
 
 
+def h2d(raw, ctx, va, data):
+    """COPY_H2D of `data` to `va` of context ctx; -> (header, body, used length)."""
+    return raw.call(cmd(wire.CMD_COPY_H2D, (va, len(data)), ctx_id=ctx), data)
+
+
+def d2h(raw, ctx, va, n):
+    """COPY_D2H of n bytes from `va` of context ctx, which must succeed; -> the bytes."""
+    hdr, body, used = raw.call(cmd(wire.CMD_COPY_D2H, (va, n), ctx_id=ctx), read_back=n)
+    assert hdr[0] == wire.RESP_OK_NODATA and used == wire.CTRL_HDR_SIZE + n, hdr
+    return body[:n]
+
+
 class Raw:
     """Submit raw requests through a real driver; read responses without interpreting them."""
 

@@ -8,21 +8,13 @@ import numpy as np
 
 from spec import wire
 
-from rawdevice import Raw, cmd
+from rawdevice import Raw, cmd, d2h, h2d
 
 EXPORT = struct.Struct(wire.RESP_EXPORT_FORMAT)
 IMPORT = struct.Struct(wire.RESP_IMPORT_FORMAT)
 P = wire.PAGE_SIZE
 
 
-def h2d(raw, ctx, va, data):
-    assert raw.call(cmd(wire.CMD_COPY_H2D, (va, len(data)), ctx_id=ctx), data)[0][0] == wire.RESP_OK_NODATA
-
-
-def d2h(raw, ctx, va, n):
-    hdr, body, _ = raw.call(cmd(wire.CMD_COPY_D2H, (va, n), ctx_id=ctx), read_back=n)
-    assert hdr[0] == wire.RESP_OK_NODATA, hdr
-    return body[:n]
 
 
 def export(raw, ctx, rid):
@@ -54,7 +46,7 @@ def test_import_in_another_session_on_the_other_device_shares_the_memory(two):
     ca, cb = a.context(), b1.context()
     va, size = a.alloc(ca, 2 * P, 1)
     data = bytes(range(256)) * 32
-    h2d(a, ca, va, data)
+    assert h2d(a, ca, va, data)[0][0] == wire.RESP_OK_NODATA
     handle, token, esize = export(a, ca, 1)
     assert esize == size
     code, (vb, isize, placement) = import_(b1, cb, handle, token, 5)
@@ -63,7 +55,7 @@ def test_import_in_another_session_on_the_other_device_shares_the_memory(two):
     # PRIME-IMPORT-2: PEER only when the fabric routes it; else system memory
     assert placement == (wire.IMPORT_PLACEMENT_PEER if p2p else wire.IMPORT_PLACEMENT_SYSTEM)
     assert d2h(b1, cb, vb, len(data)) == data
-    h2d(b1, cb, vb, b"\x01" * 64)  # PRIME-IMPORT-1: the same memory
+    assert h2d(b1, cb, vb, b"\x01" * 64)[0][0] == wire.RESP_OK_NODATA  # PRIME-IMPORT-1
     assert d2h(a, ca, va, 64) == b"\x01" * 64
     code, (_, _, placement) = import_(a, ca, handle, token, 7)
     assert placement == wire.IMPORT_PLACEMENT_LOCAL  # the exporting device
@@ -71,7 +63,7 @@ def test_import_in_another_session_on_the_other_device_shares_the_memory(two):
     assert placement == wire.IMPORT_PLACEMENT_SYSTEM  # no PEER2PEER: system memory ...
     code, (_, _, placement) = import_(a, ca, handle, token, 8)
     assert placement == wire.IMPORT_PLACEMENT_SYSTEM  # ... for every user while it lasts
-    h2d(a, ca, va, b"\x02" * 64)
+    assert h2d(a, ca, va, b"\x02" * 64)[0][0] == wire.RESP_OK_NODATA
     assert d2h(b1, cb, vb6, 64) == b"\x02" * 64 and d2h(b1, cb, vb, 64) == b"\x02" * 64
 
 
@@ -79,7 +71,7 @@ def test_tokens_revoke_and_free(two):
     a, b = two
     ca, cb = a.context(), b.context()
     va, _ = a.alloc(ca, P, 1)
-    h2d(a, ca, va, b"\x07" * P)
+    assert h2d(a, ca, va, b"\x07" * P)[0][0] == wire.RESP_OK_NODATA
     handle, token, _ = export(a, ca, 1)
     for h, t in ((handle, token ^ 1), (handle + 10_000, token)):  # CMD-IMPORT-2
         assert import_(b, cb, h, t, 2)[0] == wire.RESP_ERR_PERMISSION
@@ -115,7 +107,7 @@ def test_implicit_sync_orders_a_reader_after_a_slow_writer(two):
     ca, cb = a.context(), b1.context()
     n = 64 * 1024
     va, _ = a.alloc(ca, 4 * n, 1)
-    h2d(a, ca, va, np.zeros(n, np.float32).tobytes())
+    assert h2d(a, ca, va, np.zeros(n, np.float32).tobytes())[0][0] == wire.RESP_OK_NODATA
     handle, token, _ = export(a, ca, 1)
     _, (vb, _, _) = import_(b1, cb, handle, token, 2)
     burn = struct.pack("<Q", 200_000)

@@ -9,7 +9,7 @@ import numpy as np
 import guest
 from spec import wire
 
-from rawdevice import Raw, cmd
+from rawdevice import Raw, cmd, d2h, h2d
 
 SHM = struct.Struct(wire.RESP_SHM_FORMAT)
 ATTACH = struct.Struct(wire.RESP_SHM_ATTACH_FORMAT)
@@ -52,14 +52,6 @@ def import_(raw, handle, token):
     return SHM.unpack_from(body)
 
 
-def h2d(raw, ctx, va, data):
-    return code(raw, cmd(wire.CMD_COPY_H2D, (va, len(data)), ctx_id=ctx), data)
-
-
-def d2h(raw, ctx, va, n):
-    hdr, body, used = raw.call(cmd(wire.CMD_COPY_D2H, (va, n), ctx_id=ctx), read_back=n)
-    assert hdr[0] == wire.RESP_OK_NODATA and used == wire.CTRL_HDR_SIZE + n, hdr
-    return body[:n]
 
 
 def test_wire_codes_and_layouts():
@@ -106,7 +98,7 @@ def test_cmd_shm_attach_maps_the_same_memory_in_two_contexts(raw):
     assert wire.VA_USER_BASE <= va1 < wire.VA_USER_LIMIT and va1 % P == 0
     assert va1 + size <= own or own + P <= va1  # no overlap with the context's allocation
     data = np.arange(3 * P // 4, dtype=np.float32).tobytes()
-    assert h2d(raw, c1, va1, data) == wire.RESP_OK_NODATA
+    assert h2d(raw, c1, va1, data)[0][0] == wire.RESP_OK_NODATA
     assert d2h(raw, c2, va2, 3 * P) == data  # written through c1, read through c2
     assert stat(raw, shm_id, ctx=c2) == (3 * P, va2, 2, wire.SHM_STAT_CREATOR)
     assert stat(raw, shm_id) == (3 * P, 0, 2, wire.SHM_STAT_CREATOR)
@@ -154,7 +146,7 @@ def test_cmd_shm_control_remove_while_attached(raw):
     c1, c2 = raw.context(), raw.context()
     shm_id, _, _ = shm_get(raw, 13, P)
     va, _ = attach(raw, c1, shm_id)
-    assert h2d(raw, c1, va, b"\7" * 64) == wire.RESP_OK_NODATA
+    assert h2d(raw, c1, va, b"\7" * 64)[0][0] == wire.RESP_OK_NODATA
     assert code(raw, cmd(wire.CMD_SHM_CONTROL, (shm_id, 9))) == wire.RESP_ERR_INVALID_PARAMETER
     assert code(raw, cmd(wire.CMD_SHM_CONTROL, (0, wire.SHM_CTL_STAT))) == wire.RESP_ERR_INVALID_SEGMENT
     for _ in range(2):  # removing a removed segment has no further effect
@@ -183,7 +175,7 @@ def test_cmd_shm_export_import_between_sessions(two):
     ca, cb = a.context(), b.context()
     shm_a, _, _ = shm_get(a, 21, 2 * P)
     va_a, _ = attach(a, ca, shm_a)
-    assert h2d(a, ca, va_a, b"\x42" * P) == wire.RESP_OK_NODATA
+    assert h2d(a, ca, va_a, b"\x42" * P)[0][0] == wire.RESP_OK_NODATA
     # keys are private: B's key 21 names no segment, or another one
     assert code(b, cmd(wire.CMD_SHM_GET, (21, 0, 0))) == wire.RESP_ERR_INVALID_SEGMENT
     shm_b, flags, _ = shm_get(b, 21, 2 * P)
@@ -200,7 +192,7 @@ def test_cmd_shm_export_import_between_sessions(two):
     assert flags == 0 and size == 2 * P and import_(b, handle, token)[0] == imp
     va_b, _ = attach(b, cb, imp)
     assert d2h(b, cb, va_b, P) == b"\x42" * P  # the creator's data
-    assert h2d(b, cb, va_b + P, b"\x24" * 64) == wire.RESP_OK_NODATA
+    assert h2d(b, cb, va_b + P, b"\x24" * 64)[0][0] == wire.RESP_OK_NODATA
     assert d2h(a, ca, va_a + P, 64) == b"\x24" * 64  # and the importer's, back
     assert stat(b, imp, cb) == (2 * P, va_b, 2, 0)
     # only the creator removes or exports
@@ -227,7 +219,7 @@ def test_ctl_reclaim_5_a_reclaimed_creator_leaves_importers_attached(conformance
             ca = a.context()
             shm_a, _, _ = shm_get(a, 31, P)
             va_a, _ = attach(a, ca, shm_a)
-            assert h2d(a, ca, va_a, b"\x99" * 128) == wire.RESP_OK_NODATA
+            assert h2d(a, ca, va_a, b"\x99" * 128)[0][0] == wire.RESP_OK_NODATA
             handle, token = export(a, shm_a)
             imp, _, _ = import_(b, handle, token)
             va_b, _ = attach(b, cb, imp)

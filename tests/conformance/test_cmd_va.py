@@ -9,7 +9,7 @@ import numpy as np
 
 from spec import wire
 
-from rawdevice import cmd, launch
+from rawdevice import cmd, d2h, h2d, launch
 
 VA = struct.Struct(wire.RESP_VA_FORMAT)
 ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
@@ -31,14 +31,6 @@ def mem_map(raw, ctx, va, rid, offset=0, size=P, flags=RW):
     return code(raw, cmd(wire.CMD_MEM_MAP, (va, offset, size, rid, flags), ctx_id=ctx))
 
 
-def h2d(raw, ctx, va, data):
-    return raw.call(cmd(wire.CMD_COPY_H2D, (va, len(data)), ctx_id=ctx), data)
-
-
-def d2h(raw, ctx, va, n):
-    hdr, body, used = raw.call(cmd(wire.CMD_COPY_D2H, (va, n), ctx_id=ctx), read_back=n)
-    assert hdr[0] == wire.RESP_OK_NODATA and used == wire.CTRL_HDR_SIZE + n, hdr
-    return body[:n]
 
 
 def fault(resp):

@@ -4,6 +4,7 @@ a guest-side DriverQueue over inline memory, and real in-process KMDs and GPUs."
 import struct
 import time
 
+import numpy as np
 import pytest
 
 from host.backend.session import Backend
@@ -90,6 +91,26 @@ class Guest:
 def cmd(type_, body=(), ctx_id=0, flags=0, fence_id=0, ring_idx=0, extra=b""):
     return (HDR.pack(type_, flags, fence_id, ctx_id, ring_idx)
             + struct.pack(wire.CMD_BODY_FORMATS[type_], *body) + extra)
+
+def ok(g, command, resp=wire.RESP_OK_NODATA, data=b"", writable=wire.MIN_RESPONSE_SIZE):
+    hdr, body = g.call(command, data, writable)
+    assert hdr[0] == resp, (hex(hdr[0]), body[16:16 + struct.unpack_from("<I", body, 12)[0]]
+                            if hdr[0] >= 0x1200 else b"")
+    return body
+
+def h2d(g, ctx, va, arr):
+    ok(g, cmd(wire.CMD_COPY_H2D, (va, arr.nbytes), ctx_id=ctx), data=arr.tobytes())
+
+def d2h(g, ctx, va, n):
+    head, resp = g.submit(cmd(wire.CMD_COPY_D2H, (va, 4 * n), ctx_id=ctx),
+                          writable=wire.CTRL_HDR_SIZE + 4 * n)
+    assert g.complete(head) == wire.CTRL_HDR_SIZE + 4 * n
+    return np.frombuffer(g.mem.read(resp + wire.CTRL_HDR_SIZE, 4 * n), np.float32)
+
+def scale(g, ctx, dst, src, alpha, n):
+    slots = struct.pack("<QQfxxxxQ", dst, src, alpha, n)
+    ok(g, cmd(wire.CMD_LAUNCH, (wire.KERNEL_SCALE, n // 256, 1, 1, 256, 1, 1, 4), ctx_id=ctx,
+              flags=wire.FLAG_FENCE, fence_id=1, extra=slots))
 
 
 def _backend(num_gpus=2, backend_options=None, topology="switch", **kmd_options):

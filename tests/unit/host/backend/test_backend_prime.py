@@ -9,7 +9,7 @@ import pytest
 from host.backend.prime import ResourceExports
 from spec import wire
 
-from test_backend import Guest, _backend, cmd
+from test_backend import Guest, _backend, cmd, d2h, h2d, scale
 
 EXPORT = struct.Struct(wire.RESP_EXPORT_FORMAT)
 IMPORT = struct.Struct(wire.RESP_IMPORT_FORMAT)
@@ -40,16 +40,6 @@ def alloc(g, rid, size=4 * N):
     return ALLOC.unpack_from(body)[0]
 
 
-def h2d(g, va, arr):
-    hdr, _ = g.call(cmd(wire.CMD_COPY_H2D, (va, arr.nbytes), ctx_id=1), arr.tobytes())
-    assert hdr[0] == wire.RESP_OK_NODATA
-
-
-def d2h(g, va, n):
-    head, resp = g.submit(cmd(wire.CMD_COPY_D2H, (va, 4 * n), ctx_id=1),
-                          writable=wire.CTRL_HDR_SIZE + 4 * n)
-    assert g.complete(head) == wire.CTRL_HDR_SIZE + 4 * n
-    return np.frombuffer(g.mem.read(resp + wire.CTRL_HDR_SIZE, 4 * n), np.float32)
 
 
 def export(g, rid):
@@ -65,31 +55,25 @@ def import_(g, handle, token, rid, flags=wire.IMPORT_FLAG_PEER2PEER):
     return hdr[0], IMPORT.unpack_from(body)
 
 
-def scale(g, dst, src, alpha, n=N):
-    extra = struct.pack("<QQfxxxxQ", dst, src, alpha, n)
-    hdr, _ = g.call(cmd(wire.CMD_LAUNCH, (wire.KERNEL_SCALE, n // 256, 1, 1, 256, 1, 1, 4),
-                        ctx_id=1, flags=wire.FLAG_FENCE, fence_id=1, extra=extra))
-    assert hdr[0] == wire.RESP_OK_NODATA, hdr
-
 
 def test_export_import_across_sessions_and_devices(backend):
     a, b = guest(backend, b"a", dev=0), guest(backend, b"b", dev=1)
     va = alloc(a, 1)
     data = np.arange(N, dtype=np.float32)
-    h2d(a, va, data)
+    h2d(a, 1, va, data)
     handle, token, size = export(a, 1)
     assert size == 4 * N and token
     code, (vb, size_b, placement) = import_(b, handle, token, 7)
     assert code == wire.RESP_OK_IMPORT and size_b == 4 * N
     assert placement == wire.IMPORT_PLACEMENT_PEER  # switch layout, PEER2PEER asked for
-    np.testing.assert_array_equal(d2h(b, vb, N), data)
-    scale(b, vb, vb, 3.0)  # b writes through its import ...
-    np.testing.assert_array_equal(d2h(a, va, N), 3 * data)  # ... into a's buffer
+    np.testing.assert_array_equal(d2h(b, 1, vb, N), data)
+    scale(b, 1, vb, vb, 3.0, N)  # b writes through its import ...
+    np.testing.assert_array_equal(d2h(a, 1, va, N), 3 * data)  # ... into a's buffer
     # two exports are two handles of one buffer
     h2, t2, _ = export(a, 1)
     assert h2 != handle
     code, (vb2, _, _) = import_(b, h2, t2, 8)
-    np.testing.assert_array_equal(d2h(b, vb2, N), 3 * data)
+    np.testing.assert_array_equal(d2h(b, 1, vb2, N), 3 * data)
 
 
 def test_without_the_token_or_after_revoke_there_is_no_import(backend):
@@ -113,16 +97,16 @@ def test_without_the_token_or_after_revoke_there_is_no_import(backend):
 def test_freeing_the_export_stops_imports_but_not_the_importer(backend):
     a, b = guest(backend, b"a"), guest(backend, b"b", dev=1)
     va = alloc(a, 1)
-    h2d(a, va, np.full(N, 5.0, np.float32))
+    h2d(a, 1, va, np.full(N, 5.0, np.float32))
     handle, token, _ = export(a, 1)
     _, (vb, _, _) = import_(b, handle, token, 2)
     hdr, _ = a.call(cmd(wire.CMD_MEM_FREE, (1,), ctx_id=1))
     assert hdr[0] == wire.RESP_OK_NODATA
     assert import_(b, handle, token, 3)[0] == wire.RESP_ERR_PERMISSION
-    np.testing.assert_array_equal(d2h(b, vb, N), np.full(N, 5.0, np.float32))
+    np.testing.assert_array_equal(d2h(b, 1, vb, N), np.full(N, 5.0, np.float32))
     # the exporting session ends: the importer still has the memory
     a.request(wire.OP_BYE)
-    np.testing.assert_array_equal(d2h(b, vb, N), np.full(N, 5.0, np.float32))
+    np.testing.assert_array_equal(d2h(b, 1, vb, N), np.full(N, 5.0, np.float32))
     assert len(backend.resource_exports) == 0
     hdr, _ = b.call(cmd(wire.CMD_MEM_FREE, (2,), ctx_id=1))  # ends the import
     assert hdr[0] == wire.RESP_OK_NODATA
@@ -132,12 +116,12 @@ def test_without_p2p_the_import_is_placed_in_system_memory(backend_sockets):
     a, b = guest(backend_sockets, b"a", dev=0), guest(backend_sockets, b"b", dev=1)
     va = alloc(a, 1)
     data = np.arange(N, dtype=np.float32)
-    h2d(a, va, data)
+    h2d(a, 1, va, data)
     handle, token, _ = export(a, 1)
     _, (vb, _, placement) = import_(b, handle, token, 2)
     assert placement == wire.IMPORT_PLACEMENT_SYSTEM
-    scale(b, vb, vb, 2.0)
-    np.testing.assert_array_equal(d2h(a, va, N), 2 * data)
+    scale(b, 1, vb, vb, 2.0, N)
+    np.testing.assert_array_equal(d2h(a, 1, va, N), 2 * data)
 
 
 def test_same_device_and_no_peer2peer_flag(backend):

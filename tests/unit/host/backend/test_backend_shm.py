@@ -13,7 +13,7 @@ from host.kmd.device import KmdDevice
 from host.kmd.sched import VgpuShares
 from spec import wire
 
-from test_backend import Guest, _backend, cmd
+from test_backend import Guest, _backend, cmd, d2h, h2d, ok, scale
 
 SHM = struct.Struct(wire.RESP_SHM_FORMAT)
 ATTACH = struct.Struct(wire.RESP_SHM_ATTACH_FORMAT)
@@ -31,12 +31,6 @@ def guest(backend, name):
     g.init()
     return g
 
-
-def ok(g, command, resp=wire.RESP_OK_NODATA, data=b"", writable=wire.MIN_RESPONSE_SIZE):
-    hdr, body = g.call(command, data, writable)
-    assert hdr[0] == resp, (hex(hdr[0]), body[16:16 + struct.unpack_from("<I", body, 12)[0]]
-                            if hdr[0] >= 0x1200 else b"")
-    return body
 
 
 def err(g, command):
@@ -59,21 +53,7 @@ def stat(g, shm_id, ctx=0):
                                       ctx_id=ctx), wire.RESP_OK_SHM_STAT))
 
 
-def h2d(g, ctx, va, arr):
-    ok(g, cmd(wire.CMD_COPY_H2D, (va, arr.nbytes), ctx_id=ctx), data=arr.tobytes())
 
-
-def d2h(g, ctx, va, n):
-    head, resp = g.submit(cmd(wire.CMD_COPY_D2H, (va, 4 * n), ctx_id=ctx),
-                          writable=wire.CTRL_HDR_SIZE + 4 * n)
-    assert g.complete(head) == wire.CTRL_HDR_SIZE + 4 * n
-    return np.frombuffer(g.mem.read(resp + wire.CTRL_HDR_SIZE, 4 * n), np.float32)
-
-
-def scale(g, ctx, dst, src, alpha, n):
-    slots = struct.pack("<QQfxxxxQ", dst, src, alpha, n)
-    ok(g, cmd(wire.CMD_LAUNCH, (wire.KERNEL_SCALE, n // 256, 1, 1, 256, 1, 1, 4), ctx_id=ctx,
-              flags=wire.FLAG_FENCE, fence_id=1, extra=slots))
 
 
 def test_get_attach_and_share_between_two_contexts_of_a_session(backend):
