@@ -1159,14 +1159,7 @@ class Context(_DestroyedOnExit):
             if off is None:
                 return False
             size = min(chunk, n - off)
-            gpa = dev._take_staging()
-            try:
-                req = drv.submit(_cmd(wire.CMD_COPY_D2H, (va + off, size), ctx_id=self.ctx_id,
-                                      ring_idx=s.ring_idx), writable=[(gpa, size)])
-            except BaseException:
-                dev._give_staging(gpa)  # never reached the device
-                raise
-            req.bounce = gpa
+            req = self._stage_d2h(s, va + off, size, dev._take_staging, dev._give_staging)
             pending.append((req, off, size))
             return True
 
@@ -1194,6 +1187,19 @@ class Context(_DestroyedOnExit):
         return dst
 
     @_api
+    def _stage_d2h(self, s: "Stream", va: int, size: int, take, give):
+        """Submit COPY_D2H of `size` bytes at va into a bounce chunk from take() (given
+        back with give() if the request never reaches the device); -> the request."""
+        gpa = take()
+        try:
+            req = self._driver.submit(_cmd(wire.CMD_COPY_D2H, (va, size), ctx_id=self.ctx_id,
+                                           ring_idx=s.ring_idx), writable=[(gpa, size)])
+        except BaseException:
+            give(gpa)
+            raise
+        req.bounce = gpa
+        return req
+
     def copy_d2h_async(self, va: int, dst: np.ndarray, stream: Stream | None = None) -> np.ndarray:
         """Start copying from device address `va` into the host array `dst` on `stream`;
         -> dst, whose contents are valid after the stream's next synchronize (or after an
@@ -1208,18 +1214,11 @@ class Context(_DestroyedOnExit):
             raise ValueError("dst must be a writable C-contiguous array")
         out = dst.reshape(-1).view(np.uint8)
         n = out.nbytes
-        dev, drv = self.device, self._driver
+        dev = self.device
         chunk = dev.staging_chunk
         for off in range(0, n, chunk):
             size = min(chunk, n - off)
-            gpa = dev._lend_staging()
-            try:
-                req = drv.submit(_cmd(wire.CMD_COPY_D2H, (va + off, size), ctx_id=self.ctx_id,
-                                      ring_idx=s.ring_idx), writable=[(gpa, size)])
-            except BaseException:
-                dev._return_staging(gpa)  # never reached the device
-                raise
-            req.bounce = gpa
+            req = self._stage_d2h(s, va + off, size, dev._lend_staging, dev._return_staging)
             req.on_done = functools.partial(self._async_copy_done, s, out, off, size)
             s._track(req)
         return dst
