@@ -11,11 +11,22 @@ HostChannel (host main loop, one thread)
     extra file descriptors (a ``Waker`` that engine threads signal), then drains what
     is ready, at most ``max_batch`` messages per socket per call so one chatty guest
     cannot starve the others or the engines. Messages come back raw, as
-    ``(peer, [frame0, *extra])`` with ``peer = (socket_index, identity)``; the loop
-    decodes them and answers a ``CodecError`` with ``codec.reply_error`` if it has a
-    seq. ``send`` never blocks: the ROUTER is ROUTER_MANDATORY, so a message for a
-    guest that is gone (EHOSTUNREACH) or whose pipe is full (EAGAIN) is dropped and
-    counted in ``dropped_sends`` instead of stalling every other session.
+    ``(peer, [frame0, *extra])`` with ``peer`` a ``transport.peer.Peer(socket_index,
+    identity, connection)``; the loop decodes them and answers a ``CodecError`` with
+    ``codec.reply_error`` if it has a seq. ``send`` never blocks: the ROUTER is
+    ROUTER_MANDATORY, so a message for a guest that is gone (EHOSTUNREACH) or whose
+    pipe is full (EAGAIN) is dropped and counted in ``dropped_sends`` instead of
+    stalling every other session.
+
+    Connections (spec [CTL-ENDPOINT-4]). A routing identity is chosen by the peer and
+    outlives its connection: a new connection may present the identity of one that
+    closed. So the channel names connections itself. Its ROUTER sockets run ZeroMQ's
+    authentication protocol (ZAP, RFC 27) with the channel as the handler, served from
+    ``poll`` on the loop's own thread: every connection is accepted during its
+    handshake, before it can deliver a message, and given a fresh name ("c1", "c2",
+    ... never reused) as its ZAP User-Id, which ZeroMQ then attaches to every message
+    that connection delivers. The channel owns its zmq context (one ZAP handler per
+    context).
 
 GuestChannel (any guest thread)
     The calling thread does its own I/O: ``request`` encodes, sends and polls the
@@ -59,6 +70,7 @@ import errno
 import itertools
 import logging
 import os
+import secrets
 import socket
 import stat
 import tempfile
@@ -75,6 +87,7 @@ from spec.wire import (
     OP_REPLY,
 )
 from transport.codec import ZERO_COPY_MIN, CodecError, decode, encode, reply_ok
+from transport.peer import Peer
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +107,9 @@ _SNDMORE = int(zmq.SNDMORE)
 _RCVMORE = int(zmq.RCVMORE)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq looks for the ZAP handler (RFC 27)
+_ZAP_DOMAIN = b"pvgpu"
+_USER_ID = "User-Id"  # message property: the User-Id the ZAP handler gave the connection
 
 
 class ChannelError(Exception):
@@ -230,19 +246,30 @@ class HostChannel:
     """
 
     def __init__(self, endpoints, context=None, *, max_batch: int = 64):
-        self._ctx = context if context is not None else zmq.Context.instance()
+        self._own_ctx = context is None  # a private context: its own ZAP handler
+        self._ctx = zmq.Context() if context is None else context
         self.max_batch = max_batch
         self.endpoints: list = []
         self.dropped_sends = 0  # messages for a vanished or saturated guest
+        self.connections_accepted = 0
         self._sockets: list = []
         self._ipc_files: list = []  # (path, inode) that close() removes
         self._closed = False
+        self._zap = None
         try:
+            self._zap = self._ctx.socket(zmq.ROUTER)
+            self._zap.linger = 0
+            try:
+                self._zap.bind(_ZAP_ENDPOINT)
+            except zmq.ZMQError as e:
+                raise ChannelError(f"cannot serve ZAP in this zmq context ({e}): a host "
+                                   "channel needs a context of its own") from None
             for ep in endpoints:
                 s = self._ctx.socket(zmq.ROUTER)
                 self._sockets.append(s)
                 s.linger = 0
                 s.setsockopt(zmq.ROUTER_MANDATORY, 1)
+                s.zap_domain = _ZAP_DOMAIN  # every connection is accepted by _serve_zap
                 path = _ipc_path(ep)
                 if path is not None:
                     _clear_stale_ipc(path, ep)
@@ -264,6 +291,7 @@ class HostChannel:
         self._poller = zmq.Poller()
         for s in self._sockets:
             self._poller.register(s, zmq.POLLIN)
+        self._poller.register(self._zap, zmq.POLLIN)
         self._extra: tuple = ()
         self._extra_nos: list = []
 
@@ -291,6 +319,8 @@ class HostChannel:
         events = dict(self._poller.poll(timeout_ms))  # keyed by socket or by fd number
         messages: list = []
         if events:
+            if self._zap in events:
+                self._serve_zap()
             for i, s in enumerate(self._sockets):
                 if s in events:
                     self._drain(i, s, messages)
@@ -307,13 +337,37 @@ class HostChannel:
         for _ in range(self.max_batch):
             if not s.getsockopt(_EVENTS) & _POLLIN:  # cheaper than ending on zmq.Again
                 return
-            identity = s.recv(_NOBLOCK)
-            out.append(((index, identity), _recv_rest(s)))
+            head = s.recv(_NOBLOCK, copy=False)  # the identity, with the connection's metadata
+            out.append((Peer(index, head.bytes, head.get(_USER_ID)), _recv_rest(s)))
+
+    def _serve_zap(self) -> None:
+        """Accept every connection that is handshaking (ZAP requests, RFC 27), naming
+        each with a fresh User-Id. Runs on the loop's thread: a connection delivers no
+        message before its request has been answered here."""
+        zap = self._zap
+        while zap.getsockopt(_EVENTS) & _POLLIN:
+            parts = zap.recv_multipart(_NOBLOCK)
+            try:
+                delim = parts.index(b"")
+                envelope, request = parts[:delim + 1], parts[delim + 1:]
+                version, request_id, _domain, address = request[:4]
+            except ValueError:
+                log.warning("dropped a malformed ZAP request")
+                continue
+            if version != b"1.0":
+                zap.send_multipart(envelope + [b"1.0", request_id, b"400", b"bad ZAP version",
+                                               b"", b""])
+                continue
+            self.connections_accepted += 1
+            conn = f"c{self.connections_accepted}"
+            log.debug("accepted connection %s from %s", conn, address.decode(errors="replace"))
+            zap.send_multipart(envelope + [b"1.0", request_id, b"200", b"OK", conn.encode(), b""])
 
     def send(self, peer, frames, *, copy: bool = False) -> bool:
-        """Send [frame0, *extra] (see codec.encode) to peer without ever blocking.
+        """Send [frame0, *extra] (see codec.encode) to peer (a Peer, or its route
+        (socket_index, identity)) without ever blocking.
         -> False (and dropped_sends += 1) if the guest is gone or its pipe is full."""
-        index, identity = peer
+        index, identity = peer[0], peer[1]
         s = self._sockets[index]
         try:
             last = len(frames) - 1
@@ -345,6 +399,10 @@ class HostChannel:
         self._closed = True
         for s in self._sockets:
             s.close(linger=0)
+        if self._zap is not None:
+            self._zap.close(linger=0)
+        if self._own_ctx:
+            self._ctx.term()
         for path, ino in self._ipc_files:
             try:
                 if os.stat(path).st_ino == ino:  # not a successor's socket
@@ -382,6 +440,8 @@ class GuestChannel:
         self._ctx = context if context is not None else zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.linger = 0
+        # An identity nobody can guess ([CTL-ENDPOINT-5]); a leading zero byte is libzmq's.
+        self._sock.routing_id = bytes([1 + secrets.randbelow(255)]) + secrets.token_bytes(15)
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:

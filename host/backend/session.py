@@ -2,13 +2,17 @@
 
 `Backend` is sans-IO: the host main loop hands it each decoded-or-not multipart message
 with `handle(peer, frames, now)` and sends whatever `(peer, frames)` it returns. It never
-imports zmq (DESIGN.md rule 3). Engine threads reach it only through `post_completion`,
+imports zmq (only transport/channel does). Engine threads reach it only through `post_completion`,
 which queues work for the backend thread and calls the `wakeup` function the main loop
 gave it; the main loop then calls `run_completions()`.
 
-One peer = one `GuestSession` ("a VM"). A session owns its guest memory (a shared
+One connection = one `GuestSession` ("a VM"): a session is keyed by the `Peer` (route
+and transport connection) its hello came from, so a later connection that presents the
+same routing identity is not served in it; its first message ends the old session
+instead (spec [CTL-ENDPOINT-4]). A session owns its guest memory (a shared
 POSIX segment or an inline mirror), one DMA mapping of that memory per GPU, and one
-`VirtioGpuDevice` per GPU. A session ends with `bye`, with heartbeat loss, or with host
+`VirtioGpuDevice` per GPU. A session ends with `bye`, with heartbeat loss, with its
+connection replaced, or with host
 shutdown; everything it owned is reclaimed, and its guest memory is unmapped only after
 the engines have finished every job that might still touch it.
 """
@@ -118,7 +122,8 @@ class Backend:
         self.max_mem_size = max_mem_size
         self.wakeup = wakeup
         self.lock = threading.Lock()
-        self.sessions: dict = {}  # peer -> GuestSession
+        self.sessions: dict = {}  # Peer (route and connection) -> GuestSession
+        self._routes: dict = {}  # Peer.route -> the GuestSession its messages go to
         self._completions = collections.deque()
         self._outbox = []  # deferred control replies (set_status 0 waiting for the GPU)
         self._ids = itertools.count(1)
@@ -154,6 +159,8 @@ class Backend:
         session = self.sessions.get(peer)
         if session is not None:
             session.last_heard = now
+        else:
+            self._close_replaced(peer)
         if op in wire.NOTIFY_OPS:
             if session is None:
                 self.stats["orphan_notifications"] += 1
@@ -181,6 +188,17 @@ class Backend:
             log.info("refused %s from %s: %s: %s", op, session.name if session else peer, e.error, e.message)
             return [(peer, codec.encode(codec.reply_error(seq, e.error, e.message)))]
 
+    def _close_replaced(self, peer) -> None:
+        """A connection without a session speaks: if a session's connection had the same
+        route, that connection has ended (ZeroMQ gives a routing identity to one
+        connection at a time), so its session ends now ([CTL-ENDPOINT-4]). Nothing of it
+        is ever served on, or sent to, the new connection."""
+        old = self._routes.get(peer.route)
+        if old is not None and old.peer != peer:
+            self.stats["replaced_connections"] += 1
+            self.close_session(old, f"its connection {old.peer.connection} ended (connection "
+                                    f"{peer.connection} now has its routing identity)")
+
     def _hello(self, peer, msg, now) -> dict:
         if peer in self.sessions:
             raise ControlError(wire.CTL_ERR_BAD_STATE, "this connection already said hello")
@@ -201,14 +219,15 @@ class Backend:
         name = str(msg["name"])[:64] or sid
         session = GuestSession(self, peer, sid, name, memory, mem_size, now, vgpu)
         self.sessions[peer] = session
+        self._routes[peer.route] = session
         log.info("session %s (%s) opened: %s memory, %d MiB, vGPU %s", sid, name, memory,
                  mem_size >> 20, vgpu.name if vgpu else "default")
-        reply_vgpu = {}
+        reply = {}
         if vgpu is not None:
-            reply_vgpu = {"vgpu": {"name": vgpu.name, "compute": vgpu.compute,
-                                   "copy": vgpu.copy, "mem": vgpu.mem}}
+            reply["vgpu"] = {"name": vgpu.name, "compute": vgpu.compute, "copy": vgpu.copy,
+                             "mem": vgpu.mem}
         return {
-            **reply_vgpu,
+            **reply,
             "session": sid,
             "devices": [{"index": k.index, "name": k.name, "vram_size": k.vram_size,
                          "device_id": wire.VIRTIO_ID_GPU, "peers": self._peers(k)}
@@ -394,6 +413,8 @@ class Backend:
         if self.sessions.get(session.peer) is not session:
             return
         del self.sessions[session.peer]
+        if self._routes.get(session.peer.route) is session:
+            del self._routes[session.peer.route]
         for dev in session.devices:
             self.stats.update(dev.stats)  # keep the totals after the session is gone
         pending = session.teardown() + [f for f in self._inflight if not f.signaled]

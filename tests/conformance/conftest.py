@@ -17,10 +17,12 @@ from rawdevice import Raw
 class RawPeer:
     """A bare DEALER socket: sends arbitrary frames, receives with a deadline."""
 
-    def __init__(self, endpoint):
+    def __init__(self, endpoint, routing_id: bytes | None = None):
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
+        if routing_id is not None:
+            self.sock.routing_id = routing_id
         self.sock.connect(endpoint)
         self.seq = 0
 
@@ -69,8 +71,8 @@ def raw_peer(conformance_host):
     """A factory of raw DEALER peers speaking the control channel directly."""
     peers = []
 
-    def make():
-        p = RawPeer(conformance_host.endpoint)
+    def make(endpoint=None, routing_id=None):
+        p = RawPeer(endpoint or conformance_host.endpoint, routing_id)
         peers.append(p)
         return p
     try:

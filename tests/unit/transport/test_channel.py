@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+import zmq
 
 from spec.wire import (
     CTL_ERR_UNKNOWN_OP,
@@ -674,3 +675,76 @@ def test_default_endpoint_is_bindable(tmp_path, monkeypatch, make_guest):
     finally:
         host.stop()
 
+
+
+# ------------------------------------------------------------------ connections (CTL-ENDPOINT-4)
+
+def _raw_request(endpoint, identity, seq, timeout_ms=2000):
+    """One request on a fresh DEALER connection presenting `identity`; -> its reply or None."""
+    ctx = zmq.Context()
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.routing_id = identity
+    try:
+        s.connect(endpoint)
+        s.send(encode({"op": OP_GET_STATUS, "dev": 0, "seq": seq})[0])
+        if not s.poll(timeout_ms):
+            return None
+        return decode(s.recv_multipart())[0]
+    finally:
+        s.close(linger=0)
+        ctx.term()
+
+
+@pytest.mark.parametrize("transport", ["ipc", "tcp"])
+def test_connections_are_named_by_the_host_not_by_their_identity(tmp_path, transport):
+    ep = f"ipc://{tmp_path}/c.sock" if transport == "ipc" else "tcp://127.0.0.1:0"
+    host = FakeHost(ep, echo)
+    host.start()
+    try:
+        identity = b"\x00same-identity"  # even one shaped like libzmq's own
+        got = []
+        # One connection after the other with the same identity. The host learns of a
+        # close asynchronously; a connection made before that is held back by ZeroMQ and
+        # its first message lost, so only an answered first request counts.
+        for seq in range(1, 40):
+            if _raw_request(host.endpoint, identity, seq) is not None:
+                got.append(seq)
+                if len(got) == 2:
+                    break
+        assert len(got) == 2
+        peers = [p for p, m, _ in host.received if m.get("seq") in got]
+        assert [p.identity for p in peers] == [identity, identity]
+        assert peers[0].route == peers[1].route
+        assert peers[0].connection != peers[1].connection  # never reused
+        assert host.chan.connections_accepted >= 2
+    finally:
+        host.stop()
+
+
+def test_messages_of_one_connection_carry_its_name(tmp_path, make_guest):
+    host = FakeHost(f"ipc://{tmp_path}/n.sock", echo)
+    host.start()
+    try:
+        g1, g2 = make_guest(host.endpoint), make_guest(host.endpoint)
+        for g in (g1, g2, g1, g2):
+            g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=5)
+        peers = [p for p, m, _ in host.received if m["op"] == OP_GET_STATUS]
+        assert len({p.connection for p in peers}) == 2 and len(set(peers)) == 2
+        # the guest's identity is 16 bytes nobody can guess (CTL-ENDPOINT-5)
+        assert all(len(p.identity) == 16 and p.identity[0] != 0 for p in peers)
+    finally:
+        host.stop()
+
+
+def test_host_channels_in_one_process_each_serve_their_own_connections(tmp_path, make_guest):
+    a = FakeHost(f"ipc://{tmp_path}/a.sock", echo)
+    b = FakeHost(f"ipc://{tmp_path}/b.sock", echo)
+    a.start()
+    b.start()
+    try:
+        for h in (a, b):
+            assert make_guest(h.endpoint).request({"op": OP_GET_STATUS, "dev": 0}, timeout=5)[0]["ok"]
+    finally:
+        a.stop()
+        b.stop()

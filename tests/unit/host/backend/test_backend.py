@@ -13,6 +13,7 @@ from host.kmd.device import KmdDevice
 from spec import wire
 from transport import codec
 from transport.memory import InlineGuestMemory
+from transport.peer import Peer
 from transport.virtqueue import DriverQueue, VirtqLayout
 
 MEM = 4 << 20
@@ -24,7 +25,7 @@ class Guest:
 
     def __init__(self, backend, name=b"g1"):
         self.backend = backend
-        self.peer = (0, name)
+        self.peer = Peer(0, name, f"conn-{name.decode()}")
         self.mem = InlineGuestMemory(MEM)
         self.seq = 0
         self.notifications = []
