@@ -83,6 +83,10 @@ CTL_FIELDS = {
 MEMORY_SHARED = "shared"
 MEMORY_INLINE = "inline"
 MEMORY_MODELS = (MEMORY_SHARED, MEMORY_INLINE)
+# Shared model: the hello reply's `mem_challenge` (random bytes) must be found at this gpa
+# of the memory set_mem_table names, proving the session's peer controls it.
+MEM_CHALLENGE_GPA = 0
+MEM_CHALLENGE_SIZE = 32
 
 DEFAULT_HEARTBEAT_MS = 1000
 HEARTBEAT_MISSES = 3  # a peer silent for this many periods is gone

@@ -1,4 +1,4 @@
-"""Guest physical memory: the address space descriptors point into (DESIGN.md "Guest memory").
+"""Guest physical memory: the address space descriptors point into (spec/pvgpu.md §3).
 
 Three models share one interface, so one virtqueue implementation runs over all of them:
 
@@ -26,13 +26,17 @@ Linux the guest therefore creates a memfd sealed with F_SEAL_SHRINK | F_SEAL_GRO
 F_SEAL_SEAL and announces it as /proc/<pid>/fd/<n>; the host opens that path, checks the
 seals and refuses anything unsealed, including POSIX shm names (spec MEM-SHARED-*). A
 memfd has no name in /dev/shm, so nothing can leak. Where memfd does not exist, POSIX shm
-is the fallback, with the SIGBUS exposure documented in the spec.
+is the fallback, with the SIGBUS exposure documented in the spec. A path names *some*
+process's descriptor, not necessarily the announcing guest's: the host checks what it is
+before opening it for I/O, and the backend then requires the session's challenge inside
+(spec CTL-MEMTABLE-5), which only the memory's owner can have written.
 """
 
 from __future__ import annotations
 
 import mmap
 import os
+import stat
 
 try:
     import fcntl
@@ -404,10 +408,20 @@ class SharedGuestMemory(GuestMemory):
     def _attach_memfd(cls, path: str, size: int) -> "SharedGuestMemory":
         if not HAVE_MEMFD:
             raise GuestMemoryError("this platform has no sealable memfd")
+        # The path names a descriptor of some process: look at what it is (O_PATH opens
+        # nothing) before opening it for I/O, which for a device or a FIFO has effects.
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            ref = os.open(path, os.O_PATH | os.O_CLOEXEC)
         except OSError as e:
             raise GuestMemoryError(f"cannot open shared memory {path!r}: {e}") from e
+        try:
+            if not stat.S_ISREG(os.fstat(ref).st_mode):
+                raise GuestMemoryError(f"{path!r} is not a memory file (a sealed memfd)")
+            fd = os.open(f"/proc/self/fd/{ref}", os.O_RDWR | os.O_CLOEXEC)
+        except OSError as e:
+            raise GuestMemoryError(f"cannot open shared memory {path!r}: {e}") from e
+        finally:
+            os.close(ref)
         try:
             try:
                 seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)

@@ -80,7 +80,12 @@ class FrontendSession:
         if self.inline:
             self.mem = InlineGuestMemory(self.mem_size)
         else:
+            challenge = hello.get("mem_challenge")
+            if not isinstance(challenge, bytes) or len(challenge) != wire.MEM_CHALLENGE_SIZE:
+                raise ControlRequestError(wire.OP_HELLO, wire.CTL_ERR_MALFORMED,
+                                          "the reply has no valid mem_challenge (CTL-MEMTABLE-5)")
             self.mem = SharedGuestMemory.create(self.mem_size)
+            self.mem.write(wire.MEM_CHALLENGE_GPA, challenge)  # proves the memory is ours
             self.control(wire.OP_SET_MEM_TABLE,
                          regions=[{"gpa": 0, "size": self.mem_size, "name": self.mem.name}])
         area = VirtioGpuDriver.area_size()

@@ -20,8 +20,10 @@ the engines have finished every job that might still touch it.
 from __future__ import annotations
 
 import collections
+import hmac
 import itertools
 import logging
+import secrets
 import threading
 
 from spec import wire
@@ -50,6 +52,9 @@ class GuestSession:
         self.last_heard = now
         self.lock = backend.lock
         self.mem = InlineGuestMemory(mem_size) if memory == wire.MEMORY_INLINE else None
+        # shared model: set_mem_table must find these bytes in the memory it names
+        self.mem_challenge = (secrets.token_bytes(wire.MEM_CHALLENGE_SIZE)
+                              if memory == wire.MEMORY_SHARED else None)
         self._dma = {}  # device index -> DmaMapping of self.mem
         self.devices = [VirtioGpuDevice(self, i, kmd) for i, kmd in enumerate(backend.kmds)]
 
@@ -88,9 +93,19 @@ class GuestSession:
                                f"expected one region {{gpa: 0, size: {self.mem_size}, name: str}}")
         name = regions[0]["name"]
         try:  # attach() accepts only a sealed memfd path (or, without memfd, a pvgpu- name)
-            self.mem = SharedGuestMemory.attach(name, self.mem_size)
+            mem = SharedGuestMemory.attach(name, self.mem_size)
         except (OSError, ValueError, GuestMemoryError) as e:
             raise ControlError(wire.CTL_ERR_BAD_MEMORY, f"cannot map shared memory {name!r}: {e}") from None
+        # CTL-MEMTABLE-5: only memory the session's own peer can write holds its challenge
+        found = mem.read(wire.MEM_CHALLENGE_GPA, wire.MEM_CHALLENGE_SIZE)
+        if not hmac.compare_digest(found, self.mem_challenge):
+            mem.close()
+            raise ControlError(wire.CTL_ERR_BAD_MEMORY,
+                               f"shared memory {name!r} does not hold this session's mem_challenge "
+                               f"at gpa {wire.MEM_CHALLENGE_GPA:#x}: a session maps only memory "
+                               "its own guest controls")
+        self.mem = mem
+        self.mem_challenge = None
 
     def teardown(self) -> list:
         """Reset every device; -> fences that must signal before memory is released."""
@@ -226,6 +241,8 @@ class Backend:
         if vgpu is not None:
             reply["vgpu"] = {"name": vgpu.name, "compute": vgpu.compute, "copy": vgpu.copy,
                              "mem": vgpu.mem}
+        if session.mem_challenge is not None:
+            reply["mem_challenge"] = session.mem_challenge
         return {
             **reply,
             "session": sid,

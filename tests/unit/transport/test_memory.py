@@ -379,3 +379,23 @@ def test_sealed_attach_checks_size():
             SharedGuestMemory.attach(guest.name, (1 << 16) + 4096)
     finally:
         guest.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "directory"])
+def test_attach_looks_before_it_opens_for_io(kind, tmp_path):
+    """A /proc/<pid>/fd/<n> path may name any descriptor of any process: opening a FIFO or
+    a device read/write has effects (or blocks), so attach refuses what is not a regular
+    memory file without opening it for I/O (spec CTL-MEMTABLE-3)."""
+    fds = []
+    if kind == "fifo":
+        fds = list(os.pipe())
+    elif kind == "device":
+        fds = [os.open("/dev/null", os.O_RDONLY)]
+    else:
+        fds = [os.open(tmp_path, os.O_RDONLY)]
+    try:
+        with pytest.raises(GuestMemoryError, match="not a memory file"):
+            SharedGuestMemory.attach(f"/proc/{os.getpid()}/fd/{fds[0]}", 4096)
+    finally:
+        for fd in fds:
+            os.close(fd)

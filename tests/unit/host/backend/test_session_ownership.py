@@ -1,7 +1,9 @@
-"""Who owns a session (spec [CTL-ENDPOINT-4], [CTL-ENDPOINT-5]), through Backend.handle
-with sans-IO guests: a session belongs to the connection that said hello, whatever routing
-identity a later connection presents."""
+"""Who owns a session and its memory (spec [CTL-ENDPOINT-4], [CTL-ENDPOINT-5],
+[CTL-MEMTABLE-3], [CTL-MEMTABLE-5]), through Backend.handle with sans-IO guests: a session
+belongs to the connection that said hello, whatever routing identity a later connection
+presents, and maps only memory its own peer has proven to control."""
 
+import os
 import struct
 import time
 
@@ -9,6 +11,7 @@ import pytest
 
 from spec import wire
 from transport import codec
+from transport.memory import SharedGuestMemory
 from transport.peer import Peer
 
 from test_backend import Guest, _backend, cmd
@@ -29,6 +32,7 @@ def request(backend, peer, op, seq=1, **fields):
 
 HELLO = dict(version=list(wire.PROTOCOL_VERSION), name="t", memory=wire.MEMORY_INLINE,
              mem_size=4 << 20)
+SHARED_HELLO = dict(HELLO, memory=wire.MEMORY_SHARED)
 
 
 def test_a_later_connection_with_the_same_identity_gets_no_session(backend):
@@ -81,3 +85,63 @@ def test_connections_with_other_routes_are_left_alone(backend):
     request(backend, b, wire.OP_HELLO, **HELLO)
     assert len(backend.sessions) == 2
     assert request(backend, a, wire.OP_GET_STATUS, seq=2, dev=0)[0]["ok"]
+
+
+# ------------------------------------------------------------------ shared memory ownership
+
+def shared_session(backend, peer):
+    reply, _ = request(backend, peer, wire.OP_HELLO, **SHARED_HELLO)
+    challenge = reply["mem_challenge"]
+    assert isinstance(challenge, bytes) and len(challenge) == wire.MEM_CHALLENGE_SIZE
+    return challenge
+
+
+def set_mem_table(backend, peer, name):
+    reply, _ = request(backend, peer, wire.OP_SET_MEM_TABLE, seq=2,
+                       regions=[{"gpa": 0, "size": SHARED_HELLO["mem_size"], "name": name}])
+    return reply
+
+
+def test_another_guests_memory_is_refused(backend):
+    victim_peer, thief_peer = Peer(0, b"victim", "c1"), Peer(0, b"thief", "c2")
+    victim_challenge = shared_session(backend, victim_peer)
+    shared_session(backend, thief_peer)
+    with SharedGuestMemory.create(SHARED_HELLO["mem_size"]) as victim_mem:
+        victim_mem.write(wire.MEM_CHALLENGE_GPA, victim_challenge)
+        assert set_mem_table(backend, victim_peer, victim_mem.name)["ok"]
+        victim_mem.write(4096, b"secret")
+        reply = set_mem_table(backend, thief_peer, victim_mem.name)  # its /proc path
+        assert reply["ok"] is False and reply["error"] == wire.CTL_ERR_BAD_MEMORY
+        assert "challenge" in reply["message"]
+        (thief,) = [s for s in backend.sessions.values() if s.peer == thief_peer]
+        assert thief.mem is None
+
+
+def test_own_memory_needs_the_sessions_challenge(backend):
+    peer = Peer(0, b"g", "c1")
+    challenge = shared_session(backend, peer)
+    with SharedGuestMemory.create(SHARED_HELLO["mem_size"]) as mem:
+        mem.write(wire.MEM_CHALLENGE_GPA, bytes(reversed(challenge)))
+        assert set_mem_table(backend, peer, mem.name)["error"] == wire.CTL_ERR_BAD_MEMORY
+        mem.write(wire.MEM_CHALLENGE_GPA, challenge)  # a refused request changed nothing
+        assert set_mem_table(backend, peer, mem.name)["ok"]
+
+
+def test_each_session_gets_its_own_challenge(backend):
+    a = shared_session(backend, Peer(0, b"a", "c1"))
+    b = shared_session(backend, Peer(0, b"b", "c2"))
+    assert a != b
+    reply, _ = request(backend, Peer(0, b"c", "c3"), wire.OP_HELLO, **HELLO)
+    assert "mem_challenge" not in reply  # inline: nothing to prove
+
+
+def test_a_descriptor_that_is_not_memory_is_not_opened_for_io(backend):
+    peer = Peer(0, b"g", "c1")
+    shared_session(backend, peer)
+    r, w = os.pipe()  # opening a FIFO read/write through /proc would have effects
+    try:
+        reply = set_mem_table(backend, peer, f"/proc/{os.getpid()}/fd/{r}")
+        assert reply["error"] == wire.CTL_ERR_BAD_MEMORY and "not a memory file" in reply["message"]
+    finally:
+        os.close(r)
+        os.close(w)
