@@ -23,6 +23,7 @@ import struct
 from typing import NamedTuple
 
 from spec import wire
+from transport.errors import VirtqError
 from transport.virtqueue import DriverQueue, VirtqLayout
 
 QUEUE_SIZE = 256
@@ -181,7 +182,12 @@ class VirtioGpuDriver:
     def initialize(self) -> None:
         s = self.session
         dev = self.index
+        if self._by_head:  # DEV-RESET-4: whatever was outstanding is lost to the reset
+            self.fail_all(DeviceNeedsReset(f"device {dev} was reset"))
         s.control(wire.OP_SET_STATUS, dev=dev, status=0)
+        # DEV-RESET-5: calls that came before the reply carry the device's writes of before
+        # the reset; they must land now, not in the rings set up below
+        s.drain_notifications()
         status = wire.STATUS_ACKNOWLEDGE
         s.control(wire.OP_SET_STATUS, dev=dev, status=status)
         status |= wire.STATUS_DRIVER
@@ -299,7 +305,11 @@ class VirtioGpuDriver:
             return 0
         if self.eventq is not None:
             self._reap_events()
-        done = self.queue.pop_used()
+        try:
+            done = self.queue.pop_used()
+        except VirtqError as e:
+            self._bad_used_ring(e)
+            return 0
         for head, length in done:
             req = self._by_head.pop(head, None)
             if req is None:
@@ -313,7 +323,11 @@ class VirtioGpuDriver:
 
     def _reap_events(self) -> None:
         q = self.eventq
-        used = q.pop_used()
+        try:
+            used = q.pop_used()
+        except VirtqError as e:
+            self._bad_used_ring(e)
+            return
         if not used:
             return
         for head, length in used:
@@ -329,6 +343,12 @@ class VirtioGpuDriver:
         q.enable_interrupts()
         if q.should_kick() or self.session.inline:
             self.session.kick(self.index, wire.EVENTQ)
+
+    def _bad_used_ring(self, e: VirtqError) -> None:
+        """The device wrote a used ring that fails the driver's checks (VQ-USED-CHECK-1):
+        no request completes from it; all fail until the device is reset."""
+        self.fail_all(DeviceNeedsReset(f"device {self.index} wrote a bad used ring "
+                                       f"([{e.clause}] {e.message}); reset it to continue"))
 
     def fail_all(self, exc: Exception) -> None:
         """DEVICE_NEEDS_RESET: every pending request fails with `exc`."""

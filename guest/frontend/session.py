@@ -135,6 +135,18 @@ class FrontendSession:
                     f"device {dev} reported DEVICE_NEEDS_RESET (a malformed request was rejected); "
                     "reset it to continue"))
 
+    def drain_notifications(self) -> None:
+        """Apply every notification received so far, without blocking. A device reset does
+        this between the reply to set_status 0 and re-initialising the rings (spec
+        DEV-RESET-5): the device's writes of before the reset land now, not in new rings."""
+        while True:
+            try:
+                msg, frames = self.channel.recv_until(
+                    lambda m: m.get("op") in (wire.OP_CALL, wire.OP_CONFIG_CHANGED), timeout=0)
+            except ChannelTimeout:
+                return
+            self._on_notification(msg, frames)
+
     def wait_for(self, cond, timeout: float | None = None) -> None:
         """Block until cond() is true, processing used rings and host notifications.
 

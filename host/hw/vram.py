@@ -1,9 +1,13 @@
 """Device memory (VRAM) of one emulated GPU.
 
-One np.zeros(size, uint8) per device: the OS zeroes its pages lazily, so a large VRAM
-costs nothing until it is touched. Addresses here are VRAM *physical* addresses. The CPU
-reaches VRAM through the BAR (the KMD uses read/write/view: packets, page tables, fence
-memory); the hardware blocks use `mem` and `qwords` directly after their own checks.
+One private anonymous mapping per device, seen as an np.uint8 array: the OS zeroes its
+pages lazily, so a large VRAM costs nothing until it is touched. `clear` zeroes a range by
+handing its whole pages back to the OS (madvise MADV_DONTNEED; they read as zero again),
+so clearing costs no first touch of pages never written and no O(size) memset.
+
+Addresses here are VRAM *physical* addresses. The CPU reaches VRAM through the BAR (the
+KMD uses read/write/view: packets, page tables, fence memory); the hardware blocks use
+`mem` and `qwords` directly after their own checks.
 
 Every accessor is bounds-checked and raises VramRangeError (an IndexError) for a range
 outside [0, size). Integers are little-endian.
@@ -11,9 +15,17 @@ outside [0, size). Integers are little-endian.
 
 from __future__ import annotations
 
+import mmap
+import sys
+
 import numpy as np
 
 from host.hw.regs import PAGE_SIZE
+
+
+# Linux: MADV_DONTNEED on a private anonymous mapping makes the pages zero-fill-on-demand
+# (elsewhere it may keep the contents, so `clear` writes zeros instead)
+_DISCARD = sys.platform.startswith("linux") and hasattr(mmap, "MADV_DONTNEED")
 
 
 class VramRangeError(IndexError):
@@ -25,7 +37,8 @@ class Vram:
         if size <= 0 or size % PAGE_SIZE:
             raise ValueError(f"VRAM size must be a positive multiple of {PAGE_SIZE}")
         self.size = size
-        self.mem = np.zeros(size, dtype=np.uint8)
+        self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # anonymous, zero-filled
+        self.mem = np.frombuffer(self._map, dtype=np.uint8)
         self.qwords = self.mem.view("<u8")  # page-table entries, fences (aligned u64)
 
     def check(self, addr: int, n: int) -> None:
@@ -54,6 +67,18 @@ class Vram:
     def fill(self, addr: int, n: int, byte: int = 0) -> None:
         self.check(addr, n)
         self.mem[addr:addr + n] = byte
+
+    def clear(self, addr: int, n: int) -> None:
+        """Zero [addr, addr + n): its whole pages go back to the OS, the rest is written."""
+        self.check(addr, n)
+        page = mmap.PAGESIZE
+        start, end = -(-addr // page) * page, (addr + n) // page * page
+        if not _DISCARD or end <= start:
+            self.mem[addr:addr + n] = 0
+            return
+        self.mem[addr:start] = 0
+        self._map.madvise(mmap.MADV_DONTNEED, start, end - start)
+        self.mem[end:addr + n] = 0
 
     def read_u32(self, addr: int) -> int:
         self.check(addr, 4)
