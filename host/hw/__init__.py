@@ -1,4 +1,4 @@
-"""The emulated GPU hardware (DESIGN.md "The emulated GPU").
+"""The emulated GPU hardware: what the KMD drives, below the driver line.
 
 Driven only the way a real driver drives a device: VRAM writes through the BAR, MMIO
 registers and doorbells, and interrupts. It knows VMIDs, addresses, packets and

@@ -2,7 +2,7 @@
 
 This is the hardware's "register header" (like amdgpu's *_offset.h / *_sh_mask.h): the
 KMD includes it to program the device, the hardware blocks include it to decode what the
-KMD wrote. Nothing here knows about guests, sessions or virtio (DESIGN.md rule 2).
+KMD wrote. Nothing here knows about guests, sessions or virtio (the layering rule of the hardware).
 
 Page tables (modelled on amdgpu's GMC, 4 KiB pages):
   a 48-bit GPU virtual address splits into 4 levels of 9 bits (PD2, PD1, PD0, PT) and a
