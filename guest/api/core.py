@@ -80,7 +80,8 @@ def _cmd(type_: int, body=(), *, ctx_id: int = 0, ring_idx: int = 0, fence_id: i
 def _api(fn):
     """One API call: serialized per connection (the frontend's rings and guest memory are
     not thread-safe; several threads may share a connection), with frontend/transport
-    errors re-raised as the API's exceptions."""
+    errors re-raised as the API's exceptions. Every public method that reaches the driver,
+    the guest memory heap or state they change is wrapped (tests check it)."""
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
         with self._conn_lock:
@@ -95,6 +96,7 @@ def _api(fn):
                 if isinstance(mapped, errors.PageFaultError):
                     _claim_fault_event(self, mapped)
                 raise mapped from None
+    wrapper.api_locked = True
     return wrapper
 
 
@@ -143,17 +145,20 @@ class Connection:
         self._pinned = _pinned.PinnedAllocator(self)
         self.devices = [Device(self, drv) for drv in session.devices]
 
+    @_api
     def pinned_empty(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
         """A numpy array in pinned memory (inside guest memory, from the session heap):
         copies between it and a DeviceArray are one DMA, no bounce (guest/api/pinned.py).
         Give it back with `free()` or a `with` block."""
         return self._pinned.empty(shape, dtype)
 
+    @_api
     def pinned_zeros(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
         arr = self._pinned.empty(shape, dtype)
         arr.fill(0)
         return arr
 
+    @_api
     def pinned_array(self, data, dtype=None) -> "_pinned.PinnedArray":
         """A pinned copy of `data`."""
         data = np.asarray(data, dtype=dtype)
@@ -230,6 +235,7 @@ class Device:
         return claimed
 
     @property
+    @_api
     def events(self) -> list:
         """The latest events the device reported on its event queue (DeviceEvent: page
         faults and lost contexts, of every context of this connection on the device)."""
@@ -242,26 +248,29 @@ class Device:
         return self._staging_chunk
 
     @staging_chunk.setter
+    @_api
     def staging_chunk(self, size: int) -> None:
         size = int(size)
         if size < 4096 or size % 4096:
             raise ValueError(f"staging_chunk must be a positive multiple of 4096, not {size}")
-        with self._conn_lock:
-            heap = self.connection.session.heap
-            for gpa in self._staging:
-                heap.free(gpa)
-            self._staging_count -= len(self._staging)
-            self._staging = []
-            self._stale |= self._async_held
-            self._staging_chunk = size
+        heap = self.connection.session.heap
+        for gpa in self._staging:
+            heap.free(gpa)
+        self._staging_count -= len(self._staging)
+        self._staging = []
+        self._stale |= self._async_held
+        self._staging_chunk = size
 
+    @_api
     def pinned_empty(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
         """`Connection.pinned_empty`: pinned memory serves every device of the connection."""
         return self.connection.pinned_empty(shape, dtype)
 
+    @_api
     def pinned_zeros(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
         return self.connection.pinned_zeros(shape, dtype)
 
+    @_api
     def pinned_array(self, data, dtype=None) -> "_pinned.PinnedArray":
         return self.connection.pinned_array(data, dtype)
 
@@ -282,6 +291,7 @@ class Device:
         return self.connection.memory_model
 
     @property
+    @_api
     def contexts(self) -> list:
         """The live contexts this connection created on the device."""
         return list(self._contexts.values())
@@ -297,6 +307,7 @@ class Device:
         from guest.api import prime
         return prime.peer_info(self, peer)
 
+    @_api
     def revoke(self, handle) -> None:
         """Withdraw an export made on this device (DeviceArray.export): no new imports."""
         from guest.api import prime
@@ -485,6 +496,7 @@ class Stream:
     def is_default(self) -> bool:
         return self.ring_idx == 0
 
+    @_api
     def launch(self, kernel, grid, block, args) -> None:
         """Launch a built-in kernel on this stream (asynchronous)."""
         self.context.launch(kernel, grid, block, args, stream=self)
@@ -726,18 +738,15 @@ class Event(_DestroyedOnExit):
         self._raise_for(status, code, info0, info1)
 
     @property
+    @_api
     def timestamp_ns(self) -> int | None:
         """Device time (ns) when the captured work completed; None while pending or if never
         recorded. An event recorded on an idle stream completes at its record time."""
         if self._timestamp is None and self.recorded and not self.destroyed:
-            with self._conn_lock:
-                try:
-                    self._query(wait=False)
-                except Exception as e:
-                    mapped = errors.translate(e)
-                    raise mapped from None
+            self._query(wait=False)
         return self._timestamp
 
+    @_api
     def elapsed_time(self, end: "Event") -> float:
         """Milliseconds of device time from this event to `end` (both must be complete)."""
         for ev in (self, end):
@@ -793,6 +802,7 @@ class Context(_DestroyedOnExit):
         self._peer_imports = {}  # (dev, ctx_id, resource_id, p2p) -> (weakref(src), ImportedArray)
 
     @property
+    @_api
     def faults(self) -> list:
         """The GPU page faults of this context's jobs, as the device reported them on its
         event queue (DeviceEvent: address, access, vmid, engine, ring_idx, timestamp_ns).
@@ -800,26 +810,31 @@ class Context(_DestroyedOnExit):
         return [e for e in self._device_events if e.type == wire.EVTQ_PAGE_FAULT]
 
     @property
+    @_api
     def faulted(self) -> bool:
         return bool(self.faults)
 
     # ------------------------------------------------------------------ sharing (§12)
+    @_api
     def enable_peer_access(self, peer: "Device") -> None:
         """Let buffers of device `peer` imported into this context be mapped peer-to-peer
         (cuCtxEnablePeerAccess); PvgpuError if the host's fabric cannot route it."""
         from guest.api import prime
         prime.enable_peer_access(self, peer)
 
+    @_api
     def disable_peer_access(self, peer: "Device") -> None:
         from guest.api import prime
         prime.disable_peer_access(self, peer)
 
+    @_api
     def import_array(self, handle, shape=None, dtype=np.float32, *, peer2peer=None):
         """Import a buffer another context, device or guest exported (DeviceArray.export)
         -> ImportedArray (guest/api/prime.py)."""
         from guest.api import prime
         return prime.import_(self, handle, shape, dtype, peer2peer=peer2peer)
 
+    @_api
     def memcpy_peer(self, dst: "DeviceArray", src: "DeviceArray", nbytes: int | None = None,
                     **kw) -> str:
         """Copy from `src` (any context or device of this connection) into `dst` (of this
@@ -841,6 +856,7 @@ class Context(_DestroyedOnExit):
                                 "in use; destroy one first")
 
     @property
+    @_api
     def streams(self) -> list:
         return [self._streams[i] for i in sorted(self._streams)]
 
@@ -876,10 +892,12 @@ class Context(_DestroyedOnExit):
         return self.device._import_event(handle, self)
 
     # ------------------------------------------------------------------ shared device memory
+    @_api
     def shm_get(self, key, nbytes: int = 0):
         """The shared segment of `key` on this context's device (Device.shm_get)."""
         return self.device.shm_get(key, nbytes)
 
+    @_api
     def shm_import(self, handle):
         """Import an exported segment on this context's device (Device.shm_import)."""
         return self.device.shm_import(handle)
@@ -995,6 +1013,7 @@ class Context(_DestroyedOnExit):
         va, size = struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, body)
         return rid, va, size
 
+    @_api
     def empty(self, shape, dtype=np.float32) -> "DeviceArray":
         shape = (shape,) if np.isscalar(shape) else tuple(shape)
         dtype = np.dtype(dtype)
@@ -1002,11 +1021,13 @@ class Context(_DestroyedOnExit):
         rid, va, _size = self.alloc(max(nbytes, 1))
         return DeviceArray(self, rid, va, shape, dtype)
 
+    @_api
     def zeros(self, shape, dtype=np.float32) -> "DeviceArray":
         arr = self.empty(shape, dtype)
         arr.copy_from_host(np.zeros(arr.shape, arr.dtype))
         return arr
 
+    @_api
     def to_device(self, array) -> "DeviceArray":
         array = np.ascontiguousarray(array)
         out = self.empty(array.shape, array.dtype)
@@ -1186,7 +1207,6 @@ class Context(_DestroyedOnExit):
         s._raise_async_error()
         return dst
 
-    @_api
     def _stage_d2h(self, s: "Stream", va: int, size: int, take, give):
         """Submit COPY_D2H of `size` bytes at va into a bounce chunk from take() (given
         back with give() if the request never reaches the device); -> the request."""
@@ -1200,6 +1220,7 @@ class Context(_DestroyedOnExit):
         req.bounce = gpa
         return req
 
+    @_api
     def copy_d2h_async(self, va: int, dst: np.ndarray, stream: Stream | None = None) -> np.ndarray:
         """Start copying from device address `va` into the host array `dst` on `stream`;
         -> dst, whose contents are valid after the stream's next synchronize (or after an
@@ -1297,6 +1318,7 @@ class DeviceArray:
 
     def __init__(self, ctx: Context, resource_id: int, va: int, shape, dtype):
         self.context = ctx
+        self._conn_lock = ctx._conn_lock
         self.resource_id = resource_id
         self.ptr = va
         self.shape = tuple(shape)
@@ -1325,12 +1347,14 @@ class DeviceArray:
             raise ValueError(f"out must be a contiguous array of {self.nbytes} bytes")
         return out
 
+    @_api
     def to_host(self, out: np.ndarray | None = None, stream: Stream | None = None, *,
                 pipeline: bool = True) -> np.ndarray:
         """-> the contents as a numpy array (`out` if given; a pinned `out` is filled by
         the device directly)."""
         return self.context.copy_d2h(self.ptr, self._out(out), stream, pipeline=pipeline)
 
+    @_api
     def to_host_async(self, out: np.ndarray | None = None, stream: Stream | None = None) -> np.ndarray:
         """-> the array the data will land in (valid after `stream`'s next synchronize)."""
         return self.context.copy_d2h_async(self.ptr, self._out(out), stream)
@@ -1341,18 +1365,22 @@ class DeviceArray:
             raise ValueError(f"array of {array.nbytes} bytes does not fit {self.nbytes} bytes")
         return array
 
+    @_api
     def copy_from_host(self, array, stream: Stream | None = None, *, pipeline: bool = True) -> None:
         self.context.copy_h2d(self.ptr, self._src(array), stream, pipeline=pipeline)
 
+    @_api
     def copy_from_host_async(self, array, stream: Stream | None = None) -> None:
         self.context.copy_h2d_async(self.ptr, self._src(array), stream)
 
+    @_api
     def export(self):
         """Publish this buffer for other contexts, devices and guests -> BufferHandle (a
         capability: keep it private). Importers keep the memory alive after free()."""
         from guest.api import prime
         return prime.export(self)
 
+    @_api
     def free(self) -> None:
         """MEM_FREE; refused (InvalidParameterError, the array stays live) while the
         buffer is still mapped elsewhere by Context.map."""
@@ -1381,6 +1409,11 @@ class VaRange:
     def __contains__(self, addr) -> bool:
         return isinstance(addr, (int, np.integer)) and self.va <= addr < self.end
 
+    @property
+    def _conn_lock(self):
+        return self.context._conn_lock
+
+    @_api
     def release(self) -> None:
         if not self.released:
             self.context.release_va(self)
@@ -1400,10 +1433,12 @@ class MappedArray(DeviceArray):
         self.readonly = readonly
         self.mapped_bytes = nbytes
 
+    @_api
     def unmap(self) -> None:
         if not self.freed:
             self.context.unmap(self)
 
+    @_api
     def free(self) -> None:
         self.unmap()
 

@@ -100,12 +100,14 @@ class SharedSegment:
         return self.nbytes
 
     # -------------------------------------------------------------- attach / detach
+    @_api
     def attach(self, ctx: Context, shape=None, dtype=np.float32, *,
                readonly: bool = False) -> "SharedArray":
         """Map the segment into `ctx` (SHM_ATTACH); -> a SharedArray of `shape` and
         `dtype` (default: the whole segment as a 1-D array of dtype)."""
         return ctx.shm_attach(self, shape, dtype, readonly=readonly)
 
+    @_api
     def detach(self, ctx_or_array) -> None:
         """End the attachment in a context (or of a SharedArray) (SHM_DETACH)."""
         if isinstance(ctx_or_array, SharedArray):
@@ -155,10 +157,12 @@ class SharedArray(DeviceArray):
         self.segment = segment
         self.readonly = readonly
 
+    @_api
     def detach(self) -> None:
         if not self.freed:
             self.context.shm_detach(self.segment)
 
+    @_api
     def free(self) -> None:
         self.detach()
 
