@@ -54,7 +54,7 @@ import msgpack
 import numpy as np
 
 from spec import wire
-from guest.api import errors
+from guest.api import errors, operands
 from guest.api import pinned as _pinned
 from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
 from guest.frontend.driver import DeviceResponseError, command
@@ -63,7 +63,6 @@ from guest.frontend.session import FrontendSession
 STAGING_CHUNK = 8 << 20
 STAGING_DEPTH = 4  # bounce chunks per device: in flight at once for one copy, and the pool size
 SMALL_H2D_MAX = 216  # an H2D copy this small travels in its command's descriptor (spec [CMD-H2D-1])
-_F32 = struct.Struct("<f")
 _EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
 _HANDLE = struct.Struct(wire.RESP_EVENT_HANDLE_FORMAT)
 _STATS = struct.Struct(wire.RESP_STATS_FORMAT)
@@ -1165,6 +1164,8 @@ class Context(_DestroyedOnExit):
         if pin is not None:
             _pinned.copy(self, s, "d2h", va, pin, pipeline=pipeline)
             return dst
+        if not dst.flags.c_contiguous or not dst.flags.writeable:
+            raise ValueError("dst must be a writable C-contiguous array")
         out = dst.reshape(-1).view(np.uint8)
         n = out.nbytes
         if n == 0:
@@ -1263,7 +1264,7 @@ class Context(_DestroyedOnExit):
         if len(args) != len(sig.args):
             raise TypeError(f"{sig.name}({', '.join(n for n, _ in sig.args)}) takes "
                             f"{len(sig.args)} arguments, got {len(args)}")
-        slots = b"".join(_encode_arg(sig.name, name, kind, value)
+        slots = b"".join(operands.kernel_argument(self, sig, name, kind, value)
                          for (name, kind), value in zip(sig.args, args))
         g, b = _dim3(grid), _dim3(block)
         s._raise_async_error()
@@ -1314,7 +1315,8 @@ class Context(_DestroyedOnExit):
 
 
 class DeviceArray:
-    """A buffer in device memory that knows its shape, dtype and device VA (`ptr`)."""
+    """A buffer in device memory that knows its shape, dtype and device VA (`ptr`). Copies
+    to and from it and launches taking it check the dtype (guest/api/operands.py)."""
 
     def __init__(self, ctx: Context, resource_id: int, va: int, shape, dtype):
         self.context = ctx
@@ -1340,38 +1342,29 @@ class DeviceArray:
     def __len__(self):
         return self.shape[0] if self.shape else 1
 
-    def _out(self, out):
-        if out is None:
-            return np.empty(self.shape, self.dtype)
-        if out.nbytes != self.nbytes or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a contiguous array of {self.nbytes} bytes")
-        return out
-
     @_api
     def to_host(self, out: np.ndarray | None = None, stream: Stream | None = None, *,
                 pipeline: bool = True) -> np.ndarray:
-        """-> the contents as a numpy array (`out` if given; a pinned `out` is filled by
-        the device directly)."""
-        return self.context.copy_d2h(self.ptr, self._out(out), stream, pipeline=pipeline)
+        """-> the contents as a numpy array (`out` if given: an ndarray of this array's
+        dtype and shape, guest/api/operands.py; a pinned `out` is filled by the device
+        directly)."""
+        return self.context.copy_d2h(self.ptr, operands.host_destination(self, out), stream,
+                                     pipeline=pipeline)
 
     @_api
     def to_host_async(self, out: np.ndarray | None = None, stream: Stream | None = None) -> np.ndarray:
         """-> the array the data will land in (valid after `stream`'s next synchronize)."""
-        return self.context.copy_d2h_async(self.ptr, self._out(out), stream)
-
-    def _src(self, array):
-        array = np.ascontiguousarray(array, dtype=self.dtype)
-        if array.nbytes != self.nbytes:
-            raise ValueError(f"array of {array.nbytes} bytes does not fit {self.nbytes} bytes")
-        return array
+        return self.context.copy_d2h_async(self.ptr, operands.host_destination(self, out), stream)
 
     @_api
     def copy_from_host(self, array, stream: Stream | None = None, *, pipeline: bool = True) -> None:
-        self.context.copy_h2d(self.ptr, self._src(array), stream, pipeline=pipeline)
+        """Copy `array` (an ndarray of this array's dtype and shape: nothing is cast or
+        reshaped, guest/api/operands.py) to the device and wait."""
+        self.context.copy_h2d(self.ptr, operands.host_source(self, array), stream, pipeline=pipeline)
 
     @_api
     def copy_from_host_async(self, array, stream: Stream | None = None) -> None:
-        self.context.copy_h2d_async(self.ptr, self._src(array), stream)
+        self.context.copy_h2d_async(self.ptr, operands.host_source(self, array), stream)
 
     @_api
     def export(self):
@@ -1459,20 +1452,3 @@ def _dim3(v) -> tuple:
         v = (int(v),)
     v = tuple(int(x) for x in v) + (1, 1, 1)
     return v[:3]
-
-
-def _encode_arg(kernel: str, name: str, kind: str, value) -> bytes:
-    if kind == wire.ARG_PTR:
-        if isinstance(value, DeviceArray):
-            return struct.pack("<Q", value.ptr)
-        if isinstance(value, (int, np.integer)) and 0 <= int(value) < 1 << 64:
-            return struct.pack("<Q", int(value))
-        raise TypeError(f"{kernel}: argument {name!r} must be a DeviceArray or a device address")
-    if kind == wire.ARG_U32:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-                or not 0 <= int(value) < 1 << 32:
-            raise TypeError(f"{kernel}: argument {name!r} must be an int in [0, 2**32)")
-        return struct.pack("<Q", int(value))
-    if kind == wire.ARG_F32:
-        return _F32.pack(float(value)) + b"\0\0\0\0"
-    raise AssertionError(kind)

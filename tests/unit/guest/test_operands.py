@@ -1,0 +1,73 @@
+"""guest/api/operands.py without a host: the element types of the kernel signatures
+(spec [KRN-ARGS-2]) and the typed host operands of DeviceArray copies."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from guest.api import operands
+from spec import wire
+
+
+def test_every_pointer_argument_has_an_element_type():
+    for sig in wire.BUILTIN_KERNELS.values():
+        for name, kind in sig.args:
+            assert (sig.elem_type(name) == wire.ELEM_F32) == (kind == wire.ARG_PTR), (sig, name)
+    with pytest.raises(ValueError, match="element type"):
+        wire.KernelSignature(99, "k", (("p", wire.ARG_PTR), ("n", wire.ARG_U32)))
+    with pytest.raises(ValueError, match="element type"):
+        wire.KernelSignature(99, "k", (("n", wire.ARG_U32),), (("n", wire.ELEM_F32),))
+
+
+def arr(shape=(2, 3), dtype=np.float32):
+    return SimpleNamespace(shape=shape, dtype=np.dtype(dtype))
+
+
+def test_sources_must_match_dtype_and_shape():
+    a = arr()
+    src = np.ones((2, 3), np.float32)
+    assert operands.host_source(a, src) is src
+    fortran = np.asfortranarray(src)
+    got = operands.host_source(a, fortran)
+    assert got.flags.c_contiguous and np.array_equal(got, src)
+    for bad in (np.ones((2, 3)), np.ones((2, 3), np.int32), np.ones((2, 3), ">f4"), np.float64(1)):
+        with pytest.raises(TypeError, match="dtype"):
+            operands.host_source(a, bad)
+    for bad in (np.ones(6, np.float32), np.ones((3, 2), np.float32), np.ones((1, 2, 3), np.float32),
+                np.float32(1)):
+        with pytest.raises(ValueError, match="shape"):
+            operands.host_source(a, bad)
+
+
+def test_python_data_takes_the_arrays_dtype_within_same_kind():
+    got = operands.host_source(arr(), [[1, 2, 3], [4.5, 5, 6]])
+    assert got.dtype == np.float32 and got[1, 0] == 4.5
+    ints = arr((3,), np.int32)
+    assert operands.host_source(ints, [1, 2, True]).tolist() == [1, 2, 1]
+    with pytest.raises(TypeError, match="cast"):
+        operands.host_source(ints, [1.5, 2, 3])
+    with pytest.raises(TypeError, match="cast"):
+        operands.host_source(arr(), [[1j, 2, 3], [4, 5, 6]])
+    with pytest.raises(OverflowError):
+        operands.host_source(ints, [1, 2, 1 << 40])
+    with pytest.raises(ValueError, match="shape"):
+        operands.host_source(ints, [1, 2])
+    with pytest.raises(ValueError, match="shape"):
+        operands.host_source(ints, 7)
+    with pytest.raises(ValueError):
+        operands.host_source(ints, [[1], [2, 3]])
+
+
+def test_destinations_must_match_dtype_and_shape():
+    a = arr()
+    new = operands.host_destination(a, None)
+    assert new.shape == (2, 3) and new.dtype == np.float32
+    out = np.empty((2, 3), np.float32)
+    assert operands.host_destination(a, out) is out
+    with pytest.raises(TypeError, match="dtype"):
+        operands.host_destination(a, np.empty((2, 3), np.int32))
+    with pytest.raises(ValueError, match="shape"):
+        operands.host_destination(a, np.empty(6, np.float32))
+    with pytest.raises(TypeError, match="ndarray"):
+        operands.host_destination(a, [[0.0] * 3] * 2)
