@@ -45,6 +45,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import math
 import re
 import struct
 import threading
@@ -54,7 +55,7 @@ import msgpack
 import numpy as np
 
 from spec import wire
-from guest.api import errors, operands
+from guest.api import errors, lifetime, operands
 from guest.api import pinned as _pinned
 from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
 from guest.frontend.driver import DeviceResponseError, command
@@ -83,8 +84,12 @@ def _api(fn):
     the guest memory heap or state they change is wrapped (tests check it)."""
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
-        with self._conn_lock:
+        lock = self._conn_lock
+        outermost = not lock._is_owned()
+        with lock:
             try:
+                if outermost:  # a safe point: free what became garbage (guest/api/lifetime.py)
+                    self._releases.drain()
                 return fn(self, *args, **kwargs)
             except errors.PvgpuError:
                 raise
@@ -141,6 +146,7 @@ class Connection:
     def __init__(self, session: FrontendSession):
         self.session = session
         self._conn_lock = threading.RLock()
+        self._releases = lifetime.Releases(self)
         self._pinned = _pinned.PinnedAllocator(self)
         self.devices = [Device(self, drv) for drv in session.devices]
 
@@ -197,6 +203,7 @@ class Device:
     def __init__(self, conn: Connection, driver):
         self.connection = conn
         self._conn_lock = conn._conn_lock
+        self._releases = conn._releases
         self.driver = driver
         self.index = driver.index
         self._ctx_ids = itertools.count(1)
@@ -482,6 +489,7 @@ class Stream:
         self.context = ctx
         self.ring_idx = ring_idx
         self._conn_lock = ctx._conn_lock
+        self._releases = ctx._releases
         self._driver = ctx._driver
         self._async_error = None
         self._inflight = []  # asynchronous copy requests not yet completed
@@ -666,6 +674,7 @@ class Event(_DestroyedOnExit):
         self.context = ctx
         self.event_id = event_id
         self._conn_lock = device._conn_lock
+        self._releases = device._releases
         self._driver = device.driver
         self.recorded = recorded  # the device knows the id (recorded or imported)
         self.destroyed = False
@@ -791,6 +800,7 @@ class Context(_DestroyedOnExit):
     def __init__(self, device: Device, ctx_id: int):
         self.device = device
         self._conn_lock = device._conn_lock
+        self._releases = device._releases
         self.ctx_id = ctx_id
         self._driver = device.driver
         self.destroyed = False
@@ -799,6 +809,7 @@ class Context(_DestroyedOnExit):
         self._device_events = []  # DeviceEvents of this context (event queue)
         self._peer_access = set()  # device indices whose VRAM imports may map P2P
         self._peer_imports = {}  # (dev, ctx_id, resource_id, p2p) -> (weakref(src), ImportedArray)
+        self._mapped_frees = []  # ids of dropped arrays whose MEM_FREE waits for an unmap
 
     @property
     @_api
@@ -965,6 +976,7 @@ class Context(_DestroyedOnExit):
         if access not in ("rw", "r"):
             raise ValueError(f"access must be 'rw' or 'r', not {access!r}")
         if isinstance(array, DeviceArray):
+            array._check_usable()
             if array.context is not self:
                 raise ValueError(f"{array!r} belongs to another context")
             if array.resource_id == 0:
@@ -989,7 +1001,7 @@ class Context(_DestroyedOnExit):
         dtype = np.dtype(dtype if dtype is not None else base_dtype)
         if shape is None:
             shape = (int(nbytes) // dtype.itemsize,)
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+        shape, dtype, _n = operands.allocation(shape, dtype)
         return MappedArray(self, int(va), shape, dtype, readonly=access == "r", nbytes=int(nbytes))
 
     @_api
@@ -1002,21 +1014,37 @@ class Context(_DestroyedOnExit):
         self._driver.call(_cmd(wire.CMD_MEM_UNMAP, (int(addr),), ctx_id=self.ctx_id))
         if arr is not None:
             arr.freed = True
+        if self._mapped_frees:  # dropped arrays that were mapped here may be freed now
+            self._releases.retry_mapped(self)
 
     # ------------------------------------------------------------------ memory
     @_api
     def alloc(self, nbytes: int) -> tuple:
-        """Raw device memory; -> (resource_id, va, size)."""
+        """Raw device memory (MEM_ALLOC of 1 <= nbytes < 2**64); -> (resource_id, va, size).
+        Nothing frees it but `_free(resource_id)` (or a DeviceArray made over it, which
+        then owns it) and the context's end. Out of device memory, garbage collection runs
+        and frees dropped arrays before one more try (guest/api/lifetime.py)."""
+        self._check_live()
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+            raise TypeError(f"nbytes must be an int, not {nbytes!r}")
+        if not 0 < nbytes <= operands.MAX_NBYTES:
+            raise ValueError(f"nbytes must be in [1, 2**64), not {nbytes}")
         rid = next(self.device._resource_ids)
-        _t, body = self._driver.call(command(wire.CMD_MEM_ALLOC, (rid, 0, int(nbytes)), ctx_id=self.ctx_id))
+        cmd = command(wire.CMD_MEM_ALLOC, (rid, 0, int(nbytes)), ctx_id=self.ctx_id)
+        try:
+            _t, body = self._driver.call(cmd)
+        except DeviceResponseError as e:
+            if e.resp != wire.RESP_ERR_OUT_OF_MEMORY or not self._releases.collect():
+                raise
+            _t, body = self._driver.call(cmd)
         va, size = struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, body)
         return rid, va, size
 
     @_api
     def empty(self, shape, dtype=np.float32) -> "DeviceArray":
-        shape = (shape,) if np.isscalar(shape) else tuple(shape)
-        dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        """A DeviceArray of `shape` and `dtype`, contents unspecified. Its memory is freed by
+        `free()`, or when the array becomes garbage (guest/api/lifetime.py)."""
+        shape, dtype, nbytes = operands.allocation(shape, dtype)
         rid, va, _size = self.alloc(max(nbytes, 1))
         return DeviceArray(self, rid, va, shape, dtype)
 
@@ -1316,16 +1344,31 @@ class Context(_DestroyedOnExit):
 
 class DeviceArray:
     """A buffer in device memory that knows its shape, dtype and device VA (`ptr`). Copies
-    to and from it and launches taking it check the dtype (guest/api/operands.py)."""
+    to and from it and launches taking it check the dtype (guest/api/operands.py).
+
+    An array with a resource id owns its memory: `free()` gives it back, and so does
+    dropping the last reference to the array (guest/api/lifetime.py). Using an array after
+    `free()` raises InvalidResourceError ("... was freed"); after its context was destroyed
+    (or its device reset), InvalidContextError."""
+
+    _ended = "freed"  # what free() did, for the use-after-free error
 
     def __init__(self, ctx: Context, resource_id: int, va: int, shape, dtype):
         self.context = ctx
         self._conn_lock = ctx._conn_lock
+        self._releases = ctx._releases
         self.resource_id = resource_id
         self.ptr = va
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.freed = False
+        self._finalizer = ctx._releases.track(self) if resource_id else None
+
+    def _check_usable(self) -> None:
+        if self.freed:
+            raise errors.InvalidResourceError(f"{self!r} was {self._ended}",
+                                              code=wire.RESP_ERR_INVALID_RESOURCE_ID)
+        self.context._check_live()
 
     @property
     def va(self) -> int:
@@ -1333,7 +1376,7 @@ class DeviceArray:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -1348,22 +1391,26 @@ class DeviceArray:
         """-> the contents as a numpy array (`out` if given: an ndarray of this array's
         dtype and shape, guest/api/operands.py; a pinned `out` is filled by the device
         directly)."""
+        self._check_usable()
         return self.context.copy_d2h(self.ptr, operands.host_destination(self, out), stream,
                                      pipeline=pipeline)
 
     @_api
     def to_host_async(self, out: np.ndarray | None = None, stream: Stream | None = None) -> np.ndarray:
         """-> the array the data will land in (valid after `stream`'s next synchronize)."""
+        self._check_usable()
         return self.context.copy_d2h_async(self.ptr, operands.host_destination(self, out), stream)
 
     @_api
     def copy_from_host(self, array, stream: Stream | None = None, *, pipeline: bool = True) -> None:
         """Copy `array` (an ndarray of this array's dtype and shape: nothing is cast or
         reshaped, guest/api/operands.py) to the device and wait."""
+        self._check_usable()
         self.context.copy_h2d(self.ptr, operands.host_source(self, array), stream, pipeline=pipeline)
 
     @_api
     def copy_from_host_async(self, array, stream: Stream | None = None) -> None:
+        self._check_usable()
         self.context.copy_h2d_async(self.ptr, operands.host_source(self, array), stream)
 
     @_api
@@ -1375,11 +1422,20 @@ class DeviceArray:
 
     @_api
     def free(self) -> None:
-        """MEM_FREE; refused (InvalidParameterError, the array stays live) while the
-        buffer is still mapped elsewhere by Context.map."""
-        if not self.freed:
-            self.context._free(self.resource_id)
-            self.freed = True
+        """Give the memory back now (MEM_FREE; work submitted before still completes).
+        Refused (InvalidParameterError, the array stays live) while the buffer is still
+        mapped elsewhere by Context.map. A second free() does nothing, and so does free()
+        after the context was destroyed, its device reset or the connection closed: they
+        freed the memory already."""
+        if self.freed:
+            return
+        ctx = self.context
+        session = ctx.device.connection.session
+        if not (ctx.destroyed or session.closed or session.host_lost):
+            ctx._free(self.resource_id)
+        self.freed = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
 
     def __repr__(self):
         return f"<pvgpu.DeviceArray shape={self.shape} dtype={self.dtype} ptr={self.ptr:#x}>"
@@ -1406,6 +1462,10 @@ class VaRange:
     def _conn_lock(self):
         return self.context._conn_lock
 
+    @property
+    def _releases(self):
+        return self.context._releases
+
     @_api
     def release(self) -> None:
         if not self.released:
@@ -1418,7 +1478,11 @@ class VaRange:
 class MappedArray(DeviceArray):
     """A DeviceArray view of a buffer mapped a second time at a reserved VA (Context.map);
     `readonly` for access "r". `unmap()` (or `free()`, or leaving a `with` block) ends the
-    mapping; the buffer itself lives on."""
+    mapping; the buffer itself lives on. The view owns nothing: dropping it leaves the
+    mapping in place (until unmap or the context's end), and a buffer whose own array was
+    dropped is freed once its last mapping is gone. unmap() twice does nothing."""
+
+    _ended = "unmapped"
 
     def __init__(self, ctx: Context, va: int, shape, dtype, *, readonly: bool = False,
                  nbytes: int = 0):

@@ -12,6 +12,12 @@ must have its shape. A non-contiguous source is copied to a contiguous one; `out
 C-contiguous and writable. The byte-address copies of a Context
 (`copy_h2d/copy_d2h(va, array)`) stay untyped: any contiguous array.
 
+Allocations (`ctx.empty/zeros`, `conn.pinned_empty`, and the shapes given to `map`,
+`shm_attach` and `import_array`) take a shape of non-negative ints (TypeError for
+anything else, ValueError for a negative one) whose byte size a le64 size field carries
+(ValueError beyond; a size the wire carries but the device cannot hold is the device's
+OutOfMemoryError); object dtypes cannot live in device memory (TypeError).
+
 A launch checks each argument against the kernel's signature (spec [KRN-ARGS-2]): a
 DeviceArray passed for a pointer argument must have the element type the signature gives
 it (float32 for every built-in kernel) and belong to the launching context; a bare device
@@ -20,6 +26,7 @@ address (an int) carries no type and is passed as is.
 
 from __future__ import annotations
 
+import math
 import struct
 
 import numpy as np
@@ -28,6 +35,31 @@ from spec import wire
 
 _F32 = struct.Struct("<f")
 _SLOT = struct.Struct("<Q")
+MAX_NBYTES = (1 << 64) - 1  # the largest le64 size field
+
+
+def allocation(shape, dtype) -> tuple:
+    """-> (shape as a tuple of ints, np.dtype, nbytes) of an array to allocate."""
+    dtype = np.dtype(dtype)
+    if dtype.hasobject:
+        raise TypeError(f"dtype {dtype} holds Python objects, which cannot live in device or "
+                        "pinned memory")
+    dims = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    try:
+        dims = tuple(dims)
+    except TypeError:
+        dims = None
+    if dims is None or isinstance(shape, (str, bytes)) or \
+            any(isinstance(d, (bool, np.bool_)) or not isinstance(d, (int, np.integer)) for d in dims):
+        raise TypeError(f"a shape is an int or a sequence of ints, not {shape!r}")
+    dims = tuple(int(d) for d in dims)
+    if any(d < 0 for d in dims):
+        raise ValueError(f"negative dimensions are not allowed: shape {dims}")
+    nbytes = math.prod(dims) * dtype.itemsize
+    if nbytes > MAX_NBYTES:
+        raise ValueError(f"shape {dims} of {dtype} is {nbytes} bytes, more than any allocation "
+                         f"can hold (2**64 - 1)")
+    return dims, dtype, nbytes
 
 
 def _check_like(arr, host: np.ndarray, what: str) -> None:
@@ -78,6 +110,7 @@ def kernel_argument(ctx, sig: wire.KernelSignature, name: str, kind: str, value)
     kernel = sig.name
     if kind == wire.ARG_PTR:
         if isinstance(value, DeviceArray):
+            value._check_usable()
             want = np.dtype(sig.elem_type(name)).newbyteorder("<")
             if value.dtype != want:
                 raise TypeError(f"{kernel}: argument {name!r} must point at {want.name} elements, "

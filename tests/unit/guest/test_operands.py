@@ -1,10 +1,13 @@
 """guest/api/operands.py without a host: the element types of the kernel signatures
 (spec [KRN-ARGS-2]) and the typed host operands of DeviceArray copies."""
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from guest.api import operands
 from spec import wire
@@ -71,3 +74,41 @@ def test_destinations_must_match_dtype_and_shape():
         operands.host_destination(a, np.empty(6, np.float32))
     with pytest.raises(TypeError, match="ndarray"):
         operands.host_destination(a, [[0.0] * 3] * 2)
+
+
+# ------------------------------------------------------------------ allocation shapes
+@pytest.mark.parametrize("shape, dtype, want", [
+    (5, np.float32, ((5,), 20)), (np.int64(5), np.float32, ((5,), 20)),
+    ((2, 3), np.float64, ((2, 3), 48)), ([2, np.uint8(3)], np.int8, ((2, 3), 6)),
+    ((), np.float32, ((), 4)), (0, np.float32, ((0,), 0)), ((4, 0), np.float32, ((4, 0), 0)),
+    ((1 << 62) - 1, np.float32, (((1 << 62) - 1,), (1 << 64) - 4)),
+])
+def test_allocation_normalizes_good_shapes(shape, dtype, want):
+    dims, dt, nbytes = operands.allocation(shape, dtype)
+    assert (dims, nbytes) == want and dt == np.dtype(dtype)
+    assert all(type(d) is int for d in dims)
+
+
+@pytest.mark.parametrize("shape, dtype, exc", [
+    (-5, np.float32, ValueError), ((3, -1), np.float32, ValueError),
+    ((2**32, 2**32), np.float32, ValueError), (1 << 62, np.float32, ValueError),
+    ((1 << 64,), np.uint8, ValueError),
+    ("10", np.float32, TypeError), (b"10", np.float32, TypeError), (2.5, np.float32, TypeError),
+    ((2, 2.0), np.float32, TypeError), (True, np.float32, TypeError), ((2, True), np.float32, TypeError),
+    (None, np.float32, TypeError), (np.float64(3), np.float32, TypeError), (4, object, TypeError),
+])
+def test_allocation_refuses_bad_shapes(shape, dtype, exc):
+    with pytest.raises(exc):
+        operands.allocation(shape, dtype)
+
+
+@given(st.lists(st.integers(-3, 1 << 40), max_size=5),
+       st.sampled_from([np.uint8, np.float32, np.complex128]))
+def test_allocation_agrees_with_exact_arithmetic(dims, dtype):
+    itemsize = np.dtype(dtype).itemsize
+    nbytes = math.prod(dims) * itemsize
+    if any(d < 0 for d in dims) or nbytes > operands.MAX_NBYTES:
+        with pytest.raises(ValueError):
+            operands.allocation(dims, dtype)
+    else:
+        assert operands.allocation(dims, dtype) == (tuple(dims), np.dtype(dtype), nbytes)
