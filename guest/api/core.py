@@ -45,6 +45,7 @@ from __future__ import annotations
 import collections
 import functools
 import itertools
+import math
 import re
 import struct
 import threading
@@ -54,7 +55,7 @@ import msgpack
 import numpy as np
 
 from spec import wire
-from guest.api import errors
+from guest.api import errors, lifetime, operands
 from guest.api import pinned as _pinned
 from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
 from guest.frontend.driver import DeviceResponseError, command
@@ -63,7 +64,6 @@ from guest.frontend.session import FrontendSession
 STAGING_CHUNK = 8 << 20
 STAGING_DEPTH = 4  # bounce chunks per device: in flight at once for one copy, and the pool size
 SMALL_H2D_MAX = 216  # an H2D copy this small travels in its command's descriptor (spec [CMD-H2D-1])
-_F32 = struct.Struct("<f")
 _EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
 _HANDLE = struct.Struct(wire.RESP_EVENT_HANDLE_FORMAT)
 _STATS = struct.Struct(wire.RESP_STATS_FORMAT)
@@ -80,11 +80,16 @@ def _cmd(type_: int, body=(), *, ctx_id: int = 0, ring_idx: int = 0, fence_id: i
 def _api(fn):
     """One API call: serialized per connection (the frontend's rings and guest memory are
     not thread-safe; several threads may share a connection), with frontend/transport
-    errors re-raised as the API's exceptions."""
+    errors re-raised as the API's exceptions. Every public method that reaches the driver,
+    the guest memory heap or state they change is wrapped (tests check it)."""
     @functools.wraps(fn)
     def wrapper(self, *args, **kwargs):
-        with self._conn_lock:
+        lock = self._conn_lock
+        outermost = not lock._is_owned()
+        with lock:
             try:
+                if outermost:  # a safe point: free what became garbage (guest/api/lifetime.py)
+                    self._releases.drain()
                 return fn(self, *args, **kwargs)
             except errors.PvgpuError:
                 raise
@@ -95,6 +100,7 @@ def _api(fn):
                 if isinstance(mapped, errors.PageFaultError):
                     _claim_fault_event(self, mapped)
                 raise mapped from None
+    wrapper.api_locked = True
     return wrapper
 
 
@@ -140,20 +146,24 @@ class Connection:
     def __init__(self, session: FrontendSession):
         self.session = session
         self._conn_lock = threading.RLock()
+        self._releases = lifetime.Releases(self)
         self._pinned = _pinned.PinnedAllocator(self)
         self.devices = [Device(self, drv) for drv in session.devices]
 
+    @_api
     def pinned_empty(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
         """A numpy array in pinned memory (inside guest memory, from the session heap):
         copies between it and a DeviceArray are one DMA, no bounce (guest/api/pinned.py).
         Give it back with `free()` or a `with` block."""
         return self._pinned.empty(shape, dtype)
 
+    @_api
     def pinned_zeros(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
         arr = self._pinned.empty(shape, dtype)
         arr.fill(0)
         return arr
 
+    @_api
     def pinned_array(self, data, dtype=None) -> "_pinned.PinnedArray":
         """A pinned copy of `data`."""
         data = np.asarray(data, dtype=dtype)
@@ -193,6 +203,7 @@ class Device:
     def __init__(self, conn: Connection, driver):
         self.connection = conn
         self._conn_lock = conn._conn_lock
+        self._releases = conn._releases
         self.driver = driver
         self.index = driver.index
         self._ctx_ids = itertools.count(1)
@@ -230,6 +241,7 @@ class Device:
         return claimed
 
     @property
+    @_api
     def events(self) -> list:
         """The latest events the device reported on its event queue (DeviceEvent: page
         faults and lost contexts, of every context of this connection on the device)."""
@@ -242,26 +254,29 @@ class Device:
         return self._staging_chunk
 
     @staging_chunk.setter
+    @_api
     def staging_chunk(self, size: int) -> None:
         size = int(size)
         if size < 4096 or size % 4096:
             raise ValueError(f"staging_chunk must be a positive multiple of 4096, not {size}")
-        with self._conn_lock:
-            heap = self.connection.session.heap
-            for gpa in self._staging:
-                heap.free(gpa)
-            self._staging_count -= len(self._staging)
-            self._staging = []
-            self._stale |= self._async_held
-            self._staging_chunk = size
+        heap = self.connection.session.heap
+        for gpa in self._staging:
+            heap.free(gpa)
+        self._staging_count -= len(self._staging)
+        self._staging = []
+        self._stale |= self._async_held
+        self._staging_chunk = size
 
+    @_api
     def pinned_empty(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
         """`Connection.pinned_empty`: pinned memory serves every device of the connection."""
         return self.connection.pinned_empty(shape, dtype)
 
+    @_api
     def pinned_zeros(self, shape, dtype=np.float32) -> "_pinned.PinnedArray":
         return self.connection.pinned_zeros(shape, dtype)
 
+    @_api
     def pinned_array(self, data, dtype=None) -> "_pinned.PinnedArray":
         return self.connection.pinned_array(data, dtype)
 
@@ -282,6 +297,7 @@ class Device:
         return self.connection.memory_model
 
     @property
+    @_api
     def contexts(self) -> list:
         """The live contexts this connection created on the device."""
         return list(self._contexts.values())
@@ -297,6 +313,7 @@ class Device:
         from guest.api import prime
         return prime.peer_info(self, peer)
 
+    @_api
     def revoke(self, handle) -> None:
         """Withdraw an export made on this device (DeviceArray.export): no new imports."""
         from guest.api import prime
@@ -472,6 +489,7 @@ class Stream:
         self.context = ctx
         self.ring_idx = ring_idx
         self._conn_lock = ctx._conn_lock
+        self._releases = ctx._releases
         self._driver = ctx._driver
         self._async_error = None
         self._inflight = []  # asynchronous copy requests not yet completed
@@ -485,6 +503,7 @@ class Stream:
     def is_default(self) -> bool:
         return self.ring_idx == 0
 
+    @_api
     def launch(self, kernel, grid, block, args) -> None:
         """Launch a built-in kernel on this stream (asynchronous)."""
         self.context.launch(kernel, grid, block, args, stream=self)
@@ -655,6 +674,7 @@ class Event(_DestroyedOnExit):
         self.context = ctx
         self.event_id = event_id
         self._conn_lock = device._conn_lock
+        self._releases = device._releases
         self._driver = device.driver
         self.recorded = recorded  # the device knows the id (recorded or imported)
         self.destroyed = False
@@ -726,18 +746,15 @@ class Event(_DestroyedOnExit):
         self._raise_for(status, code, info0, info1)
 
     @property
+    @_api
     def timestamp_ns(self) -> int | None:
         """Device time (ns) when the captured work completed; None while pending or if never
         recorded. An event recorded on an idle stream completes at its record time."""
         if self._timestamp is None and self.recorded and not self.destroyed:
-            with self._conn_lock:
-                try:
-                    self._query(wait=False)
-                except Exception as e:
-                    mapped = errors.translate(e)
-                    raise mapped from None
+            self._query(wait=False)
         return self._timestamp
 
+    @_api
     def elapsed_time(self, end: "Event") -> float:
         """Milliseconds of device time from this event to `end` (both must be complete)."""
         for ev in (self, end):
@@ -783,6 +800,7 @@ class Context(_DestroyedOnExit):
     def __init__(self, device: Device, ctx_id: int):
         self.device = device
         self._conn_lock = device._conn_lock
+        self._releases = device._releases
         self.ctx_id = ctx_id
         self._driver = device.driver
         self.destroyed = False
@@ -791,8 +809,10 @@ class Context(_DestroyedOnExit):
         self._device_events = []  # DeviceEvents of this context (event queue)
         self._peer_access = set()  # device indices whose VRAM imports may map P2P
         self._peer_imports = {}  # (dev, ctx_id, resource_id, p2p) -> (weakref(src), ImportedArray)
+        self._mapped_frees = []  # ids of dropped arrays whose MEM_FREE waits for an unmap
 
     @property
+    @_api
     def faults(self) -> list:
         """The GPU page faults of this context's jobs, as the device reported them on its
         event queue (DeviceEvent: address, access, vmid, engine, ring_idx, timestamp_ns).
@@ -800,26 +820,31 @@ class Context(_DestroyedOnExit):
         return [e for e in self._device_events if e.type == wire.EVTQ_PAGE_FAULT]
 
     @property
+    @_api
     def faulted(self) -> bool:
         return bool(self.faults)
 
     # ------------------------------------------------------------------ sharing (§12)
+    @_api
     def enable_peer_access(self, peer: "Device") -> None:
         """Let buffers of device `peer` imported into this context be mapped peer-to-peer
         (cuCtxEnablePeerAccess); PvgpuError if the host's fabric cannot route it."""
         from guest.api import prime
         prime.enable_peer_access(self, peer)
 
+    @_api
     def disable_peer_access(self, peer: "Device") -> None:
         from guest.api import prime
         prime.disable_peer_access(self, peer)
 
+    @_api
     def import_array(self, handle, shape=None, dtype=np.float32, *, peer2peer=None):
         """Import a buffer another context, device or guest exported (DeviceArray.export)
         -> ImportedArray (guest/api/prime.py)."""
         from guest.api import prime
         return prime.import_(self, handle, shape, dtype, peer2peer=peer2peer)
 
+    @_api
     def memcpy_peer(self, dst: "DeviceArray", src: "DeviceArray", nbytes: int | None = None,
                     **kw) -> str:
         """Copy from `src` (any context or device of this connection) into `dst` (of this
@@ -841,6 +866,7 @@ class Context(_DestroyedOnExit):
                                 "in use; destroy one first")
 
     @property
+    @_api
     def streams(self) -> list:
         return [self._streams[i] for i in sorted(self._streams)]
 
@@ -876,10 +902,12 @@ class Context(_DestroyedOnExit):
         return self.device._import_event(handle, self)
 
     # ------------------------------------------------------------------ shared device memory
+    @_api
     def shm_get(self, key, nbytes: int = 0):
         """The shared segment of `key` on this context's device (Device.shm_get)."""
         return self.device.shm_get(key, nbytes)
 
+    @_api
     def shm_import(self, handle):
         """Import an exported segment on this context's device (Device.shm_import)."""
         return self.device.shm_import(handle)
@@ -948,6 +976,7 @@ class Context(_DestroyedOnExit):
         if access not in ("rw", "r"):
             raise ValueError(f"access must be 'rw' or 'r', not {access!r}")
         if isinstance(array, DeviceArray):
+            array._check_usable()
             if array.context is not self:
                 raise ValueError(f"{array!r} belongs to another context")
             if array.resource_id == 0:
@@ -972,7 +1001,7 @@ class Context(_DestroyedOnExit):
         dtype = np.dtype(dtype if dtype is not None else base_dtype)
         if shape is None:
             shape = (int(nbytes) // dtype.itemsize,)
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
+        shape, dtype, _n = operands.allocation(shape, dtype)
         return MappedArray(self, int(va), shape, dtype, readonly=access == "r", nbytes=int(nbytes))
 
     @_api
@@ -985,28 +1014,47 @@ class Context(_DestroyedOnExit):
         self._driver.call(_cmd(wire.CMD_MEM_UNMAP, (int(addr),), ctx_id=self.ctx_id))
         if arr is not None:
             arr.freed = True
+        if self._mapped_frees:  # dropped arrays that were mapped here may be freed now
+            self._releases.retry_mapped(self)
 
     # ------------------------------------------------------------------ memory
     @_api
     def alloc(self, nbytes: int) -> tuple:
-        """Raw device memory; -> (resource_id, va, size)."""
+        """Raw device memory (MEM_ALLOC of 1 <= nbytes < 2**64); -> (resource_id, va, size).
+        Nothing frees it but `_free(resource_id)` (or a DeviceArray made over it, which
+        then owns it) and the context's end. Out of device memory, garbage collection runs
+        and frees dropped arrays before one more try (guest/api/lifetime.py)."""
+        self._check_live()
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)):
+            raise TypeError(f"nbytes must be an int, not {nbytes!r}")
+        if not 0 < nbytes <= operands.MAX_NBYTES:
+            raise ValueError(f"nbytes must be in [1, 2**64), not {nbytes}")
         rid = next(self.device._resource_ids)
-        _t, body = self._driver.call(command(wire.CMD_MEM_ALLOC, (rid, 0, int(nbytes)), ctx_id=self.ctx_id))
+        cmd = command(wire.CMD_MEM_ALLOC, (rid, 0, int(nbytes)), ctx_id=self.ctx_id)
+        try:
+            _t, body = self._driver.call(cmd)
+        except DeviceResponseError as e:
+            if e.resp != wire.RESP_ERR_OUT_OF_MEMORY or not self._releases.collect():
+                raise
+            _t, body = self._driver.call(cmd)
         va, size = struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, body)
         return rid, va, size
 
+    @_api
     def empty(self, shape, dtype=np.float32) -> "DeviceArray":
-        shape = (shape,) if np.isscalar(shape) else tuple(shape)
-        dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        """A DeviceArray of `shape` and `dtype`, contents unspecified. Its memory is freed by
+        `free()`, or when the array becomes garbage (guest/api/lifetime.py)."""
+        shape, dtype, nbytes = operands.allocation(shape, dtype)
         rid, va, _size = self.alloc(max(nbytes, 1))
         return DeviceArray(self, rid, va, shape, dtype)
 
+    @_api
     def zeros(self, shape, dtype=np.float32) -> "DeviceArray":
         arr = self.empty(shape, dtype)
         arr.copy_from_host(np.zeros(arr.shape, arr.dtype))
         return arr
 
+    @_api
     def to_device(self, array) -> "DeviceArray":
         array = np.ascontiguousarray(array)
         out = self.empty(array.shape, array.dtype)
@@ -1144,6 +1192,8 @@ class Context(_DestroyedOnExit):
         if pin is not None:
             _pinned.copy(self, s, "d2h", va, pin, pipeline=pipeline)
             return dst
+        if not dst.flags.c_contiguous or not dst.flags.writeable:
+            raise ValueError("dst must be a writable C-contiguous array")
         out = dst.reshape(-1).view(np.uint8)
         n = out.nbytes
         if n == 0:
@@ -1186,7 +1236,6 @@ class Context(_DestroyedOnExit):
         s._raise_async_error()
         return dst
 
-    @_api
     def _stage_d2h(self, s: "Stream", va: int, size: int, take, give):
         """Submit COPY_D2H of `size` bytes at va into a bounce chunk from take() (given
         back with give() if the request never reaches the device); -> the request."""
@@ -1200,6 +1249,7 @@ class Context(_DestroyedOnExit):
         req.bounce = gpa
         return req
 
+    @_api
     def copy_d2h_async(self, va: int, dst: np.ndarray, stream: Stream | None = None) -> np.ndarray:
         """Start copying from device address `va` into the host array `dst` on `stream`;
         -> dst, whose contents are valid after the stream's next synchronize (or after an
@@ -1242,7 +1292,7 @@ class Context(_DestroyedOnExit):
         if len(args) != len(sig.args):
             raise TypeError(f"{sig.name}({', '.join(n for n, _ in sig.args)}) takes "
                             f"{len(sig.args)} arguments, got {len(args)}")
-        slots = b"".join(_encode_arg(sig.name, name, kind, value)
+        slots = b"".join(operands.kernel_argument(self, sig, name, kind, value)
                          for (name, kind), value in zip(sig.args, args))
         g, b = _dim3(grid), _dim3(block)
         s._raise_async_error()
@@ -1293,15 +1343,32 @@ class Context(_DestroyedOnExit):
 
 
 class DeviceArray:
-    """A buffer in device memory that knows its shape, dtype and device VA (`ptr`)."""
+    """A buffer in device memory that knows its shape, dtype and device VA (`ptr`). Copies
+    to and from it and launches taking it check the dtype (guest/api/operands.py).
+
+    An array with a resource id owns its memory: `free()` gives it back, and so does
+    dropping the last reference to the array (guest/api/lifetime.py). Using an array after
+    `free()` raises InvalidResourceError ("... was freed"); after its context was destroyed
+    (or its device reset), InvalidContextError."""
+
+    _ended = "freed"  # what free() did, for the use-after-free error
 
     def __init__(self, ctx: Context, resource_id: int, va: int, shape, dtype):
         self.context = ctx
+        self._conn_lock = ctx._conn_lock
+        self._releases = ctx._releases
         self.resource_id = resource_id
         self.ptr = va
         self.shape = tuple(shape)
         self.dtype = np.dtype(dtype)
         self.freed = False
+        self._finalizer = ctx._releases.track(self) if resource_id else None
+
+    def _check_usable(self) -> None:
+        if self.freed:
+            raise errors.InvalidResourceError(f"{self!r} was {self._ended}",
+                                              code=wire.RESP_ERR_INVALID_RESOURCE_ID)
+        self.context._check_live()
 
     @property
     def va(self) -> int:
@@ -1309,7 +1376,7 @@ class DeviceArray:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -1318,47 +1385,57 @@ class DeviceArray:
     def __len__(self):
         return self.shape[0] if self.shape else 1
 
-    def _out(self, out):
-        if out is None:
-            return np.empty(self.shape, self.dtype)
-        if out.nbytes != self.nbytes or not out.flags.c_contiguous:
-            raise ValueError(f"out must be a contiguous array of {self.nbytes} bytes")
-        return out
-
+    @_api
     def to_host(self, out: np.ndarray | None = None, stream: Stream | None = None, *,
                 pipeline: bool = True) -> np.ndarray:
-        """-> the contents as a numpy array (`out` if given; a pinned `out` is filled by
-        the device directly)."""
-        return self.context.copy_d2h(self.ptr, self._out(out), stream, pipeline=pipeline)
+        """-> the contents as a numpy array (`out` if given: an ndarray of this array's
+        dtype and shape, guest/api/operands.py; a pinned `out` is filled by the device
+        directly)."""
+        self._check_usable()
+        return self.context.copy_d2h(self.ptr, operands.host_destination(self, out), stream,
+                                     pipeline=pipeline)
 
+    @_api
     def to_host_async(self, out: np.ndarray | None = None, stream: Stream | None = None) -> np.ndarray:
         """-> the array the data will land in (valid after `stream`'s next synchronize)."""
-        return self.context.copy_d2h_async(self.ptr, self._out(out), stream)
+        self._check_usable()
+        return self.context.copy_d2h_async(self.ptr, operands.host_destination(self, out), stream)
 
-    def _src(self, array):
-        array = np.ascontiguousarray(array, dtype=self.dtype)
-        if array.nbytes != self.nbytes:
-            raise ValueError(f"array of {array.nbytes} bytes does not fit {self.nbytes} bytes")
-        return array
-
+    @_api
     def copy_from_host(self, array, stream: Stream | None = None, *, pipeline: bool = True) -> None:
-        self.context.copy_h2d(self.ptr, self._src(array), stream, pipeline=pipeline)
+        """Copy `array` (an ndarray of this array's dtype and shape: nothing is cast or
+        reshaped, guest/api/operands.py) to the device and wait."""
+        self._check_usable()
+        self.context.copy_h2d(self.ptr, operands.host_source(self, array), stream, pipeline=pipeline)
 
+    @_api
     def copy_from_host_async(self, array, stream: Stream | None = None) -> None:
-        self.context.copy_h2d_async(self.ptr, self._src(array), stream)
+        self._check_usable()
+        self.context.copy_h2d_async(self.ptr, operands.host_source(self, array), stream)
 
+    @_api
     def export(self):
         """Publish this buffer for other contexts, devices and guests -> BufferHandle (a
         capability: keep it private). Importers keep the memory alive after free()."""
         from guest.api import prime
         return prime.export(self)
 
+    @_api
     def free(self) -> None:
-        """MEM_FREE; refused (InvalidParameterError, the array stays live) while the
-        buffer is still mapped elsewhere by Context.map."""
-        if not self.freed:
-            self.context._free(self.resource_id)
-            self.freed = True
+        """Give the memory back now (MEM_FREE; work submitted before still completes).
+        Refused (InvalidParameterError, the array stays live) while the buffer is still
+        mapped elsewhere by Context.map. A second free() does nothing, and so does free()
+        after the context was destroyed, its device reset or the connection closed: they
+        freed the memory already."""
+        if self.freed:
+            return
+        ctx = self.context
+        session = ctx.device.connection.session
+        if not (ctx.destroyed or session.closed or session.host_lost):
+            ctx._free(self.resource_id)
+        self.freed = True
+        if self._finalizer is not None:
+            self._finalizer.detach()
 
     def __repr__(self):
         return f"<pvgpu.DeviceArray shape={self.shape} dtype={self.dtype} ptr={self.ptr:#x}>"
@@ -1381,6 +1458,15 @@ class VaRange:
     def __contains__(self, addr) -> bool:
         return isinstance(addr, (int, np.integer)) and self.va <= addr < self.end
 
+    @property
+    def _conn_lock(self):
+        return self.context._conn_lock
+
+    @property
+    def _releases(self):
+        return self.context._releases
+
+    @_api
     def release(self) -> None:
         if not self.released:
             self.context.release_va(self)
@@ -1392,7 +1478,11 @@ class VaRange:
 class MappedArray(DeviceArray):
     """A DeviceArray view of a buffer mapped a second time at a reserved VA (Context.map);
     `readonly` for access "r". `unmap()` (or `free()`, or leaving a `with` block) ends the
-    mapping; the buffer itself lives on."""
+    mapping; the buffer itself lives on. The view owns nothing: dropping it leaves the
+    mapping in place (until unmap or the context's end), and a buffer whose own array was
+    dropped is freed once its last mapping is gone. unmap() twice does nothing."""
+
+    _ended = "unmapped"
 
     def __init__(self, ctx: Context, va: int, shape, dtype, *, readonly: bool = False,
                  nbytes: int = 0):
@@ -1400,10 +1490,12 @@ class MappedArray(DeviceArray):
         self.readonly = readonly
         self.mapped_bytes = nbytes
 
+    @_api
     def unmap(self) -> None:
         if not self.freed:
             self.context.unmap(self)
 
+    @_api
     def free(self) -> None:
         self.unmap()
 
@@ -1424,20 +1516,3 @@ def _dim3(v) -> tuple:
         v = (int(v),)
     v = tuple(int(x) for x in v) + (1, 1, 1)
     return v[:3]
-
-
-def _encode_arg(kernel: str, name: str, kind: str, value) -> bytes:
-    if kind == wire.ARG_PTR:
-        if isinstance(value, DeviceArray):
-            return struct.pack("<Q", value.ptr)
-        if isinstance(value, (int, np.integer)) and 0 <= int(value) < 1 << 64:
-            return struct.pack("<Q", int(value))
-        raise TypeError(f"{kernel}: argument {name!r} must be a DeviceArray or a device address")
-    if kind == wire.ARG_U32:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-                or not 0 <= int(value) < 1 << 32:
-            raise TypeError(f"{kernel}: argument {name!r} must be an int in [0, 2**32)")
-        return struct.pack("<Q", int(value))
-    if kind == wire.ARG_F32:
-        return _F32.pack(float(value)) + b"\0\0\0\0"
-    raise AssertionError(kind)

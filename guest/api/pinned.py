@@ -23,8 +23,10 @@ Asynchronous copies from or to pinned memory return at once and hold the block u
 their requests complete: as in CUDA, the application must not modify the source of an
 async H2D, nor read the destination of an async D2H, before the stream (or an event
 recorded after the copy) has synchronized. `free()` returns at once; the heap block goes
-back when the last request still using it completes. A pinned array that becomes garbage
-without `free()` returns its block too (at the next pinned allocation or free).
+back when the last request still using it completes; a second `free()` does nothing. A
+pinned array that becomes garbage without `free()` (it and every view of it) returns its
+block too: its finalizer only queues the block, and the next API call on the connection
+gives it back to the heap (guest/api/lifetime.py).
 
 After `free()` the memory may be handed out again: copies from or to the array raise
 `PinnedMemoryError`, and the freed array object itself becomes read-only. (Views taken
@@ -46,7 +48,7 @@ import weakref
 import numpy as np
 
 from spec import wire
-from guest.api import errors
+from guest.api import errors, operands
 from guest.frontend.driver import command
 from guest.frontend.heap import OutOfGuestMemory
 
@@ -110,11 +112,7 @@ class PinnedAllocator:
         return self.connection.session.heap
 
     def empty(self, shape, dtype) -> "PinnedArray":
-        shape = (int(shape),) if np.isscalar(shape) else tuple(int(x) for x in shape)
-        dtype = np.dtype(dtype)
-        if any(x < 0 for x in shape):
-            raise ValueError(f"negative dimensions are not allowed: {shape}")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        shape, dtype, nbytes = operands.allocation(shape, dtype)
         with self.connection._conn_lock:
             session = self.connection.session
             if session.closed:
@@ -129,6 +127,7 @@ class PinnedAllocator:
             raw = session.mem.view(gpa, max(nbytes, 1))[:nbytes]
             block = _Block(self, gpa, nbytes, _address(raw))
             block.finalizer = weakref.finalize(block, self._pending.append, (gpa, nbytes))
+            block.finalizer.atexit = False  # at exit the session's end frees everything
             self.live += 1
             self.live_bytes += nbytes
         # Every view of the memory, of any type, has `root` in its .base chain, and root's

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from guest.api import errors
+from guest.api import errors, operands
 from guest.api.core import Context, Device, DeviceArray, _api, _cmd
 from spec import wire
 
@@ -74,7 +74,9 @@ class BufferHandle:
 
 class ImportedArray(DeviceArray):
     """A buffer of another context, device or guest, mapped into this context (§12.1).
-    `placement` is where this device reached it at import time; `free()` ends the import."""
+    `placement` is where this device reached it at import time; `free()` ends the import,
+    and so does dropping the array (the exporter's memory lives on while it or another
+    importer holds it)."""
 
     def __init__(self, ctx, resource_id, va, shape, dtype, handle: BufferHandle, placement: str):
         super().__init__(ctx, resource_id, va, shape, dtype)
@@ -120,9 +122,7 @@ def export(arr: DeviceArray) -> BufferHandle:
 
 @_api
 def _export(ctx: Context, arr: DeviceArray) -> BufferHandle:
-    ctx._check_live()
-    if arr.freed:
-        raise ValueError(f"{arr!r} was freed")
+    arr._check_usable()
     _t, body = ctx._driver.call(_cmd(wire.CMD_RESOURCE_EXPORT, (arr.resource_id,),
                                      ctx_id=ctx.ctx_id))
     handle_id, token, size = _EXPORT.unpack_from(body)
@@ -139,8 +139,8 @@ def import_(ctx: Context, handle, shape=None, dtype=np.float32, *,
     dtype = np.dtype(dtype)
     if shape is None:
         shape = (handle.size // dtype.itemsize,)
-    shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
-    if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize > handle.size:
+    shape, dtype, nbytes = operands.allocation(shape, dtype)
+    if nbytes > handle.size:
         raise ValueError(f"shape {shape} of {dtype} needs more than the buffer's {handle.size} bytes")
     if peer2peer is None:
         peer2peer = handle.device in ctx._peer_access
@@ -171,8 +171,7 @@ def memcpy_peer(ctx: Context, dst: DeviceArray, src: DeviceArray, nbytes: int | 
     if dst.context is not ctx:
         raise ValueError(f"{dst!r} is not an array of {ctx!r}")
     for a in (dst, src):
-        if a.freed:
-            raise ValueError(f"{a!r} was freed")
+        a._check_usable()
     n = src.nbytes if nbytes is None else int(nbytes)
     if n < 0 or n > src.nbytes or n > dst.nbytes:
         raise ValueError(f"cannot copy {n} bytes from {src.nbytes} into {dst.nbytes}")

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from guest.api import operands
 from guest.api.core import Context, DeviceArray, _api, _cmd
 from spec import wire
 
@@ -87,6 +88,7 @@ class SharedSegment:
                  created: bool = False, imported: bool = False):
         self.device = device
         self._conn_lock = device._conn_lock
+        self._releases = device._releases
         self._driver = device.driver
         self.shm_id = shm_id
         self.nbytes = nbytes  # page rounded
@@ -100,12 +102,14 @@ class SharedSegment:
         return self.nbytes
 
     # -------------------------------------------------------------- attach / detach
+    @_api
     def attach(self, ctx: Context, shape=None, dtype=np.float32, *,
                readonly: bool = False) -> "SharedArray":
         """Map the segment into `ctx` (SHM_ATTACH); -> a SharedArray of `shape` and
         `dtype` (default: the whole segment as a 1-D array of dtype)."""
         return ctx.shm_attach(self, shape, dtype, readonly=readonly)
 
+    @_api
     def detach(self, ctx_or_array) -> None:
         """End the attachment in a context (or of a SharedArray) (SHM_DETACH)."""
         if isinstance(ctx_or_array, SharedArray):
@@ -147,7 +151,10 @@ class SharedSegment:
 class SharedArray(DeviceArray):
     """A DeviceArray over an attached segment (`ptr` is the attachment's VA in its
     context). `detach()` (or `free()`, or leaving a `with` block) ends the attachment; the
-    segment lives on until removed."""
+    segment lives on until removed. The array owns nothing: dropping it leaves the
+    attachment in place (until detach or the context's end). detach() twice does nothing."""
+
+    _ended = "detached"
 
     def __init__(self, ctx: Context, segment: SharedSegment, va: int, shape, dtype,
                  readonly: bool = False):
@@ -155,10 +162,12 @@ class SharedArray(DeviceArray):
         self.segment = segment
         self.readonly = readonly
 
+    @_api
     def detach(self) -> None:
         if not self.freed:
             self.context.shm_detach(self.segment)
 
+    @_api
     def free(self) -> None:
         self.detach()
 
@@ -217,8 +226,7 @@ def attach(ctx: Context, seg: SharedSegment, shape=None, dtype=np.float32,
     dtype = np.dtype(dtype)
     if shape is None:
         shape = (seg.nbytes // dtype.itemsize,)
-    shape = (int(shape),) if np.isscalar(shape) else tuple(int(d) for d in shape)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    shape, dtype, nbytes = operands.allocation(shape, dtype)
     if nbytes > seg.nbytes:
         raise ValueError(f"an array of shape {shape} and dtype {dtype} ({nbytes} bytes) does "
                          f"not fit the segment's {seg.nbytes} bytes")

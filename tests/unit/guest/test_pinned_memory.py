@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from guest.api import pinned
+from guest.api import lifetime, pinned
 from guest.api.core import Device
 from guest.api.pinned import PinnedArray, PinnedMemoryError
 from guest.frontend.heap import GuestHeap, OutOfGuestMemory
@@ -27,6 +27,7 @@ def fake_conn(inline=False, mem_size=MEM):
                               closed=False, inline=inline, mem_size=mem_size, devices=[object()])
     conn = SimpleNamespace(session=session, _conn_lock=threading.RLock())
     conn._pinned = pinned.PinnedAllocator(conn)
+    conn._releases = lifetime.Releases(conn)
     return conn
 
 
