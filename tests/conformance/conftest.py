@@ -29,13 +29,13 @@ class RawPeer:
     def send_frames(self, frames):
         self.sock.send_multipart(frames)
 
-    def recv(self, timeout_ms=3000):
+    def recv(self, timeout_ms=30_000):
         if not self.sock.poll(timeout_ms):
             return None
         frames = self.sock.recv_multipart()
         return msgpack.unpackb(frames[0], raw=False), frames[1:]
 
-    def request(self, msg, frames=(), timeout_ms=3000):
+    def request(self, msg, frames=(), timeout_ms=30_000):
         self.seq += 1
         msg = dict(msg, seq=self.seq)
         self.send_frames([msgpack.packb(msg, use_bin_type=True), *frames])

@@ -37,6 +37,16 @@ def d2h(raw, ctx, va, n):
     return body[:n]
 
 
+def completes(order, name, req):
+    """Append `name` to `order` when request `req` completes (used buffers are reaped in
+    the order the device returned them); -> req."""
+    if req.done:
+        order.append(name)
+    else:
+        req.on_done = lambda _req: order.append(name)
+    return req
+
+
 class Raw:
     """Submit raw requests through a real driver; read responses without interpreting them."""
 

@@ -10,10 +10,10 @@ import numpy as np
 import guest
 from spec import wire
 
-from rawdevice import Raw, cmd, launch
+from anymachine import with_longer_burns
+from rawdevice import Raw, cmd, completes, launch
 
 EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
-LONG_BURN_US = 300_000
 
 
 def query(raw, event_id, **kw):
@@ -46,17 +46,27 @@ def test_cmd_event_record_query_layout_and_timestamp(raw):
     assert raw.call(cmd(wire.CMD_EVENT_RECORD, (1,), ctx_id=ctx, ring_idx=3))[0][0] == wire.RESP_OK_NODATA
     status, err, ts_idle, info0, info1 = query(raw, 1)
     assert (status, err, info0, info1) == (wire.EVENT_STATUS_COMPLETE, 0, 0, 0) and ts_idle > 0
-    raw.call(launch(wire.KERNEL_BURN, LONG_BURN_US, ctx_id=ctx, ring_idx=3))
-    hdr, _, _ = raw.call(cmd(wire.CMD_EVENT_RECORD, (2,), ctx_id=ctx, ring_idx=3, fence_id=9))
-    assert hdr == (wire.RESP_OK_NODATA, wire.FLAG_FENCE, 9, ctx, 3)  # answered at once
-    assert query(raw, 2) == (wire.EVENT_STATUS_PENDING, 0, 0, 0, 0)
-    held = raw.submit(cmd(wire.CMD_EVENT_QUERY, (2,), ctx_id=ctx, ring_idx=5, fence_id=77))
-    assert query(raw, 1)[0] == wire.EVENT_STATUS_COMPLETE  # the held query blocks nothing
-    hdr, body, used = raw.wait(held)
-    assert hdr == (wire.RESP_OK_EVENT, wire.FLAG_FENCE, 77, ctx, 5)
-    status, err, ts_burn, _, _ = EVENT.unpack_from(body)
-    assert status == wire.EVENT_STATUS_COMPLETE and err == 0
-    assert ts_burn - ts_idle >= 0.9 * LONG_BURN_US * 1000  # device time covers the burn
+
+    def attempt(burn_us):
+        raw.call(launch(wire.KERNEL_BURN, burn_us, ctx_id=ctx, ring_idx=3))
+        hdr, _, _ = raw.call(cmd(wire.CMD_EVENT_RECORD, (2,), ctx_id=ctx, ring_idx=3, fence_id=9))
+        assert hdr == (wire.RESP_OK_NODATA, wire.FLAG_FENCE, 9, ctx, 3)  # answered at once
+        pending = query(raw, 2)
+        order = []
+        held = completes(order, "held", raw.submit(
+            cmd(wire.CMD_EVENT_QUERY, (2,), ctx_id=ctx, ring_idx=5, fence_id=77)))
+        other = completes(order, "other", raw.submit(cmd(wire.CMD_EVENT_QUERY, (1,))))
+        assert EVENT.unpack_from(raw.wait(other)[1])[0] == wire.EVENT_STATUS_COMPLETE
+        hdr, body, used = raw.wait(held)
+        assert hdr == (wire.RESP_OK_EVENT, wire.FLAG_FENCE, 77, ctx, 5)
+        status, err, ts_burn, _, _ = EVENT.unpack_from(body)
+        assert status == wire.EVENT_STATUS_COMPLETE and err == 0
+        assert ts_burn - ts_idle >= 0.9 * burn_us * 1000  # device time covers the burn
+        if pending[0] != wire.EVENT_STATUS_PENDING:
+            return False  # the burn was over before the query
+        assert pending == (wire.EVENT_STATUS_PENDING, 0, 0, 0, 0)
+        return order == ["other", "held"]  # the held query blocks nothing behind it
+    with_longer_burns(attempt)
 
 
 def test_cmd_event_bad_ids(raw):
@@ -100,15 +110,23 @@ def test_cmd_event_wait_orders_timelines_on_the_device(raw):
     ctx = raw.context()
     a, _ = raw.alloc(ctx, 4096, 1)
     b, _ = raw.alloc(ctx, 4096, 2)
-    raw.call(launch(wire.KERNEL_BURN, LONG_BURN_US, ctx_id=ctx, ring_idx=1))
-    raw.call(launch(wire.KERNEL_FILL, a, 5.0, 64, ctx_id=ctx, ring_idx=1))
-    raw.call(cmd(wire.CMD_EVENT_RECORD, (1,), ctx_id=ctx, ring_idx=1))
-    assert raw.call(cmd(wire.CMD_EVENT_WAIT, (1,), ctx_id=ctx, ring_idx=2))[0][0] == wire.RESP_OK_NODATA
-    assert query(raw, 1)[0] == wire.EVENT_STATUS_PENDING  # the wait did not wait
-    raw.call(cmd(wire.CMD_COPY_D2D, (a, b, 256), ctx_id=ctx, ring_idx=2))
-    hdr, body, _ = raw.call(cmd(wire.CMD_COPY_D2H, (b, 256), ctx_id=ctx, ring_idx=2), read_back=256)
-    assert hdr[0] == wire.RESP_OK_NODATA
-    assert np.frombuffer(body[:256], np.float32).tolist() == [5.0] * 64
+    values = iter((5.0, 6.0, 7.0))
+
+    def attempt(burn_us):
+        value = next(values)
+        raw.call(launch(wire.KERNEL_BURN, burn_us, ctx_id=ctx, ring_idx=1))
+        raw.call(launch(wire.KERNEL_FILL, a, value, 64, ctx_id=ctx, ring_idx=1))
+        raw.call(cmd(wire.CMD_EVENT_RECORD, (1,), ctx_id=ctx, ring_idx=1))
+        assert raw.call(cmd(wire.CMD_EVENT_WAIT, (1,), ctx_id=ctx, ring_idx=2))[0][0] == \
+            wire.RESP_OK_NODATA
+        waited_at_once = query(raw, 1)[0] == wire.EVENT_STATUS_PENDING  # answered mid-burn
+        raw.call(cmd(wire.CMD_COPY_D2D, (a, b, 256), ctx_id=ctx, ring_idx=2))
+        hdr, body, _ = raw.call(cmd(wire.CMD_COPY_D2H, (b, 256), ctx_id=ctx, ring_idx=2),
+                                read_back=256)
+        assert hdr[0] == wire.RESP_OK_NODATA
+        assert np.frombuffer(body[:256], np.float32).tolist() == [value] * 64
+        return waited_at_once
+    with_longer_burns(attempt)
 
 
 def test_cmd_ctx_sync_covers_every_timeline_and_reports_the_lowest_ring(raw):
@@ -133,13 +151,21 @@ def test_cmd_ctx_sync_covers_every_timeline_and_reports_the_lowest_ring(raw):
 def test_cmd_ctx_sync_is_held_until_the_work_completes(raw):
     """[CMD-CTX-SYNC-1] [FENCE-HOLD-1] [FENCE-HOLD-2]"""
     ctx = raw.context()
-    raw.call(launch(wire.KERNEL_BURN, LONG_BURN_US, ctx_id=ctx, ring_idx=5))
-    raw.call(cmd(wire.CMD_EVENT_RECORD, (1,), ctx_id=ctx, ring_idx=5))
-    held = raw.submit(cmd(wire.CMD_CTX_SYNC, ctx_id=ctx))
-    assert query(raw, 1)[0] == wire.EVENT_STATUS_PENDING
-    assert not held.done
-    assert raw.wait(held)[0][0] == wire.RESP_OK_NODATA
-    assert query(raw, 1)[0] == wire.EVENT_STATUS_COMPLETE
+
+    def attempt(burn_us):
+        raw.call(launch(wire.KERNEL_BURN, burn_us, ctx_id=ctx, ring_idx=5))
+        raw.call(cmd(wire.CMD_EVENT_RECORD, (1,), ctx_id=ctx, ring_idx=5))
+        order = []
+        held = completes(order, "sync", raw.submit(cmd(wire.CMD_CTX_SYNC, ctx_id=ctx)))
+        probe = completes(order, "query", raw.submit(cmd(wire.CMD_EVENT_QUERY, (1,))))
+        hdr, body, _ = raw.wait(probe)
+        assert hdr[0] == wire.RESP_OK_EVENT
+        running = EVENT.unpack_from(body)[0] == wire.EVENT_STATUS_PENDING
+        assert raw.wait(held)[0][0] == wire.RESP_OK_NODATA
+        assert query(raw, 1)[0] == wire.EVENT_STATUS_COMPLETE  # the sync waited for it
+        # the query, taken after the sync while the burn ran, was answered first
+        return running and order == ["query", "sync"]
+    with_longer_burns(attempt)
 
 
 def test_cmd_stats_layout_and_room(raw):
@@ -166,17 +192,24 @@ def test_fence_export_between_sessions(two):
     [FENCE-EXPORT-2] [FENCE-EXPORT-3]"""
     a, b = two
     actx, bctx = a.context(), b.context()
-    a.call(launch(wire.KERNEL_BURN, LONG_BURN_US, ctx_id=actx))
     a.call(cmd(wire.CMD_EVENT_RECORD, (1,), ctx_id=actx))
     h, token = export(a, 1)
     assert export(a, 1) == (h, token)  # the same recording: the same handle
     for bad in ((h, token ^ 1), (h, 0), (h + 1_000_000, token)):
         assert b.call(cmd(wire.CMD_EVENT_IMPORT, (3, *bad)))[0][0] == wire.RESP_ERR_INVALID_EVENT
     assert b.call(cmd(wire.CMD_EVENT_QUERY, (3,)))[0][0] == wire.RESP_ERR_INVALID_EVENT  # not created
-    assert b.call(cmd(wire.CMD_EVENT_IMPORT, (3, h, token)))[0][0] == wire.RESP_OK_NODATA
+    handles = []
+
+    def attempt(burn_us):  # session b imports session a's event while a's burn runs
+        a.call(launch(wire.KERNEL_BURN, burn_us, ctx_id=actx))
+        a.call(cmd(wire.CMD_EVENT_RECORD, (1,), ctx_id=actx))
+        handles.append(export(a, 1))
+        assert b.call(cmd(wire.CMD_EVENT_IMPORT, (3, *handles[-1])))[0][0] == wire.RESP_OK_NODATA
+        return query(b, 3)[0] == wire.EVENT_STATUS_PENDING
+    with_longer_burns(attempt)
+    h, token = handles[-1]
     # session b waits for session a's burn, then records its own event
     b.call(cmd(wire.CMD_EVENT_WAIT, (3,), ctx_id=bctx, ring_idx=1))
-    assert query(b, 3)[0] == wire.EVENT_STATUS_PENDING
     b.call(launch(wire.KERNEL_BURN, 1_000, ctx_id=bctx, ring_idx=1))
     b.call(cmd(wire.CMD_EVENT_RECORD, (4,), ctx_id=bctx, ring_idx=1))
     _, _, ts_b, _, _ = query(b, 4, fence_id=1)

@@ -9,9 +9,8 @@ import pytest
 
 from spec import wire
 
-from rawdevice import HDR, cmd, launch
-
-LONG_BURN_US = 400_000  # long enough that everything else finishes first
+from anymachine import with_longer_burns
+from rawdevice import HDR, cmd, completes, launch
 
 
 def test_cmd_resp_1_header_echo(raw):
@@ -97,17 +96,30 @@ def test_fence_timeline_2_order_across_engines(raw):
 
 def test_fence_signal_held_and_other_timelines_independent(raw):
     ctx = raw.context()
-    burn = raw.submit(launch(wire.KERNEL_BURN, LONG_BURN_US, ctx_id=ctx))
-    sync0 = raw.submit(cmd(wire.CMD_NOP, ctx_id=ctx, fence_id=1))
-    # FENCE-TIMELINE-1: ring 1 is another timeline; FENCE-HOLD-2: held chains block nothing
-    assert raw.call(cmd(wire.CMD_NOP, ctx_id=ctx, ring_idx=1, fence_id=2))[0][0] == wire.RESP_OK_NODATA
-    assert raw.call(cmd(wire.CMD_GET_DEVICE_INFO))[0][0] == wire.RESP_OK_DEVICE_INFO
-    # CMD-CHECK-2: a rejected fenced command is answered at once, not after the burn
-    assert raw.call(cmd(wire.CMD_NOP, ctx_id=ctx, ring_idx=99, fence_id=3))[0][0] == \
-        wire.RESP_ERR_INVALID_PARAMETER
-    assert raw.wait(burn)[0][0] == wire.RESP_OK_NODATA  # accepted at once
-    assert not sync0.done  # FENCE-SIGNAL-1: still held behind the burn
-    assert raw.wait(sync0)[0] == (wire.RESP_OK_NODATA, wire.FLAG_FENCE, 1, ctx, 0)
+
+    def attempt(burn_us):
+        order = []
+        burn = completes(order, "burn", raw.submit(launch(wire.KERNEL_BURN, burn_us, ctx_id=ctx)))
+        sync0 = completes(order, "sync0", raw.submit(cmd(wire.CMD_NOP, ctx_id=ctx, fence_id=1)))
+        # FENCE-TIMELINE-1: ring 1 is another timeline; FENCE-HOLD-2: held chains block nothing
+        other = completes(order, "ring1", raw.submit(cmd(wire.CMD_NOP, ctx_id=ctx, ring_idx=1,
+                                                         fence_id=2)))
+        assert raw.wait(other)[0][0] == wire.RESP_OK_NODATA
+        info = completes(order, "info", raw.submit(cmd(wire.CMD_GET_DEVICE_INFO)))
+        assert raw.wait(info)[0][0] == wire.RESP_OK_DEVICE_INFO
+        # CMD-CHECK-2: a rejected fenced command is answered at once, not after the burn
+        bad = completes(order, "rejected", raw.submit(cmd(wire.CMD_NOP, ctx_id=ctx, ring_idx=99,
+                                                          fence_id=3)))
+        assert raw.wait(bad)[0][0] == wire.RESP_ERR_INVALID_PARAMETER
+        assert raw.wait(burn)[0][0] == wire.RESP_OK_NODATA
+        assert raw.wait(sync0)[0] == (wire.RESP_OK_NODATA, wire.FLAG_FENCE, 1, ctx, 0)
+        if order[-1] != "sync0":
+            return False  # the burn was over before the later chains were taken
+        # FENCE-SIGNAL-2: the launch was answered at once; FENCE-SIGNAL-1: the fenced NOP
+        # was held behind the burn while the later chains were answered
+        assert order == ["burn", "ring1", "info", "rejected", "sync0"]
+        return True
+    with_longer_burns(attempt)
 
 
 def test_fence_error_first_wins_and_survives_rejections(raw):

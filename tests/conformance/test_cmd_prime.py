@@ -12,9 +12,8 @@ from rawdevice import Raw, cmd, d2h, h2d
 
 EXPORT = struct.Struct(wire.RESP_EXPORT_FORMAT)
 IMPORT = struct.Struct(wire.RESP_IMPORT_FORMAT)
+EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
 P = wire.PAGE_SIZE
-
-
 
 
 def export(raw, ctx, rid):
@@ -102,6 +101,10 @@ def test_bad_fields(raw):
 
 
 def test_implicit_sync_orders_a_reader_after_a_slow_writer(two):
+    """[PRIME-SYNC-1] A reader on device 1 (session b) that the device accepted after a writer
+    on device 0 (session a) reads what the writer wrote, although the writer was still running.
+    "Earlier" is the order of acceptance, and requests of two sessions have no order of their
+    own: a's launches are answered "accepted" ([FENCE-SIGNAL-2]) before b's read is sent."""
     a, b = two
     b1 = Raw(b.conn, dev=1)
     ca, cb = a.context(), b1.context()
@@ -110,11 +113,27 @@ def test_implicit_sync_orders_a_reader_after_a_slow_writer(two):
     assert h2d(a, ca, va, np.zeros(n, np.float32).tobytes())[0][0] == wire.RESP_OK_NODATA
     handle, token, _ = export(a, ca, 1)
     _, (vb, _, _) = import_(b1, cb, handle, token, 2)
-    burn = struct.pack("<Q", 200_000)
-    a.submit(cmd(wire.CMD_LAUNCH, (wire.KERNEL_BURN, 1, 1, 1, 1, 1, 1, 1), ctx_id=ca, extra=burn))
-    fill = struct.pack("<QfxxxxQ", va, 9.0, n)
-    a.submit(cmd(wire.CMD_LAUNCH, (wire.KERNEL_FILL, n // 256, 1, 1, 256, 1, 1, 3), ctx_id=ca,
-                 extra=fill))
-    # PRIME-SYNC-1: accepted after the fill, so it reads what the fill wrote
-    got = np.frombuffer(d2h(b1, cb, vb, 4 * n), np.float32)
-    assert np.all(got == 9.0)
+    # a longer burn when the machine was too slow for the read to overtake the fill
+    for value, burn_us in ((9.0, 200_000), (10.0, 1_000_000), (11.0, 5_000_000)):
+        burn = struct.pack("<Q", burn_us)
+        hdr, _, _ = a.call(cmd(wire.CMD_LAUNCH, (wire.KERNEL_BURN, 1, 1, 1, 1, 1, 1, 1), ctx_id=ca,
+                               extra=burn))
+        assert hdr[0] == wire.RESP_OK_NODATA
+        fill = struct.pack("<QfxxxxQ", va, value, n)
+        hdr, _, _ = a.call(cmd(wire.CMD_LAUNCH, (wire.KERNEL_FILL, n // 256, 1, 1, 256, 1, 1, 3),
+                               ctx_id=ca, extra=fill))
+        assert hdr[0] == wire.RESP_OK_NODATA  # accepted
+        assert a.call(cmd(wire.CMD_EVENT_RECORD, (1,), ctx_id=ca))[0][0] == wire.RESP_OK_NODATA
+        reader = b1.submit(cmd(wire.CMD_COPY_D2H, (vb, 4 * n), ctx_id=cb), read_back=4 * n)
+        # taken after the reader ([VQ-ORDER-1]): once it is answered, the reader was accepted
+        assert b1.call(cmd(wire.CMD_NOP, (), ctx_id=cb))[0][0] == wire.RESP_OK_NODATA
+        hdr, body, _ = a.call(cmd(wire.CMD_EVENT_QUERY, (1,)))  # the status now
+        assert hdr[0] == wire.RESP_OK_EVENT
+        fill_was_running = EVENT.unpack_from(body)[0] == wire.EVENT_STATUS_PENDING
+        hdr, body, used = b1.wait(reader)
+        assert hdr[0] == wire.RESP_OK_NODATA and used == wire.CTRL_HDR_SIZE + 4 * n
+        assert np.all(np.frombuffer(body[:4 * n], np.float32) == value)
+        if fill_was_running:
+            break  # the reader was accepted before the fill completed, and waited for it
+    else:
+        raise AssertionError("the fill always completed before the reader was accepted")

@@ -13,6 +13,7 @@ import pytest
 
 import guest
 from pvgpu.procs import HostProcess, reap, run_guest, spawn_guest
+from spec import wire
 
 GUEST_HOG = """
 import sys, time, numpy as np, guest
@@ -86,20 +87,14 @@ def test_host_death_is_a_prompt_host_lost(host_factory, tmp_endpoint):
     with pytest.raises(guest.HostLost):
         with guest.connect(host.endpoint, mem_size=8 << 20, heartbeat_ms=200) as c:
             ctx = c.devices[0].create_context()
-            ctx.launch("burn", 1, 1, (5_000_000,))
+            ctx.launch("burn", 1, 1, (wire.BURN_FOREVER,))
             host.kill()
-            t0 = time.monotonic()
-            try:
-                ctx.synchronize()
-            finally:
-                assert time.monotonic() - t0 < 5
+            ctx.synchronize()  # would never return: only the missed heartbeats end it
 
 
 def test_connect_without_a_host_fails_clearly(tmp_endpoint):
-    t0 = time.monotonic()
-    with pytest.raises(guest.HostLost):
-        guest.connect(tmp_endpoint, mem_size=8 << 20, heartbeat_ms=200, timeout=2)
-    assert time.monotonic() - t0 < 5
+    with pytest.raises(guest.HostLost):  # not the timeout's error
+        guest.connect(tmp_endpoint, mem_size=8 << 20, heartbeat_ms=200, timeout=30)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

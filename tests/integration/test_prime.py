@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from anymachine import with_longer_burns
 
 import guest
 from pvgpu.procs import reap
@@ -23,6 +24,11 @@ def peer(endpoint, handle, *extra):
     return subprocess.Popen([sys.executable, PEER, endpoint, str(handle), str(N), *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+
+
+def contexts(dev):
+    """Contexts on a device, of every session (the host runs only this test's guests)."""
+    return dev.stats()["vgpus"]["default"]["contexts"]
 
 
 @pytest.mark.parametrize("topology", ["switch", "sockets"])
@@ -61,9 +67,14 @@ def test_a_killed_importer_and_a_departed_exporter_break_nothing(host_factory, t
         src = ctx.to_device(data)
         p = peer(tmp_endpoint, src.export(), "hold")
         assert p.stdout.readline().strip() == "ready"
+        assert contexts(a.devices[1]) == 1  # the importer's, holding the import
         p.kill()  # the importer disappears while holding the import
         reap(p, 10)
-        time.sleep(1.0)  # the host reclaims the silent session (3 missed heartbeats)
+        # the host reclaims the silent session (3 missed heartbeats), its import with it
+        deadline = time.monotonic() + 30
+        while contexts(a.devices[1]) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert contexts(a.devices[1]) == 0
         ctx.launch("scale", N // 256, 256, (src, src, 2.0, N))
         np.testing.assert_array_equal(src.to_host(), 2 * data)
         handle = src.export()
@@ -88,15 +99,35 @@ def test_a_reader_on_one_device_waits_for_the_slow_writer_on_the_other(shared_ho
         imp = r.import_array(x.export(), (N,), np.float32)
         assert imp.placement == "peer"
         out = r.to_device(np.ones(N, np.float32))
-        w.launch("burn", 1, 1, (300_000,))  # 300 ms, then the write on the same stream
-        w.launch("fill", N // 256, 256, (x, 7.0, N))
-        r.copy_d2d(out.ptr, imp.ptr, 4 * N)  # no explicit wait: the host orders it
-        np.testing.assert_array_equal(out.to_host(), np.full(N, 7.0, np.float32))
-        # and the other way round: the writer waits for the slow reader-then-writer
-        r.launch("burn", 1, 1, (300_000,))
-        r.launch("scale", N // 256, 256, (imp, imp, 2.0, N))
-        w.launch("scale", N // 256, 256, (x, x, 0.5, N))
-        np.testing.assert_array_equal(x.to_host(), np.full(N, 7.0, np.float32))
+        values = iter(range(7, 13))
+        # PRIME-SYNC-1 orders jobs in the order the device accepted them: each side's
+        # work is accepted once a later command of its device queue has been answered
+        # (record_event), before the other side's is sent; the check is meaningful when
+        # the first side's work was still running when the second side's was accepted
+
+        def read_after_write(burn_us):
+            value = float(next(values))
+            w.launch("burn", 1, 1, (burn_us,))  # then the write, on the same stream
+            w.launch("fill", N // 256, 256, (x, value, N))
+            written = w.default_stream.record_event()
+            r.copy_d2d(out.ptr, imp.ptr, 4 * N)  # answered "accepted"; no explicit wait
+            running = written.query() is False
+            np.testing.assert_array_equal(out.to_host(), np.full(N, value, np.float32))
+            return running
+        with_longer_burns(read_after_write)
+
+        def write_after_read_and_write(burn_us):  # the other way round
+            value = float(next(values))
+            r.launch("burn", 1, 1, (burn_us,))
+            r.launch("scale", N // 256, 256, (imp, imp, 2.0, N))
+            scaled = r.default_stream.record_event()
+            w.launch("fill", N // 256, 256, (x, value, N))
+            w.default_stream.record_event()
+            running = scaled.query() is False
+            # the fill after the scale (the other order would leave 2 * value)
+            np.testing.assert_array_equal(x.to_host(), np.full(N, value, np.float32))
+            return running
+        with_longer_burns(write_after_read_and_write)
 
 
 def test_memcpy_peer_with_and_without_peer_access(shared_host):

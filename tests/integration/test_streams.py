@@ -6,10 +6,10 @@ device statistics, and the errors of a job that times out."""
 import subprocess
 import sys
 import textwrap
-import time
 
 import numpy as np
 import pytest
+from anymachine import with_longer_burns
 
 import guest
 from guest.api.core import STAGING_DEPTH
@@ -44,16 +44,23 @@ def test_wait_event_orders_another_stream_on_the_host(conn):
     with conn.devices[0].create_context() as ctx:
         a, b = ctx.create_stream(), ctx.create_stream()
         src, out = ctx.zeros(N), ctx.empty(N)
-        a.launch("burn", 1, 1, (LONG_BURN_US,))
-        a.launch("fill", GRID, BLOCK, (src, 3.0, N))
-        ev = a.record_event()
-        b.wait_event(ev)
-        # wait_event returned while the burn still runs: the guest did not block for it
-        assert ev.query() is False
-        b.launch("scale", GRID, BLOCK, (out, src, 2.0, N))
-        np.testing.assert_array_equal(out.to_host(stream=b), np.full(N, 6.0, np.float32))
-        assert ev.query() is True
-        ev.destroy()
+        values = iter((3.0, 4.0, 5.0))
+
+        def attempt(burn_us):
+            value = next(values)
+            a.launch("burn", 1, 1, (burn_us,))
+            a.launch("fill", GRID, BLOCK, (src, value, N))
+            ev = a.record_event()
+            b.wait_event(ev)
+            # wait_event returned while the burn still ran: the guest did not block for it
+            returned_at_once = ev.query() is False
+            b.launch("scale", GRID, BLOCK, (out, src, 2.0, N))
+            np.testing.assert_array_equal(out.to_host(stream=b),
+                                          np.full(N, 2 * value, np.float32))
+            assert ev.query() is True
+            ev.destroy()
+            return returned_at_once
+        with_longer_burns(attempt)
 
 
 def test_elapsed_time_between_events_covers_a_burn(conn):
@@ -65,12 +72,20 @@ def test_elapsed_time_between_events_covers_a_burn(conn):
         end.synchronize()
         assert start.elapsed_time(end) >= 45.0
         assert end.timestamp_ns >= start.timestamp_ns
-        s.launch("burn", 1, 1, (LONG_BURN_US,))
-        later = s.record_event()
-        with pytest.raises(guest.NotReadyError):
-            start.elapsed_time(later)
-        later.synchronize()
-        assert end.elapsed_time(later) >= 0.9 * LONG_BURN_US / 1000
+
+        def attempt(burn_us):
+            s.launch("burn", 1, 1, (burn_us,))
+            later = s.record_event()
+            try:
+                start.elapsed_time(later)
+            except guest.NotReadyError:
+                not_ready = True  # asked while the burn ran
+            else:
+                not_ready = False
+            later.synchronize()
+            assert start.elapsed_time(later) >= end.elapsed_time(later) >= 0.9 * burn_us / 1000
+            return not_ready
+        with_longer_burns(attempt)
 
 
 def test_async_copies_land_at_the_next_synchronize(conn):
@@ -148,13 +163,19 @@ def test_cross_guest_event_orders_in_time(shared_host):
     with guest.connect(shared_host.endpoint, mem_size=16 << 20) as ga, \
             guest.connect(shared_host.endpoint, memory="inline", mem_size=16 << 20) as gb:
         with ga.devices[0].create_context() as ca, gb.devices[0].create_context() as cb:
-            ca.launch("burn", 1, 1, (LONG_BURN_US,))
-            ea = ca.default_stream.record_event()
-            handle = str(ea.export())  # what would travel to the other process
             sb = cb.create_stream()
-            eb_in = cb.import_event(handle)
-            sb.wait_event(eb_in)
-            assert eb_in.query() is False  # the burn is still running
+            events = []
+
+            def attempt(burn_us):
+                ca.launch("burn", 1, 1, (burn_us,))
+                ea = ca.default_stream.record_event()
+                handle = str(ea.export())  # what would travel to the other process
+                eb_in = cb.import_event(handle)
+                sb.wait_event(eb_in)
+                events[:] = [ea, handle, eb_in]
+                return eb_in.query() is False  # the burn was still running
+            with_longer_burns(attempt)
+            ea, handle, eb_in = events
             sb.launch("burn", 1, 1, (1_000,))
             eb = sb.record_event()
             eb.synchronize()
@@ -210,10 +231,8 @@ def test_job_timeout_loses_the_context_only(host_factory, tmp_endpoint):
             x = good.zeros(16)
             s.launch("burn", 1, 1, (wire.BURN_FOREVER,))
             ev = s.record_event()
-            t0 = time.monotonic()
             with pytest.raises(guest.JobTimeoutError):
-                ev.synchronize()  # the event reports its work's error...
-            assert time.monotonic() - t0 < 30
+                ev.synchronize()  # the event reports its work's error (it never ends else)...
             with pytest.raises(guest.JobTimeoutError):
                 s.synchronize()  # ...and leaves it to the stream's sync point
             with pytest.raises(guest.ContextLostError):

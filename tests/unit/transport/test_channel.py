@@ -252,10 +252,8 @@ def test_malformed_reply_fails_the_request(endpoint, make_host, make_guest):
 
     host = make_host(endpoint, on_message)
     g = make_guest(host.endpoint)
-    t0 = time.monotonic()
-    with pytest.raises(ChannelError, match="malformed reply"):
+    with pytest.raises(ChannelError, match="malformed reply"):  # not the timeout's error
         g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=5)
-    assert time.monotonic() - t0 < 2
     assert g.malformed == 1
 
 
@@ -301,10 +299,9 @@ def test_host_lost_when_host_never_answers(endpoint, make_host, make_guest):
     g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
     t0 = time.monotonic()
     with pytest.raises(HostLost, match="stopped answering") as ei:
-        g.request({"op": OP_GET_STATUS, "dev": 0})
-    elapsed = time.monotonic() - t0
-    # after the silence window, and well before any request timeout would have fired
-    assert HB_MS * HEARTBEAT_MISSES / 1000 * 0.9 <= elapsed < 5.0
+        g.request({"op": OP_GET_STATUS, "dev": 0})  # no timeout: only HostLost ends it
+    # not before the silence window
+    assert time.monotonic() - t0 >= HB_MS * HEARTBEAT_MISSES / 1000 * 0.9
     assert host.endpoint in str(ei.value)
     # the waiter pinged while it waited
     assert wait_for(lambda: host.pings >= HEARTBEAT_MISSES - 1)
@@ -313,10 +310,8 @@ def test_host_lost_when_host_never_answers(endpoint, make_host, make_guest):
 def test_host_lost_when_nobody_is_there(tmp_path, make_guest):
     for ep in (f"ipc://{tmp_path}/nobody.sock", "tcp://127.0.0.1:9"):
         g = make_guest(ep, heartbeat_ms=HB_MS)
-        t0 = time.monotonic()
         with pytest.raises(HostLost):
-            g.request({"op": OP_GET_STATUS, "dev": 0})
-        assert time.monotonic() - t0 < 1.0
+            g.request({"op": OP_GET_STATUS, "dev": 0})  # no timeout: only HostLost ends it
 
 
 def test_pings_keep_a_slow_request_alive(endpoint, make_host, make_guest):
@@ -340,13 +335,14 @@ def test_timeout_is_not_host_lost(endpoint, make_host, make_guest):
     t0 = time.monotonic()
     with pytest.raises(ChannelTimeout):
         g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=0.4)
-    assert 0.4 <= time.monotonic() - t0 < 5.0  # the timeout, not a hang
+    assert time.monotonic() - t0 >= 0.4  # not before the timeout
     with pytest.raises(TimeoutError):  # ChannelTimeout is a TimeoutError too
         g.recv_until(lambda m: False, timeout=0.05)
 
 
 def test_heartbeat_pings_while_idle(endpoint, make_host, make_guest):
     host = make_host(endpoint)
+    t0 = time.monotonic()
     g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
     seen = []
     g.set_notification_handler(lambda m, f: seen.append(m))
@@ -354,21 +350,29 @@ def test_heartbeat_pings_while_idle(endpoint, make_host, make_guest):
     assert seen == []  # ping replies are absorbed, not notifications
     heard = g.last_heard
     assert wait_for(lambda: g.last_heard > heard, timeout=3)  # the idle thread drains
-    # an idle guest stays quiet between pings: roughly one per period
-    n0, t0 = host.pings, time.monotonic()
+    # an idle guest stays quiet between pings: a ping only after a period without sending,
+    # so at most one per period since it was created (fewer when the machine is busy)
     time.sleep(0.3)
-    rate = (host.pings - n0) / (time.monotonic() - t0)
-    assert rate <= 2.5 * 1000 / HB_MS
+    assert host.pings <= (time.monotonic() - t0) * 1000 / HB_MS + 1
 
 
 def test_no_idle_pings_while_busy(endpoint, make_host, make_guest):
     host = make_host(endpoint)
-    g = make_guest(host.endpoint, heartbeat_ms=200)
+    period = 0.2
+    marks = [time.monotonic()]  # around the guest's creation and every send
+    g = make_guest(host.endpoint, heartbeat_ms=int(period * 1000))
     end = time.monotonic() + 0.5
     while time.monotonic() < end:
         g.send({"op": OP_KICK, "dev": 0, "queue": 0})
+        marks.append(time.monotonic())
         time.sleep(0.01)
-    assert host.pings <= 1
+    g.send({"op": OP_KICK, "dev": 0, "queue": 1})
+    assert wait_for(lambda: any(m["op"] == OP_KICK and m["queue"] == 1
+                                for _, m, _ in host.received))  # every earlier ping is in
+    # a ping goes out only after a period without sending: at most one per such gap (a
+    # busy machine may make the test itself pause that long between two sends)
+    gaps = sum(b - a >= period for a, b in zip(marks, marks[1:] + [time.monotonic()]))
+    assert host.pings <= gaps + 1
 
 
 def test_host_pings_the_guest(endpoint, make_host, make_guest):
@@ -399,7 +403,8 @@ def test_heartbeat_period_can_be_set_later(endpoint, make_host, make_guest):
     assert g.heartbeat_ms == HB_MS and len(heartbeat_threads()) == 1
     assert wait_for(lambda: host.pings >= 3, timeout=3)
     g.heartbeat_ms = 0  # disabled again: the thread stays but goes quiet
-    time.sleep(HB_MS / 1000)
+    # a ping already under way is sent before this request, so answered before it
+    assert g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=5)[0]["ok"]
     n = host.pings
     time.sleep(4 * HB_MS / 1000)
     assert host.pings == n
@@ -442,26 +447,34 @@ def test_concurrent_requests_from_many_threads(endpoint, make_host, make_guest):
 
 
 def test_sender_is_not_blocked_by_a_long_wait(endpoint, make_host, make_guest):
-    host = make_host(endpoint, on_message=None)
+    held = []
+
+    def on_message(host, peer, msg, extra):  # the waiter's reply only after the kick
+        if msg["op"] == OP_GET_STATUS:
+            held.append(msg["seq"])
+        elif msg["op"] == OP_KICK and held:
+            host.chan.send_msg(peer, reply_ok(held.pop(), after_kick=True))
+
+    host = make_host(endpoint, on_message)
     g = make_guest(host.endpoint, heartbeat_ms=1000)
     outcome = []
 
     def wait():
         try:
-            g.recv_until(lambda m: m["op"] == OP_CALL, timeout=1.0)
-        except ChannelTimeout as e:
+            outcome.append(g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=30)[0])
+        except ChannelError as e:
             outcome.append(e)
 
     waiter = threading.Thread(target=wait)
     waiter.start()
     try:
-        time.sleep(0.1)  # the waiter now holds the socket in its poll
+        # the waiter sent its request: it holds the socket, waiting for the reply
+        assert wait_for(lambda: held)
+        # a send that waited for the waiter's wait to end would never let the reply come
         g.send({"op": OP_KICK, "dev": 0, "queue": 3})
-        assert waiter.is_alive()  # sent while the waiter still holds its 1 s poll
-        assert wait_for(lambda: OP_KICK in host.ops(), timeout=2)
     finally:
-        waiter.join(timeout=5)
-    assert outcome  # the waiter went on waiting (and timed out) after the send
+        waiter.join(timeout=40)
+    assert outcome and not isinstance(outcome[0], Exception) and outcome[0]["after_kick"]
 
 
 def test_close_wakes_a_waiter(endpoint, make_host, make_guest):
@@ -471,17 +484,16 @@ def test_close_wakes_a_waiter(endpoint, make_host, make_guest):
 
     def wait():
         try:
-            g.recv_until(lambda m: False, timeout=10)
+            g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=30)  # never answered
         except ChannelError as e:
             errors.append(e)
 
     t = threading.Thread(target=wait)
     t.start()
-    time.sleep(0.1)
-    t0 = time.monotonic()
+    assert wait_for(lambda: OP_GET_STATUS in host.ops())  # the waiter is waiting
     g.close()
-    t.join(timeout=5)
-    assert not t.is_alive() and time.monotonic() - t0 < 1
+    t.join(timeout=10)  # it would otherwise wait 30 s
+    assert not t.is_alive()
     assert errors and "closed" in str(errors[0])
 
 
@@ -616,9 +628,8 @@ def test_host_poll_wakes_on_extra_fd(tmp_path):
         msgs, ready = host.poll(0, [waker])
         assert msgs == [] and ready == []
         threading.Timer(0.05, waker.wake).start()
-        t0 = time.monotonic()
-        msgs, ready = host.poll(5000, [waker])
-        assert ready == [waker] and time.monotonic() - t0 < 2
+        msgs, ready = host.poll(60_000, [waker])
+        assert ready == [waker]  # woken, not timed out
         waker.clear()
         assert host.poll(0, [waker]) == ([], [])
         # raw fds work too

@@ -1,9 +1,12 @@
-"""Fixtures of the KMD tests: real emulated GPUs with a KMD each, always stopped."""
+"""Fixtures of the KMD tests: real emulated GPUs with a KMD each, always stopped, and gates:
+fences the test signals, so that work waiting for one stays queued until the test says
+(no burn that a stalled test could outlast)."""
 
 import pytest
 
 from host.hw.gpu import Platform
 from host.kmd import KmdDevice
+from host.kmd.fence import Fence
 
 
 @pytest.fixture
@@ -24,3 +27,20 @@ def make_dev():
             for d in devs:
                 d.stop()
             platform.stop()
+
+
+@pytest.fixture
+def gate():
+    """gate() -> a fence only the test signals (gate.signal()); jobs that wait for it stay
+    queued until then. Every gate is signalled at teardown."""
+    gates = []
+
+    def make():
+        g = Fence(-1, 1)
+        gates.append(g)
+        return g
+    try:
+        yield make
+    finally:
+        for g in gates:
+            g.signal()

@@ -2,11 +2,10 @@
 swapping), keeps them reachable through PTE_SYSTEM pages at the same VA, and migrates them
 back when VRAM frees up (host/kmd/device.py, "Oversubscription")."""
 
-import time
-
 import msgpack
 import numpy as np
 import pytest
+from anymachine import with_longer_burns
 
 from host.hw import regs
 from host.kmd import OutOfMemory
@@ -123,9 +122,8 @@ def test_victim_order_priority_then_lru(make_dev):
     req = dev.create_context("requester")
     size = 3 * MiB // 2
     bos = {c.name: c.alloc(size) for c in (high, old, low, new)}
-    for c in (high, low, old, new):  # last use: old before new
+    for c in (high, low, old, new):  # last use: old before new (ties: creation order)
         assert c.submit_launch(wire.KERNEL_BURN, (1,), (1,), [10]).wait(5)
-        time.sleep(0.002)
     order = []
     for _ in range(5):  # the first fits into free VRAM
         req.alloc(size)
@@ -136,34 +134,41 @@ def test_victim_order_priority_then_lru(make_dev):
 
 
 def test_busy_victims_are_not_evicted_while_their_jobs_run(make_dev):
-    dev = make_dev(vram_size=VRAM)
-    a, b = dev.create_context("a"), dev.create_context("b")
-    win = Window(dev, a)
-    bo = a.alloc(5 * MiB)
-    d = np.arange(5 * MiB // 4, dtype=np.float32)
-    fill(a, win, bo, d)
-    burn = a.submit_launch(wire.KERNEL_BURN, (1,), (1,), [300_000])
-    time.sleep(0.05)
-    t0 = time.monotonic()
-    x = b.alloc(5 * MiB)  # waits for a's job, then evicts
-    assert burn.signaled and time.monotonic() - t0 > 0.1
-    assert bo.evicted and not x.evicted
-    assert dev.mem_stats()["evict_waits"] >= 1
-    assert np.array_equal(read(a, win, bo, d.size), d)
+    def attempt(burn_us):
+        dev = make_dev(vram_size=VRAM, timeout=30)
+        a, b = dev.create_context("a"), dev.create_context("b")
+        win = Window(dev, a)
+        bo = a.alloc(5 * MiB)
+        d = np.arange(5 * MiB // 4, dtype=np.float32)
+        fill(a, win, bo, d)
+        burn = a.submit_launch(wire.KERNEL_BURN, (1,), (1,), [burn_us])
+        x = b.alloc(5 * MiB)  # waits for a's job, then evicts
+        assert burn.signaled  # not while the job ran
+        assert bo.evicted and not x.evicted
+        assert np.array_equal(read(a, win, bo, d.size), d)
+        return dev.mem_stats()["evict_waits"] >= 1  # it waited (else the burn was over)
+    with_longer_burns(attempt)
 
 
 def test_busy_victims_time_out_with_out_of_memory(make_dev):
-    dev = make_dev(vram_size=VRAM, timeout=0.2)
-    a, b = dev.create_context("a"), dev.create_context("b")
-    bo = a.alloc(5 * MiB)
-    burn = a.submit_launch(wire.KERNEL_BURN, (1,), (1,), [800_000])
-    time.sleep(0.05)
-    with pytest.raises(OutOfMemory, match="busy"):
-        b.alloc(5 * MiB)
-    assert not bo.evicted and dev.mem_stats()["evict_skipped_busy"] >= 1
-    assert burn.wait(5)
-    b.alloc(5 * MiB)  # now it is idle
-    assert bo.evicted
+    def attempt(burn_us):
+        dev = make_dev(vram_size=VRAM, timeout=0.2)
+        a, b = dev.create_context("a"), dev.create_context("b")
+        bo = a.alloc(5 * MiB)
+        burn = a.submit_launch(wire.KERNEL_BURN, (1,), (1,), [burn_us])
+        try:
+            b.alloc(5 * MiB)
+        except OutOfMemory as e:
+            assert "busy" in str(e)
+        else:
+            assert burn.signaled and bo.evicted  # it waited the burn out: a longer one
+            return False
+        assert not bo.evicted and dev.mem_stats()["evict_skipped_busy"] >= 1
+        assert burn.wait(30)
+        b.alloc(5 * MiB)  # now it is idle
+        assert bo.evicted
+        return True
+    with_longer_burns(attempt, (800_000, 3_000_000, 10_000_000))
 
 
 def test_evicted_bytes_limit_gives_out_of_memory(make_dev):

@@ -2,8 +2,6 @@
 emulated GPUs, peer-to-peer through the PCIe BAR or migrated to system memory, implicit
 synchronisation through the shared reservation object, and move_notify on eviction."""
 
-import time
-
 import numpy as np
 import pytest
 
@@ -114,31 +112,38 @@ def test_one_dmabuf_per_bo_and_memory_goes_with_the_last_reference(pair):
     assert x.released and d0.mm.avail == free0
 
 
-def test_importer_reads_wait_for_the_exporters_slow_write(pair):
+def test_importer_reads_wait_for_the_exporters_slow_write(pair, gate):
     d0, d1, a, b, wa, wb = pair()
     src = a.alloc(4 * N)
     fill(a, wa, src, np.zeros(N, np.float32))
     imp = b.import_dmabuf(a.export_dmabuf(src))
     out = b.alloc(4 * N)
-    burn = a.submit_launch(wire.KERNEL_BURN, (1,), (1,), [200_000])  # 200 ms
-    writer = launch(a, wire.KERNEL_FILL, [src.va, f32(7.0), N], wait=[burn])
+    slow = gate()  # the write runs when the test opens the gate: as slow as it likes
+    writer = launch(a, wire.KERNEL_FILL, [src.va, f32(7.0), N], wait=[slow])
     reader = b.submit_copy(imp.va, out.va, 4 * N)  # no explicit wait
+    assert not reader.wait(0.2)  # held back with the writer (it never runs before the gate)
+    assert not writer.signaled
+    slow.signal()
     done(reader)
     assert writer.signaled  # the reader waited for the writer through the resv
     np.testing.assert_array_equal(read(b, wb, out, N), np.full(N, 7.0, np.float32))
 
 
-def test_exporter_writes_wait_for_the_importers_slow_read_and_write(pair):
+def test_exporter_writes_wait_for_the_importers_slow_read_and_write(pair, gate):
     d0, d1, a, b, wa, wb = pair()
     src = a.alloc(4 * N)
     fill(a, wa, src, np.ones(N, np.float32))
     imp = b.import_dmabuf(a.export_dmabuf(src))
-    burn = b.submit_launch(wire.KERNEL_BURN, (1,), (1,), [200_000])
-    importer = launch(b, wire.KERNEL_SCALE, [imp.va, imp.va, f32(4.0), N], wait=[burn])
-    exporter = launch(a, wire.KERNEL_SCALE, [src.va, src.va, f32(0.5), N])
+    slow = gate()
+    importer = launch(b, wire.KERNEL_SCALE, [imp.va, imp.va, f32(4.0), N], wait=[slow])
+    exporter = launch(a, wire.KERNEL_FILL, [src.va, f32(3.0), N])
+    assert not exporter.wait(0.2)  # held back with the importer's job
+    assert not importer.signaled
+    slow.signal()
     done(exporter)
-    assert importer.signaled  # write after write: ordered (4 * 1, then * 0.5)
-    np.testing.assert_array_equal(read(a, wa, src, N), np.full(N, 2.0, np.float32))
+    assert importer.signaled
+    # write after read and write: 4 * 1, then 3 (the other order would leave 12)
+    np.testing.assert_array_equal(read(a, wa, src, N), np.full(N, 3.0, np.float32))
 
 
 def test_eviction_tells_importers_and_they_remap_before_their_next_job(pair):
@@ -160,20 +165,19 @@ def test_eviction_tells_importers_and_they_remap_before_their_next_job(pair):
     np.testing.assert_array_equal(read(b, wb, out, 2 * MiB // 4), data)
 
 
-def test_a_busy_shared_buffer_is_not_evicted(pair):
+def test_a_busy_shared_buffer_is_not_evicted(pair, gate):
     d0, d1, a, b, wa, wb = pair(vram_size=8 * MiB)
     src = a.alloc(2 * MiB)
     imp = b.import_dmabuf(a.export_dmabuf(src))
-    burn = b.submit_launch(wire.KERNEL_BURN, (1,), (1,), [300_000])
-    reader = b.submit_copy(imp.va, imp.va + MiB, MiB, wait=[burn])  # holds the resv
+    busy = gate()
+    reader = b.submit_copy(imp.va, imp.va + MiB, MiB, wait=[busy])  # holds the resv
     hog = d0.create_context("hog")
     hog.alloc(d0.mm.avail - 64 * 1024)  # room left for its page tables
-    t0 = time.monotonic()
+    d0.timeout = 0.1
     with pytest.raises(OutOfMemory):
-        d0.timeout = 0.1
         hog.alloc(1 * MiB)
-    assert time.monotonic() - t0 < 5
     assert src.sysmem is None and d0.prime.stats["moves_skipped_busy"] >= 1
+    busy.signal()
     done(reader)
 
 

@@ -119,18 +119,20 @@ def test_remove_without_attachments_frees_at_once(dev):
         dev.shm.remove(seg)  # it no longer exists
 
 
-def test_detach_is_deferred_behind_pending_work(dev):
+def test_detach_is_deferred_behind_pending_work(dev, gate):
     ctx = dev.create_context()
     seg, _ = dev.shm.get(4, 1 << 20)
     va = ctx.attach_shared(seg)
     dev.shm.remove(seg)
     free_before = dev.vram_free()
-    burn = ctx.submit_launch(wire.KERNEL_BURN, (1,), (1,), [200_000])
+    pending = gate()
+    burn = ctx.submit_launch(wire.KERNEL_BURN, (1,), (1,), [1_000], wait=[pending])
     ctx.detach_shared(seg)
     assert ctx.shared_va(seg) is None and seg.nattach == 0 and seg.dead
     # the PTEs and the memory stay until the work that may use them is done
     assert ctx.vm.walk(va) & regs.PTE_VALID and not seg.released
     assert dev.vram_free() == free_before and dev.deferred_frees == 1
+    pending.signal()
     assert burn.wait(5)
     assert dev.vram_free() == free_before + (1 << 20)
     assert seg.released and ctx.vm.walk(va) == 0
@@ -138,7 +140,7 @@ def test_detach_is_deferred_behind_pending_work(dev):
         ctx.attach_shared(seg)
 
 
-def test_refcounts_and_destroy_context_detaches(dev):
+def test_refcounts_and_destroy_context_detaches(dev, gate):
     a, b = dev.create_context(), dev.create_context()
     seg, _ = dev.shm.get(5, P)
     a.attach_shared(seg)
@@ -146,9 +148,11 @@ def test_refcounts_and_destroy_context_detaches(dev):
     assert seg.refcount == 3
     with pytest.raises(InvalidArgument):
         a.attach_shared(seg)  # once per context
-    burn = a.submit_launch(wire.KERNEL_BURN, (1,), (1,), [100_000])
+    pending = gate()
+    burn = a.submit_launch(wire.KERNEL_BURN, (1,), (1,), [1_000], wait=[pending])
     dev.destroy_context(a)
     assert seg.nattach == 1 and seg.refcount == 3  # a's mapping goes with its VM, later
+    pending.signal()
     assert burn.wait(5) and dev.reclaim() >= 0
     dev.vram_free()
     assert seg.refcount == 2

@@ -120,14 +120,16 @@ def test_unmap_invalidates_the_tlb(dev):
     assert mmu.translate(ctx.vmid, bo.va, 8, wire.ACCESS_WRITE)
 
 
-def test_unmap_is_deferred_behind_pending_work_and_remap_waits(dev):
+def test_unmap_is_deferred_behind_pending_work_and_remap_waits(dev, gate):
     ctx = dev.create_context()
     bo = ctx.alloc(P)
     r = ctx.reserve_va(P)
     ctx.map_bo_at(bo, r, 0, P)
-    burn = ctx.submit_launch(wire.KERNEL_BURN, (1,), (1,), [100_000])
+    pending = gate()
+    burn = ctx.submit_launch(wire.KERNEL_BURN, (1,), (1,), [100_000], wait=[pending])
     ctx.unmap_at(r)
     assert ctx.vm.walk(r) & regs.PTE_VALID  # still mapped for the work taken before
+    pending.signal()  # the burn runs now
     ctx.map_bo_at(bo, r, 0, P, writable=False)  # waits for the burn, then maps anew
     assert burn.signaled and not ctx.vm.walk(r) & regs.PTE_WRITE
     ctx.unmap_at(r)
