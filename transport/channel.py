@@ -662,7 +662,13 @@ class GuestChannel:
                     if period is not None:
                         silent_since = max(self.last_heard, start)
                         if now - silent_since >= self._silence:
-                            raise self._host_lost(silent_since)
+                            # what arrived while this thread was not running counts
+                            self._drain(w)
+                            if w.result is not None or w.error is not None:
+                                break
+                            silent_since = max(self.last_heard, start)
+                            if now - silent_since >= self._silence:
+                                raise self._host_lost(silent_since)
                         if now - self._last_sent >= period:
                             self._send_ping_locked()
                         hb = min(self._last_sent + period, silent_since + self._silence)

@@ -28,17 +28,17 @@ sized to take a few ms at most, and returns early when it is set:
   elementwise kernels  before every ELEMENTWISE_CHUNK elements, on every compute unit
   gemm                 between row blocks of C of at most GEMM_BLOCK_MACS multiply-adds,
                        equal-sized, except that blocks never go below 8 rows (unless C
-                       has fewer): BLAS computes 1-3 row products by other code paths,
-                       with other rounding, and results must not depend on blocking
+                       has fewer): BLAS computes 1-3 row products by other code paths
   softmax              between row blocks of at most SOFTMAX_BLOCK elements (>= 1 row)
   reduce_sum           between REDUCE_BLOCK-element blocks of the input (float64 partial
                        sums added in float64: the summation order is unspecified, KRN-SEM-3)
   burn                 at least every BURN_CHECK_INTERVAL
 Only the numpy call of the chunk already running finishes first. A stopped kernel leaves
 its outputs partially written (the chunks done so far; an output computed into a
-temporary, below, is not written at all). Chunking does not change results: gemm and
-softmax rows are computed exactly as by one whole-matrix call. Gathering a scattered
-input (a memory copy) is not interrupted.
+temporary, below, is not written at all). Chunking changes no elementwise result and no
+softmax row; a gemm row block may round differently from one whole-matrix product, since
+BLAS picks its kernels by shape and CPU (KRN-SEM-5 allows gemm to differ by rounding).
+Gathering a scattered input (a memory copy) is not interrupted.
 
 Memory access (KernelMemory): each kernel first translates *every* argument range
 (READ for inputs, WRITE for outputs, READ|WRITE for saxpy's y) and only then computes, so

@@ -329,6 +329,26 @@ def test_pings_keep_a_slow_request_alive(endpoint, make_host, make_guest):
     assert host.pings >= 2
 
 
+def test_a_descheduled_waiter_reads_what_arrived_before_declaring_the_host_lost(
+        endpoint, make_host, make_guest, monkeypatch):
+    """A waiting thread that did not run for longer than the silence window (a loaded
+    machine) first reads what arrived meanwhile: the host was not silent."""
+    host = make_host(endpoint, echo)
+    g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
+    real, jump = channel_mod._monotonic, [0.0]
+    send = g._send_locked
+
+    def send_then_stall(parts, copy):
+        send(parts, copy)
+        assert g._sock.poll(5000)  # the reply is there ...
+        jump[0] = 10.0  # ... and then this thread did not run for 10 s
+
+    monkeypatch.setattr(channel_mod, "_monotonic", lambda: real() + jump[0])
+    monkeypatch.setattr(g, "_send_locked", send_then_stall)
+    reply, _ = g.request({"op": OP_GET_STATUS, "dev": 0})
+    assert reply["ok"] is True
+
+
 def test_timeout_is_not_host_lost(endpoint, make_host, make_guest):
     host = make_host(endpoint, on_message=None)  # answers pings only
     g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
