@@ -409,7 +409,7 @@ OPCODES = {s.opcode: s for s in (
     OpSpec(OP_BRA, "bra", ("-", "-", "-", "-", "-"), _t("none"), 0),
     OpSpec(OP_EXIT, "exit", ("-", "-", "-", "-", "-"), _t("none"), 0),
     OpSpec(OP_TRAP, "trap", ("-", "-", "-", "-", "-"), _t("none"), 0),
-    OpSpec(OP_BAR, "bar", ("U?", "-", "U?", "U?", "P?"), _t("none", "u32", "pred"),
+    OpSpec(OP_BAR, "bar", ("D?", "-", "U?", "U?", "P?"), _t("none", "u32", "pred"),
            MOD_VARIANT_MASK | MOD_NEG_C),
     OpSpec(OP_MEMBAR, "membar", ("-", "-", "-", "-", "-"), _t("none"), 0),
     OpSpec(OP_ATOM, "atom", ("D", "-", "A", "T", "T?"),
