@@ -183,6 +183,7 @@ class EntryCompiler(Lowering):
         self.local_max = self.local_top
         self.shared_size = 0
         self.dynamic_base = 0
+        self.cc = None
         self.func_shared: dict = {}
 
     # ---------------------------------------------------------------- names
@@ -265,6 +266,8 @@ class EntryCompiler(Lowering):
         if param_size > isa.MAX_PARAM_SIZE:
             raise PtxCompileError(f"{param_size} bytes of parameters (at most "
                                   f"{isa.MAX_PARAM_SIZE})", entry.line, entry.text)
+        if any(self.mod.uses_carry(fn) for fn in self.mod.reachable(entry)):
+            self.cc = self.em.alloc(isa.OPND_PRED)  # CC.CF of carry chains, for the whole entry
         self.frame = FrameInfo(entry, True, self.prescan_labels(entry))
         self.stack = [entry.name]
         self.lower_block(entry.body, new_scope=False)
@@ -512,6 +515,11 @@ class ModuleCompiler:
                     if callee is not None and callee.body is not None:
                         todo.append(callee)
         return order
+
+    def uses_carry(self, fn: ast.Function) -> bool:
+        return any(isinstance(st, ast.Instruction) and
+                   (st.opcode in ("addc", "subc", "madc") or "cc" in st.mods)
+                   for st in _walk(fn.body))
 
     def names_used(self, fn: ast.Function) -> set:
         names = self._names.get(fn.name)

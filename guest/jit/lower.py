@@ -5,7 +5,7 @@ modifiers (refusing any it does not know, with the PTX ISA section), turns its o
 into emitter operands (`src`, `dst`, `address`) and emits ISA instructions whose meaning
 is exactly the PTX instruction's: vector loads and stores become scalar ones, vector
 `mov`s pack and unpack bits, forms the ISA lacks (`shf`, `cnot`, `lop3`, `mul24`, `sad`,
-f16 `min`/`max`, `isspacep`, `cvt` to f16x2) are built from ISA instructions, and cache
+f16 `min`/`max`, `isspacep`, `cvt` to f16x2, carry chains) are built from ISA instructions, and cache
 hints, scopes and memory-ordering qualifiers are dropped (every access of the device is
 sequentially consistent, spec/isa.md ISA-MEM-5). The compiler (guest/jit/compiler.py)
 provides name resolution, calls and memory layout.
@@ -304,8 +304,8 @@ class Lowering:
             return self.coerce(r, self.declared_type(op), t, ins)
         if isinstance(op, (ast.Imm, ast.FImm)):
             if t == T_PRED:
-                if isinstance(op, ast.Imm) and op.value in (0, 1):
-                    return self.em.materialize(Imm(op.value), T_PRED)
+                if isinstance(op, ast.Imm):  # PTX: zero is false, any other value true
+                    return self.em.materialize(Imm(1 if op.value else 0), T_PRED)
                 raise self.syntax(ins, f"bad predicate literal {op}")
             return Imm(self.imm_bits(op, t, ins))
         if isinstance(op, ast.Sym):
@@ -718,15 +718,79 @@ class Lowering:
         return wide_type(t)
 
     def h_add(self, ins):
+        if "cc" in ins.mods:
+            return self.carry(ins)
         self.arith(ins, isa.OP_ADD, 2)
 
     def h_sub(self, ins):
+        if "cc" in ins.mods:
+            return self.carry(ins)
         self.arith(ins, isa.OP_SUB, 2)
+
+    def carry(self, ins):
+        """add.cc/addc/sub.cc/subc/mad.cc/madc: extended-precision arithmetic with the
+        carry flag CC.CF kept in a predicate register of the entry (`self.cc`); the carry
+        (borrow, for subtraction) out of each step is computed with unsigned compares."""
+        m = Mods(self, ins)
+        cc_out = m.take("cc")
+        var = m.take("lo", "hi")
+        t = m.one_type()
+        m.done()
+        if t not in (U32, S32, U64, S64):
+            raise self.syntax(ins, f"{ins.opcode} is .u32, .s32, .u64 or .s64")
+        base = ins.opcode.rstrip("c") if ins.opcode in ("addc", "subc", "madc") else ins.opcode
+        carry_in = ins.opcode in ("addc", "subc", "madc")
+        ut = unsigned_type(isa.TYPE_BITS[t])
+        f = isa.register_file(t)
+        o = ins.operands
+        em = self.em
+        if base == "mad":
+            self.nops(ins, 4)
+            x = em.scratch(f)
+            em.emit(isa.OP_MUL, ut, mod=mod_var(isa.VAR_HI if var == "hi" else isa.VAR_LO), d=x,
+                    a=self.src(o[1], ut, ins), b=self.src(o[2], ut, ins))
+            y = self.src(o[3], ut, ins)
+        else:
+            self.nops(ins, 3)
+            x = em.materialize(self.src(o[1], ut, ins), ut)
+            y = self.src(o[2], ut, ins)
+        add = base in ("add", "mad")
+        s = em.scratch(f)
+        em.emit(isa.OP_ADD if add else isa.OP_SUB, ut, d=s, a=x, b=y)
+        cmp_lo = isa.CMP_LO << isa.MOD_CMP_SHIFT
+        p = None
+        if cc_out:
+            p = em.scratch(PRED)
+            if add:
+                em.emit(isa.OP_SETP, ut, mod=cmp_lo, d=p, a=s, b=x)
+            else:
+                em.emit(isa.OP_SETP, ut, mod=cmp_lo, d=p, a=x, b=y)
+        if carry_in:
+            cin = em.scratch(f)
+            em.emit(isa.OP_SELP, ut, d=cin, a=Imm(1), b=Imm(0), c=self.cc)
+            s2 = em.scratch(f)
+            em.emit(isa.OP_ADD if add else isa.OP_SUB, ut, d=s2, a=s, b=cin)
+            if cc_out:
+                p2 = em.scratch(PRED)
+                if add:
+                    em.emit(isa.OP_SETP, ut, mod=cmp_lo, d=p2, a=s2, b=s)
+                else:
+                    em.emit(isa.OP_SETP, ut, mod=cmp_lo, d=p2, a=s, b=cin)
+                em.emit(isa.OP_OR, T_PRED, d=p, a=p, b=p2)
+            s = s2
+        if cc_out:
+            em.emit(isa.OP_MOV, T_PRED, d=self.cc, a=p)
+        r, _ = self.dst(o[0], t, ins)
+        em.emit(isa.OP_MOV, ut, d=r, a=s)
+
+    h_addc = h_subc = h_madc = carry
 
     def h_mul(self, ins):
         self.arith(ins, isa.OP_MUL, 2, default_var=isa.VAR_LO)
 
     def h_mad(self, ins):
+        if "cc" in ins.mods:
+            return self.carry(ins)
         self.arith(ins, isa.OP_MAD, 3, default_var=isa.VAR_LO)
 
     def h_fma(self, ins):
@@ -1289,7 +1353,7 @@ class Lowering:
         "mov": h_mov, "ld": h_ld, "ldu": h_ldu, "st": h_st, "cvt": h_cvt, "cvta": h_cvta,
         "isspacep": h_isspacep, "prefetch": h_nothing, "prefetchu": h_nothing,
         "nanosleep": h_nothing,
-        "add": h_add, "sub": h_sub, "mul": h_mul, "mad": h_mad, "fma": h_fma, "div": h_div,
+        "add": h_add, "sub": h_sub, "addc": h_addc, "subc": h_subc, "madc": h_madc, "mul": h_mul, "mad": h_mad, "fma": h_fma, "div": h_div,
         "rem": h_rem, "abs": h_abs, "neg": h_neg, "min": h_min, "max": h_max,
         "copysign": h_copysign, "testp": h_testp,
         "sqrt": h_unary_float, "rsqrt": h_unary_float, "rcp": h_unary_float,
