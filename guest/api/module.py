@@ -41,119 +41,39 @@ from guest.api import errors, params
 from guest.api.core import Context, DeviceArray, Stream, _api, _cmd
 from spec import isa, wire
 
-_HEADER = struct.Struct(isa.COBJ_HEADER_FORMAT)
-_ENTRY = struct.Struct(isa.COBJ_ENTRY_FORMAT)
-_PARAM = struct.Struct(isa.COBJ_PARAM_FORMAT)
-_SYMBOL = struct.Struct(isa.COBJ_SYMBOL_FORMAT)
 _VAS = struct.Struct("<QQ")  # data_va, const_va at COBJ_DATA_VA_OFFSET
 NVRTC_ARCH = "compute_80"  # the virtual architecture CUDA C is compiled for (sm_80 limits)
 
 
 # ---------------------------------------------------------------------- code objects
-@dataclass(frozen=True)
-class Param:
-    offset: int
-    size: int
-    align: int
-    type: int
-
-
-@dataclass(frozen=True)
-class Entry:
-    index: int
-    name: str
-    n_r32: int
-    n_r64: int
-    n_pred: int
-    params: tuple  # of Param, in declaration order
-    param_size: int
-    shared_size: int
-    local_size: int
-    max_threads: int
-
-
-@dataclass(frozen=True)
-class Symbol:
-    name: str
-    space: int  # isa.SPACE_GLOBAL or SPACE_CONST
-    offset: int
-    size: int
-
-
 class CodeObject:
-    """What the driver needs of a code object (spec/isa.md §1.1): its entries, their
-    parameter tables and its module variables, by name. Reading it checks only what the
-    driver relies on; the device checks everything else when it runs it."""
+    """What the driver needs of a code object, by name: its entries (guest/jit's EntryInfo:
+    parameter tables, register counts, shared and local sizes, max threads) and its module
+    variables (SymbolInfo), read and checked by guest/jit's reader. The device checks
+    everything again when it runs the object."""
 
     def __init__(self, data: bytes):
+        from guest.jit import CodeObjectError, read_code_object
         self.data = bytes(data)
         try:
-            self._read()
-        except (struct.error, UnicodeDecodeError, IndexError, ValueError) as e:
+            self._obj = read_code_object(self.data)
+        except CodeObjectError as e:
             raise errors.ModuleLoadError(f"not a valid code object: {e}") from None
-
-    def _table(self, off: int, count: int, fmt: struct.Struct, what: str):
-        if off + count * fmt.size > len(self.data):
-            raise ValueError(f"the {what} table runs past the end of the object")
-        return [fmt.unpack_from(self.data, off + i * fmt.size) for i in range(count)]
-
-    def _name(self, off: int, n: int) -> str:
-        if off + n > self.h["strtab_size"]:
-            raise ValueError("a name runs past the string table")
-        start = self.h["strtab_off"] + off
-        return self.data[start:start + n].decode("utf-8")
-
-    def _read(self) -> None:
-        if len(self.data) < _HEADER.size:
-            raise ValueError("shorter than a header")
-        self.h = h = dict(zip(isa.COBJ_HEADER_FIELDS, _HEADER.unpack_from(self.data)))
-        if h["magic"] != isa.COBJ_MAGIC or h["version"] != isa.COBJ_VERSION:
-            raise ValueError(f"magic {h['magic']!r} version {h['version']} (want "
-                             f"{isa.COBJ_MAGIC!r} version {isa.COBJ_VERSION})")
-        if h["size"] != len(self.data) or h["size"] > isa.COBJ_MAX_SIZE:
-            raise ValueError(f"its header says {h['size']} bytes, it has {len(self.data)}")
-        if h["strtab_off"] + h["strtab_size"] > len(self.data):
-            raise ValueError("the string table runs past the end of the object")
-        raw_params = [Param(*p) for p in self._table(h["params_off"], h["param_count"],
-                                                     _PARAM, "parameter")]
-        self.entries = {}
-        for i, rec in enumerate(self._table(h["entries_off"], h["entry_count"], _ENTRY, "entry")):
-            e = dict(zip(isa.COBJ_ENTRY_FIELDS, rec))
-            first, n = e["params_first"], e["n_params"]
-            if first + n > len(raw_params):
-                raise ValueError(f"entry {i} names parameters past the parameter table")
-            entry = Entry(i, self._name(e["name_off"], e["name_len"]), e["n_r32"], e["n_r64"],
-                          e["n_pred"], tuple(raw_params[first:first + n]), e["param_size"],
-                          e["shared_size"], e["local_size"], e["max_threads"])
-            if any(p.offset + p.size > entry.param_size for p in entry.params) \
-                    or entry.param_size > isa.MAX_PARAM_SIZE:
-                raise ValueError(f"entry {entry.name!r}: parameters outside its "
-                                 f"{entry.param_size}-byte buffer")
-            self.entries[entry.name] = entry
-        self.symbols = {}
-        for rec in self._table(h["symbols_off"], h["symbol_count"], _SYMBOL, "symbol"):
-            name_off, name_len, space, _flags, offset, size = rec
-            seg = {isa.SPACE_GLOBAL: h["data_size"], isa.SPACE_CONST: h["const_size"]}.get(space)
-            if seg is None or offset + size > seg:
-                raise ValueError(f"symbol at {name_off} lies outside its segment")
-            sym = Symbol(self._name(name_off, name_len), space, offset, size)
-            self.symbols[sym.name] = sym
-        for seg in ("data", "const"):
-            off, n = h[f"{seg}_init_off"], h[f"{seg}_init_size"]
-            if n > h[f"{seg}_size"] or off + n > len(self.data):
-                raise ValueError(f"the initial bytes of the .{seg} segment lie outside it")
+        self.h = self._obj.header
+        self.entries = {e.name: e for e in self._obj.entries}
+        self.symbols = {s.name: s for s in self._obj.symbols}
 
     def segment_init(self, seg: str) -> bytes:
         """The whole initial contents of segment "data" or "const": its initial bytes,
         then zeros."""
-        h = self.h
-        off, n = h[f"{seg}_init_off"], h[f"{seg}_init_size"]
-        return self.data[off:off + n] + bytes(h[f"{seg}_size"] - n)
+        init = self._obj.data_init if seg == "data" else self._obj.const_init
+        return init + bytes(self.h[f"{seg}_size"] - len(init))
 
-    def entry_offset(self, entry: Entry) -> int:
-        return self.h["entries_off"] + entry.index * isa.COBJ_ENTRY_SIZE
+    def entry_offset(self, entry) -> int:
+        return self._obj.entry_offset(entry)
 
     def with_segment_vas(self, data_va: int, const_va: int) -> bytes:
+        """The object with the segments' VAs in its header ([COBJ-LOAD-1])."""
         out = bytearray(self.data)
         _VAS.pack_into(out, isa.COBJ_DATA_VA_OFFSET, data_va, const_va)
         return bytes(out)
@@ -205,12 +125,13 @@ def code_object_of(src) -> bytes:
 def compile_ptx(text: str, name: str = "<ptx>") -> bytes:
     """PTX text -> code object bytes (guest/jit); PtxCompileError names the line."""
     from guest import jit
+    from guest.jit.errors import PtxError
     try:
         return jit.compile_ptx(text)
-    except jit.PtxError as e:
-        raise errors.PtxCompileError(f"{name}: {e}", line=getattr(e, "line", None),
-                                     instruction=getattr(e, "instruction", None),
-                                     section=getattr(e, "section", None)) from None
+    except PtxError as e:
+        raise errors.PtxCompileError(f"{name}: {e}", line=e.line or None,
+                                     instruction=e.text or None,
+                                     section=e.section or None) from None
 
 
 def compile_cuda(source: str, name: str = "kernel.cu", options=()) -> str:
@@ -388,7 +309,7 @@ class Function:
     """A kernel of a loaded module (Module.get_function): its attributes (cuFuncGetAttribute)
     and its launches."""
 
-    def __init__(self, module: Module, entry: Entry):
+    def __init__(self, module: Module, entry):
         self.module = module
         self._conn_lock = module._conn_lock
         self._releases = module._releases
@@ -416,7 +337,7 @@ class Function:
 
     @property
     def params(self) -> tuple:
-        """The parameter table: Param(offset, size, align, type) in declaration order."""
+        """The parameter table: ParamInfo(offset, size, align, type), in declaration order."""
         return self._entry.params
 
     @property

@@ -4,17 +4,13 @@ apart, NVRTC's absence, and marshalling launch arguments by an entry's parameter
 import builtins
 import ctypes
 import struct
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import codeobj  # noqa: E402
-
-from guest.api import errors, module, params  # noqa: E402
-from spec import isa  # noqa: E402
+import codeobj
+from guest.api import errors, module, params
+from spec import isa
 
 
 def entry_with(*param_specs, param_size=None):
@@ -44,7 +40,8 @@ def test_code_object_reader_names_entries_params_and_symbols():
     assert (a.index, b.index) == (0, 1)
     assert (a.n_r32, a.n_r64, a.shared_size, a.local_size, a.max_threads) == (5, 3, 256, 16, 128)
     assert [(p.offset, p.size, p.type) for p in a.params] == [(0, 8, isa.TYPE_U64), (8, 4, isa.TYPE_U32)]
-    assert co.symbols["g"] == module.Symbol("g", isa.SPACE_GLOBAL, 0, 64)
+    g = co.symbols["g"]
+    assert (g.name, g.space, g.offset, g.size) == ("g", isa.SPACE_GLOBAL, 0, 64)
     assert co.segment_init("data") == b"\1\2\3\4" + bytes(60)
     assert co.segment_init("const") == b"\5" * 8
     patched = co.with_segment_vas(0x1234_5000, 0x6789_0000)
