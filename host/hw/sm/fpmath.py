@@ -36,6 +36,7 @@ RN, RZ, RM, RP = isa.RND_RN, isa.RND_RZ, isa.RND_RM, isa.RND_RP
 _SPLIT = 134217729.0  # 2**27 + 1
 _BIG = 2.0 ** 995  # above this an operand of two_prod may overflow the split
 _TINY = 2.0 ** -968  # below this a product's error term may underflow
+_HUGE = 2.0 ** 1020  # above this the split halves' product may overflow
 _INF = np.inf
 
 
@@ -70,8 +71,8 @@ def two_prod(a, b):
 
 def _prod_ok(a, b, p):
     """Lanes where two_prod(a, b) is exact."""
-    return ((np.abs(a) < _BIG) & (np.abs(b) < _BIG)
-            & ((np.abs(p) > _TINY) | (a == 0) | (b == 0)) & np.isfinite(p))
+    return ((np.abs(a) < _BIG) & (np.abs(b) < _BIG) & (np.abs(p) < _HUGE)
+            & ((np.abs(p) > _TINY) | (a == 0) | (b == 0)))
 
 
 def round_odd(hi, lo):
@@ -139,13 +140,17 @@ def narrow(x, dtype, mode: int):
 # ------------------------------------------------------------------ exact fallback
 def round_fraction(x: Fraction, dtype, mode: int):
     """An exact rational rounded to dtype with mode (one value)."""
-    hi = float(x)  # correctly rounded to nearest (may overflow to inf)
+    try:
+        hi = float(x)  # correctly rounded to nearest
+    except OverflowError:
+        hi = math.inf if x > 0 else -math.inf
     if math.isinf(hi):
         lo = 0.0
         over = True
     else:
         over = False
-        lo = float(x - Fraction(hi))
+        rest = x - Fraction(hi)  # only its sign matters; as a float it may underflow to 0
+        lo = 0.0 if rest == 0 else math.copysign(5e-324, rest)
     return round_pair(np.array([hi]), np.array([lo]), dtype, mode,
                       np.array([over]))[0]
 
@@ -205,8 +210,8 @@ def mul(a, b, dtype, mode):
     p, e = two_prod(a64, b64)
     over = np.isinf(p) & np.isfinite(a64) & np.isfinite(b64)
     r = round_pair(p, e, dtype, mode, over)
-    return _patch(r, ~_prod_ok(a64, b64, p) & np.isfinite(p) & (p != 0),
-                  lambda x, y: x * y, dtype, mode, a64, b64)
+    nonzero = np.isfinite(a64) & np.isfinite(b64) & (a64 != 0) & (b64 != 0)
+    return _patch(r, ~_prod_ok(a64, b64, p) & nonzero, lambda x, y: x * y, dtype, mode, a64, b64)
 
 
 def fma(a, b, c, dtype, mode):

@@ -214,3 +214,82 @@ def _dim3(d):
         return (d, 1, 1)
     d = tuple(d)
     return d + (1,) * (3 - len(d))
+
+
+# ------------------------------------------------------------------ elementwise kernels
+def _reg(t: str, k: int) -> str:
+    if t == "pred":
+        return f"p{k}"
+    return f"rd{k}" if isa.TYPE_BITS[isa.TYPES_BY_NAME[t]] == 64 else f"r{k}"
+
+
+def _mem_type(t: str) -> str:
+    return "u8" if t == "pred" else t
+
+
+DTYPES = {"b8": np.uint8, "u8": np.uint8, "s8": np.int8, "b16": np.uint16, "u16": np.uint16,
+          "s16": np.int16, "f16": np.float16, "bf16": np.uint16, "b32": np.uint32,
+          "u32": np.uint32, "s32": np.int32, "f32": np.float32, "b64": np.uint64,
+          "u64": np.uint64, "s64": np.int64, "f64": np.float64, "pred": np.uint8}
+
+
+def elementwise(env: Env, body: str, ins, outs, n: int, active=None, block: int = 64):
+    """Run `body` once per element i < n: inputs[k] = (type, array) are loaded into
+    registers {a}, {b}, {c}, {e}; outputs (types) are stored from {d}, {d2}, {f}.
+    active: optional bool array; the body runs guarded by it (@p63), other lanes store
+    what their output registers hold (0: registers start at zero). -> output arrays."""
+    names_in = ["a", "b", "c", "e"]
+    names_out = ["d", "d2", "f"]
+    regs = {}
+    lines = [".entry k r32=64 r64=64 pred=64"]
+    for k in range(len(ins) + len(outs) + 1):
+        lines.append(f".param u64 p{k}")
+    lines.append(".param u32 n")
+    lines += ["  mov.u32 r0, %ctaid.x", "  mov.u32 r1, %ntid.x", "  mov.u32 r2, %tid.x",
+              "  mad.lo.u32 r3, r0, r1, r2", "  ld.param.u32 r4, [n]",
+              "  setp.ge.u32 p0, r3, r4", "  @p0 exit", "  cvt.u64.u32 rd0, r3"]
+    for k, (t, _) in enumerate(ins):
+        mt = _mem_type(t)
+        w = isa.TYPE_BITS[isa.TYPES_BY_NAME[mt]] // 8
+        reg = _reg(t, 20 + k)
+        lines += [f"  ld.param.u64 rd1, [p{k}]", f"  mul.lo.u64 rd2, rd0, {w}",
+                  "  add.u64 rd3, rd1, rd2"]
+        if t == "pred":
+            lines += ["  ld.global.u8 r5, [rd3]", f"  setp.ne.u32 {reg}, r5, 0"]
+        else:
+            lines.append(f"  ld.global.{mt} {reg}, [rd3]")
+        regs[names_in[k]] = reg
+    for k, t in enumerate(outs):
+        regs[names_out[k]] = _reg(t, 40 + k)
+    if active is not None:
+        k = len(ins) + len(outs)
+        lines += [f"  ld.param.u64 rd1, [p{k}]", "  add.u64 rd3, rd1, rd0",
+                  "  ld.global.u8 r5, [rd3]", "  setp.ne.u32 p63, r5, 0"]
+    for line in body.strip().splitlines():
+        line = line.strip().format(**regs)
+        lines.append(("  @p63 " if active is not None else "  ") + line)
+    for k, t in enumerate(outs):
+        mt = _mem_type(t)
+        w = isa.TYPE_BITS[isa.TYPES_BY_NAME[mt]] // 8
+        reg = regs[names_out[k]]
+        lines += [f"  ld.param.u64 rd1, [p{len(ins) + k}]", f"  mul.lo.u64 rd2, rd0, {w}",
+                  "  add.u64 rd3, rd1, rd2"]
+        if t == "pred":
+            lines += [f"  selp.u32 r5, 1, 0, {reg}", "  st.global.u8 [rd3], r5"]
+        else:
+            lines.append(f"  st.global.{mt} [rd3], {reg}")
+    lines.append("  exit")
+    mod = env.load("\n".join(lines))
+    args = []
+    for t, arr in ins:
+        args.append(env.buffer(np.ascontiguousarray(arr, DTYPES[t])))
+    out_vas = []
+    for t in outs:
+        va = env.buffer(np.zeros(n, DTYPES[t]))
+        out_vas.append(va)
+        args.append(va)
+    args.append(env.buffer(np.zeros(n, np.uint8) if active is None
+                           else np.asarray(active, np.uint8)))
+    args.append(n)
+    env.run(mod, grid=-(-n // block), block=block, args=args)
+    return [env.read(va, n, DTYPES[t]) for va, t in zip(out_vas, outs)]
