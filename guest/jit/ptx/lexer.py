@@ -60,7 +60,7 @@ _TOKEN_RE = re.compile(
     rf"|(?P<bini>0[bB][01]+U?){_FOLLOW}"
     rf"|(?P<octi>0[0-7]+U?){_FOLLOW}"
     rf"|(?P<deci>[0-9]+U?){_FOLLOW}"
-    r"|(?P<dot>\.[A-Za-z_][A-Za-z0-9_$]*(?:::[A-Za-z0-9_]+)*)"
+    r"|(?P<dot>\.(?:[A-Za-z_]|[0-9]+[A-Za-z])[A-Za-z0-9_$]*(?:::[A-Za-z0-9_]+)*)"
     r"|(?P<ident>[A-Za-z][A-Za-z0-9_$]*|[_$%][A-Za-z0-9_$]+)"
     r"|(?P<punct>[{}()\[\];,:+\-!@|<>=_])"
     r"|(?P<bad>.)")

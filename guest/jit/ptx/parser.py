@@ -22,6 +22,7 @@ _PERF_DIRECTIVES = ("maxntid", "reqntid", "minnctapersm", "maxnctapersm", "maxnr
                     "reqnctapercluster", "maxclusterrank", "explicitcluster",
                     "blocksareclusters", "noreturn", "abi_preserve", "abi_preserve_control")
 _EOF = Token("eof", None, 0, "<end of file>")
+_TEXTURE_SECTION = "State Spaces, Types, and Variables › Texture Sampler and Surface Types"
 
 
 class Parser:
@@ -117,9 +118,7 @@ class Parser:
                 self.expect("punct", ";")
             elif d in ("texref", "samplerref", "surfref", "tex"):
                 raise PtxUnsupportedError(f"module-level .{d} variables are not supported",
-                                          tok.line, self.line_text(tok.line),
-                                          "State Spaces, Types, and Variables › Texture, "
-                                          "Sampler, and Surface Types")
+                                          tok.line, self.line_text(tok.line), _TEXTURE_SECTION)
             elif d == "alias":
                 raise PtxUnsupportedError(".alias is not supported", tok.line,
                                           self.line_text(tok.line),
@@ -166,6 +165,9 @@ class Parser:
                 continue  # the pointee space of a .ptr parameter
             elif d in ("managed",):
                 continue
+            elif d in ("texref", "samplerref", "surfref"):
+                raise PtxUnsupportedError(f".{d} variables are not supported", t.line,
+                                          self.line_text(t.line), _TEXTURE_SECTION)
             else:
                 if type_:
                     raise self.error(f"unexpected {t.text} after the type .{type_}", t)
@@ -363,7 +365,13 @@ class Parser:
             operands.append(self.operand())
             while self.accept("punct", ","):
                 operands.append(self.operand())
-        self.expect("punct", ";", what="';' or ','")
+        if not self.at("punct", ";"):
+            tok = self.peek()
+            # a missing ';' is reported on the instruction's line, not on the next one
+            line = first.line if tok.line != first.line else tok.line
+            raise PtxSyntaxError(f"expected ';' or ',', found {tok.text!r}", line,
+                                 self.line_text(line))
+        self.next()
         return ast.Instruction(first.line, op_tok.value, tuple(mods), operands, guard, text)
 
     def call(self, line: int, guard, mods: list, text: str) -> ast.Call:
@@ -458,6 +466,12 @@ class Parser:
                 off = self.expect_int()
             elif self.accept("punct", "-"):
                 off = -self.expect("int").value
+            if self.at("punct", ","):  # [tex, {coordinates}] of texture and surface forms
+                items = [base]
+                while self.accept("punct", ","):
+                    items.append(self.operand())
+                self.expect("punct", "]")
+                return ast.Vec(tuple(items))
         self.expect("punct", "]")
         return ast.Addr(base, off)
 
