@@ -28,7 +28,7 @@ def space(s: int) -> int:
 @dataclass
 class Entry:
     name: str
-    code: list  # encoded instructions
+    code: list  # encoded instructions; bra targets relative to the entry's first one
     params: tuple = ()  # (offset, size, align, type)
     param_size: int = 0
     n_r32: int = 8
@@ -50,6 +50,15 @@ class Layout:
     entry_code: list = field(default_factory=list)  # code index of each entry's first instr
 
 
+def _relocate(instr: bytes, start: int) -> bytes:
+    """Entries are written with branch targets relative to their first instruction; the
+    object's are indices into the whole code section ([ISA-VALID-3])."""
+    fields = list(struct.unpack(isa.INSTR_FORMAT, instr))
+    if fields[0] == isa.OP_BRA:
+        fields[-1] += start
+    return struct.pack(isa.INSTR_FORMAT, *fields)
+
+
 def _align(n: int) -> int:
     return -(-n // isa.COBJ_ALIGN) * isa.COBJ_ALIGN
 
@@ -69,7 +78,7 @@ def build(entries, *, data_init=b"", data_size=0, const_init=b"", const_size=0,
         first = len(params)
         params += list(e.params)
         start = len(code)
-        code += list(e.code)
+        code += [_relocate(instr, start) for instr in e.code]
         no, nl = name(e.name)
         entry_recs.append((no, nl, start, len(e.code), e.n_r32, e.n_r64, e.n_pred,
                            len(e.params), first, e.param_size, e.shared_size, e.local_size,
@@ -109,6 +118,15 @@ def entry_va(object_va: int, obj: bytes, index: int = 0) -> int:
     """[COBJ-LAUNCH-1]: the VA of entry `index`'s record."""
     entries_off = struct.unpack_from(isa.COBJ_HEADER_FORMAT, obj)[4]
     return object_va + entries_off + index * isa.COBJ_ENTRY_SIZE
+
+
+def instr_va(object_va: int, obj: bytes, index: int = 0, i: int = 0) -> int:
+    """The VA of instruction `i` of entry `index`."""
+    code_off = struct.unpack_from(isa.COBJ_HEADER_FORMAT, obj)[12]
+    entries_off = struct.unpack_from(isa.COBJ_HEADER_FORMAT, obj)[4]
+    code_start = struct.unpack_from(isa.COBJ_ENTRY_FORMAT, obj,
+                                    entries_off + index * isa.COBJ_ENTRY_SIZE)[2]
+    return object_va + code_off + (code_start + i) * isa.INSTR_SIZE
 
 
 # ---------------------------------------------------------------------- kernels

@@ -1651,6 +1651,9 @@ class Context:
         dev = self.device
         with dev.lock:
             self._check()
+            if self.lost:  # before anything is allocated for it (spec CMD-LAUNCH-CODE-1)
+                raise ContextLost(f"context {self.id} was lost after a GPU hang "
+                                  f"({self.lost_reason}); destroy it")
             if self.kernargs is None:
                 dev._reclaim_locked()
                 self.kernargs = KernargArea(dev, self, dev.schedulers[regs.ENGINE_COMPUTE].hw_limit)
