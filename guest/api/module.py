@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 import struct
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,7 @@ import numpy as np
 
 from guest.api import errors, params
 from guest.api.core import Context, DeviceArray, Stream, _api, _cmd
+from guest.frontend.driver import SLOT_CMD
 from spec import isa, wire
 
 _VAS = struct.Struct("<QQ")  # data_va, const_va at COBJ_DATA_VA_OFFSET
@@ -179,8 +181,10 @@ class Module:
         self._releases = ctx._releases
         self._cobj = cobj
         self._arrays = []  # the DeviceArrays that own its memory: object, .global, .const
-        self._functions = {}
-        self._globals = []  # ModuleGlobal views handed out (marked unloaded with it)
+        # weak: a Function or a global array holds its module, not the other way round, so
+        # that dropping them all frees the module without waiting for the cycle collector
+        self._functions = weakref.WeakValueDictionary()
+        self._globals = weakref.WeakSet()  # ModuleGlobal views handed out (unloaded with it)
         self.loaded = False
         self._load()
 
@@ -241,7 +245,8 @@ class Module:
             if entry is None:
                 raise errors.NotFoundError(f"no kernel {name!r} in the module; it has: "
                                            f"{', '.join(self.function_names) or 'none'}")
-            fn = self._functions[name] = Function(self, entry)
+            fn = Function(self, entry)
+            self._functions[name] = fn
         return fn
 
     @_api
@@ -264,7 +269,7 @@ class Module:
             raise ValueError(f"{name} is {sym.size} bytes; shape {shape} of {dtype} is not")
         seg = "data" if sym.space == isa.SPACE_GLOBAL else "const"
         arr = ModuleGlobal(self, self._segment_va[seg] + sym.offset, shape, dtype, name)
-        self._globals.append(arr)
+        self._globals.add(arr)
         return arr
 
     @_api
@@ -370,10 +375,31 @@ class Function:
         raw = params.marshal(self, ctx, args)
         s._raise_async_error()
         entry_va = self.module.va + self.module._cobj.entry_offset(self._entry)
-        req = ctx._driver.submit(_cmd(wire.CMD_LAUNCH_CODE, (
-            self.module.va, entry_va, *g, *b, int(shared_mem), len(raw)),
-            ctx_id=ctx.ctx_id, ring_idx=s.ring_idx, extra=raw))
-        req.on_done = s._async_done
+        head = _cmd(wire.CMD_LAUNCH_CODE, (self.module.va, entry_va, *g, *b, int(shared_mem),
+                                           len(raw)), ctx_id=ctx.ctx_id, ring_idx=s.ring_idx)
+        if len(head) + len(raw) <= SLOT_CMD:  # small parameters travel in the command
+            req = ctx._driver.submit(head + raw)
+            req.on_done = s._async_done
+            return
+        # larger ones in a buffer of guest memory, free again once the device answered
+        # (it copied them when it took the command, spec CMD-LAUNCH-CODE-3)
+        device = ctx.device
+        heap = device.connection.session.heap
+        gpa = heap.alloc(len(raw))
+        try:
+            ctx._driver.mem.write(gpa, raw)
+            req = ctx._driver.submit(head, readable=[(gpa, len(raw))])
+        except BaseException:
+            heap.free(gpa)
+            raise
+
+        def done(r) -> None:
+            if r.failed is None:
+                heap.free(gpa)
+            else:  # never answered: the device may read it until reset (Device.reset)
+                device._quarantine_staging([gpa])
+            s._async_done(r)
+        req.on_done = done
 
     def __getitem__(self, config) -> "_Configured":
         """fn[grid, block], fn[grid, block, stream] or fn[grid, block, stream, shared_mem]
