@@ -5,8 +5,10 @@ Each parameter is (offset, size, align, type); the buffer is `param_size` bytes,
 where no parameter lies. What a parameter accepts follows its declared type:
 
   64-bit integers   a DeviceArray of the launching context (its device address), or an
-                    integer (a raw device pointer, or a count): Python or numpy, in range
-  other integers    a Python or numpy integer (or bool) in the type's range
+                    integer (a raw device pointer, or a count): Python or numpy
+  integers          a Python or numpy integer (or bool) that fits the type's width, signed
+                    or unsigned: compilers declare C's `int` parameters `.u32` (nvcc
+                    does), so the PTX type cannot say whether -1 is meant
   f16, f32, f64     a Python or numpy real number, converted to the type (a finite value
                     beyond the type's range is refused rather than made infinite)
   byte arrays       (TYPE_B8, size > 1: a struct passed by value) a ctypes Structure,
@@ -88,11 +90,7 @@ def _integer(what: str, type_: int, value) -> bytes:
         raise TypeError(f"{what} needs an integer, not {type(value).__name__}")
     dt = np.dtype(_INT_DTYPES[type_])
     v = int(value)
-    if type_ in isa.BIT_TYPES:  # untyped bits: any value that fits, signed or not
-        lo, hi = -(1 << (8 * dt.itemsize - 1)), (1 << 8 * dt.itemsize) - 1
-    else:
-        info = np.iinfo(dt)
-        lo, hi = int(info.min), int(info.max)
+    lo, hi = -(1 << (8 * dt.itemsize - 1)), (1 << 8 * dt.itemsize) - 1
     if not lo <= v <= hi:
         raise OverflowError(f"{what}: {v} is out of the range [{lo}, {hi}]")
     return (v & ((1 << 8 * dt.itemsize) - 1)).to_bytes(dt.itemsize, "little")
