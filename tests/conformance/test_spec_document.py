@@ -9,7 +9,8 @@ from spec import wire
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = (ROOT / "spec" / "pvgpu.md").read_text()
 CLAUSE = re.compile(r"^\[([A-Z]+(?:-[A-Z0-9]+)+)\]", re.M)
-CITED = re.compile(r"\b((?:CTL|MEM|VQ|DEV|CMD|FENCE|KRN|ERR|EVTQ|PRIME|SCHED)-[A-Z0-9]+(?:-[A-Z0-9]+)*)(-\*)?")
+# (not the tail of a clause ID of spec/isa.md such as the ISA-MEM family)
+CITED = re.compile(r"(?<![A-Z]-)\b((?:CTL|MEM|VQ|DEV|CMD|FENCE|KRN|ERR|EVTQ|PRIME|SCHED)-[A-Z0-9]+(?:-[A-Z0-9]+)*)(-\*)?")
 
 
 def _defined() -> set:

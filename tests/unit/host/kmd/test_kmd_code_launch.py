@@ -117,6 +117,25 @@ def test_a_code_launch_runs_with_its_parameters(dev):
     assert ctx.stats["code_launches"] == 1 and ctx.kernargs.in_use == 0
 
 
+def test_code_launches_are_scheduled_and_accounted_like_built_in_ones(make_dev):
+    from host.kmd.sched import VgpuShares
+    a = VgpuShares("A", compute=50)
+    dev = make_dev(policy="credit", vgpus=[a])
+    ctx = dev.create_context(vgpu=a)
+    win = Window(dev, ctx)
+    obj = codeobj.store_index()
+    _bo, obj_va = load(ctx, win, obj)
+    out = ctx.alloc(4 * 4096)
+    before = dev.sched_stats()["vgpus"]["A"]["compute"]
+    for _ in range(3):
+        f = ctx.submit_launch_code(obj_va, codeobj.entry_va(obj_va, obj), 16, 256, 0,
+                                   out_n(out.va, 4096))
+    assert f.wait(10) and f.error is None
+    after = dev.sched_stats()["vgpus"]["A"]["compute"]
+    assert after["jobs"] == before["jobs"] + 3 and after["busy_ns"] > before["busy_ns"]
+    assert dev.sched_stats()["vgpus"]["default"].get("compute", {}).get("jobs", 0) == 0
+
+
 def test_many_launches_recycle_the_parameter_slots(dev):
     ctx = dev.create_context()
     win = Window(dev, ctx)
