@@ -459,3 +459,10 @@ def test_clock_and_globaltimer_advance():
     assert second > first >= 10**9 and timer >= 10**9
     env2.run(mod, block=1, args=(out,))
     assert int(env2.read(out, 4, np.uint64)[3]) != grid1
+
+
+def test_shared_memory_counts_against_the_batch_budget(env, monkeypatch):
+    monkeypatch.setattr(sm_launch, "BATCH_BYTES", 16 << 20)
+    mod = env.load(".entry k\n  mov.u32 r0, %tid.x\n  st.shared.u32 [0], r0\n  exit")
+    env.run(mod, grid=512, block=32, dyn_shared=160 << 10)
+    assert env.sm.batches >= 5  # 16 MiB holds fewer than 103 blocks of 160 KiB
