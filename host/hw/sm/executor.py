@@ -21,6 +21,12 @@ How an instruction touches the registers depends on the group (class Active):
   dense  many threads: computed over all N lanes, merged with np.copyto(where=mask);
   sparse few threads: operands gathered at the group's lanes, results scattered.
 
+Progress. Warps are independent: a warp that loops must not keep other warps from
+running (a lock taken with atom.cas in a loop by one thread of each warp). Each warp has
+an epoch, the number of backward branches it took while other threads were waiting to
+run; the group is chosen by (epoch of its warp, scheduling order), so a looping warp
+yields to the others. Within a warp the order alone decides, which keeps reconvergence.
+
 Barriers (SM-EXEC-3). bar.sync makes the arriving threads wait (their PC is stored as
 -2 - pc); per block and barrier number the arrivals are counted, exited threads count as
 arrived, and when a block's count is complete its waiting threads move on together. A
@@ -169,6 +175,7 @@ class Batch:
         self.bar_expect = None  # thread counts of bar with b (0: the whole block)
         self.bar_of = None  # barrier number each waiting lane waits at
         self.bar_pred = None  # bar.red predicate of each waiting lane
+        self.epoch = None  # per warp: backward branches taken while others waited
         self.target = 0  # branch target of JUMP / SPLIT
         self.taken = None  # the Active that branches (SPLIT) or exits (EXIT)
         self.steps = 0
@@ -371,11 +378,42 @@ class Batch:
         m = self._first()
         if m < 0:
             return False
+        if self.epoch is not None:
+            return self._regroup_by_epoch()
         pc = int(self.prog.order[m])
         self.gpc = pc
         self.gk = int(self.cnt[m])
         self.gmask = None if self.gk == self.N else (self._pcs() == pc)
         return True
+
+    def _regroup_by_epoch(self) -> bool:
+        """The group is the runnable lanes with the smallest (warp epoch, priority)."""
+        pcs = self._pcs()
+        runnable = pcs >= 0
+        warp, _, _ = self.geo.warps()
+        prog = self.prog
+        key = self.epoch[warp] * prog.n + prog.prio[np.where(runnable, pcs, 0)]
+        key = np.where(runnable, key, np.iinfo(np.int64).max)
+        k = key.min()
+        self.gmask = key == k
+        self.gk = int(np.count_nonzero(self.gmask))
+        self.gpc = int(prog.order[int(k) % prog.n])
+        if self.gk == self.N:
+            self.gmask = None
+        return True
+
+    def _loop_back(self, lanes: Active, target: int) -> None:
+        """lanes take a backward branch: when other threads are waiting to run, the warps
+        of these lanes yield to them (their epoch grows), so that no warp can keep the
+        others from making progress by looping (a spin lock on a flag another warp sets)."""
+        prio = self.prog.prio
+        if prio[target] > prio[self.gpc] or self.live - self.nwait == lanes.k:
+            return
+        warp, _, nw = self.geo.warps()
+        if self.epoch is None:
+            self.epoch = np.zeros(nw, dtype=np.int64)
+        w = warp if lanes.mask is None else warp[lanes.idx]
+        self.epoch[np.unique(w)] += 1
 
     def _advance(self, newpc: int) -> bool:
         prio = self.prog.prio
@@ -389,12 +427,15 @@ class Batch:
         if self._first() == pn and self.cnt[pn] == gk:
             self.gpc = newpc
             return True
+        if newpc != self.gpc + 1:
+            self._loop_back(self._active(), newpc)
         self._set_group_pc(newpc)
         return self._regroup()
 
     def _split(self, target: int, taken: Active) -> bool:
         prio = self.prog.prio
         nxt = self.gpc + 1
+        self._loop_back(taken, target)
         self.cnt[prio[self.gpc]] -= self.gk
         self.cnt[prio[target]] += taken.k
         self.cnt[prio[nxt]] += self.gk - taken.k

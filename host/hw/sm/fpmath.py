@@ -214,13 +214,37 @@ def mul(a, b, dtype, mode):
     return _patch(r, ~_prod_ok(a64, b64, p) & nonzero, lambda x, y: x * y, dtype, mode, a64, b64)
 
 
+_LOW = {F32: (np.int64((1 << 29) - 1), np.int64(1 << 28)),  # f64 bits below the f32/f16
+        F16: (np.int64((1 << 42) - 1), np.int64(1 << 41))}  # mantissa, and its halfway point
+
+
 def fma(a, b, c, dtype, mode):
-    a64, b64, c64 = (np.asarray(v, F64) for v in (a, b, c))
-    if dtype != F64:
-        p = a64 * b64  # exact
-        hi, lo = two_sum(p, c64)
-        return round_pair(hi, lo, dtype, mode)
-    return fma64(a64, b64, c64, mode)
+    if dtype == F64:
+        return fma64(*(np.asarray(v, F64) for v in (a, b, c)), mode)
+    if mode == RN:
+        # a*b is exact in f64 and s = fl64(a*b + c) rounds to the right f32 (f16) unless s
+        # lies exactly halfway between two of them (the first rounding may have made it
+        # so), or is out of the target's normal range: only such lanes go the exact way
+        s = np.multiply(a, b, dtype=F64)
+        np.add(s, c, out=s, casting="unsafe")
+        r = s.astype(dtype)
+        low, half = _LOW[dtype]
+        check = (s.view(np.int64) & low) == half  # (also covers the overflow threshold)
+        check |= np.abs(s) < float(np.finfo(dtype).tiny) * 2  # subnormal: other midpoints
+        if not check.any():
+            return r
+        if r.ndim == 0:
+            return _fma_exact(a, b, c, dtype, mode)
+        idx = np.flatnonzero(check)
+        r[idx] = _fma_exact(*(np.broadcast_to(v, r.shape)[idx] for v in (a, b, c)), dtype, mode)
+        return r
+    return _fma_exact(a, b, c, dtype, mode)
+
+
+def _fma_exact(a, b, c, dtype, mode):
+    p = np.multiply(a, b, dtype=F64)  # exact
+    hi, lo = two_sum(p, np.asarray(c, F64))
+    return round_pair(hi, lo, dtype, mode)
 
 
 def fma64(a, b, c, mode=RN):

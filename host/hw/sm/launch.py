@@ -11,7 +11,7 @@ StreamingMultiprocessors.launch(vmid, launch, ctl), called by the command proces
   5. run the grid's blocks in batches (executor.Batch), in linear block order.
 
 Batches. A batch holds as many blocks as fit BATCH_THREADS threads and BATCH_BYTES of
-registers and local memory (at least one block), so one instruction is one numpy
+registers, local and shared memory (at least one block), so one instruction is one numpy
 operation over up to BATCH_THREADS lanes: large enough that numpy's per-call cost is
 small, small enough to stay near the caches. A batch does not straddle a row of the grid
 when the row has enough blocks, so %ctaid.x stays affine in the thread index. Blocks are
@@ -171,8 +171,9 @@ class StreamingMultiprocessors:
         gx, gy, gz = launch.grid
         total = gx * gy * gz
         T = math.prod(launch.block)
-        per_thread = 4 * prog.n_r32 + 8 * prog.n_r64 + prog.n_pred + prog.local_size + 64
-        nb = max(1, min(BATCH_THREADS // T, BATCH_BYTES // (T * per_thread)))
+        per_block = T * (4 * prog.n_r32 + 8 * prog.n_r64 + prog.n_pred + prog.local_size + 64)
+        per_block += state.shared_bytes
+        nb = max(1, min(BATCH_THREADS // T, BATCH_BYTES // per_block))
         start = 0
         while start < total:
             if ctl.stopped():
