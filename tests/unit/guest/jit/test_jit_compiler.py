@@ -8,7 +8,7 @@ from guest.jit import compile_ptx
 from guest.jit.errors import PtxCompileError, PtxUnsupportedError
 from spec import isa
 
-from tests.unit.guest.jit.ptxutil import build, kernel, listing, module
+from jit_helpers import build, kernel, listing, module
 
 
 def test_small_integers_are_simm_and_large_ones_imm():

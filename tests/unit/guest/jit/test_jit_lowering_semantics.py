@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from guest.jit import compile_ptx, read_code_object
-from tests.unit.guest.jit.refsim import Launch, Memory
+from jit_refsim import Launch, Memory
 
 M32 = 0xFFFFFFFF
 N = 64

@@ -1,13 +1,15 @@
 """Every case of the kernel manifest, compiled by the JIT and run by the reference ISA
-interpreter (refsim.py), gives the results numpy expects: the compiler's instruction
+interpreter (jit_refsim.py), gives the results numpy expects: the compiler's instruction
 selection and the manifest's expectations agree before any hardware runs them."""
 
 import numpy as np
 import pytest
 
 from guest.jit import compile_ptx, read_code_object
-from tests.kernels import manifest as mf
-from tests.unit.guest.jit.refsim import Launch, Memory
+from jit_helpers import load_manifest
+from jit_refsim import Launch, Memory
+
+mf = load_manifest()
 
 _OBJECTS = {}
 
