@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "spec" / "isa.md").read_text()
 CLAUSE = re.compile(r"^\[((?:COBJ|ISA|SM)(?:-[A-Z0-9]+)+)\]", re.M)
 CITED = re.compile(r"\b((?:COBJ|ISA|SM)-[A-Z]+-[A-Z0-9]+)\b")
-ROLES = {"-", "T", "T2", "W", "P", "U", "A", "D", "P?", "U?", "T?"}
+ROLES = {"-", "T", "T2", "W", "P", "U", "A", "D", "P?", "U?", "T?", "D?"}
 
 
 def test_clause_ids_are_unique_and_cited_ones_exist():
