@@ -17,7 +17,7 @@ import struct
 
 import numpy as np
 
-from guest.jit.emit import Emitter, Imm, Reg, Seg, SReg, mov_type_for
+from guest.jit.emit import Emitter, Imm, Reg, Seg, SReg, mov_type_for, wide_type
 from guest.jit.errors import PtxCompileError, PtxUnsupportedError
 from guest.jit.names import ExternVar, ParamSlot, RegVar, SpaceVar, VecRegVar
 from guest.jit.ptx import ast
@@ -724,7 +724,6 @@ class Lowering:
     def wide(self, t, ins) -> int:
         if isa.TYPE_BITS[t] not in (16, 32) or t not in isa.INT_TYPES:
             raise self.syntax(ins, ".wide needs a 16- or 32-bit integer type")
-        from guest.jit.emit import wide_type
         return wide_type(t)
 
     def h_add(self, ins):
@@ -961,7 +960,8 @@ class Lowering:
         modes = {"f4e": isa.VAR_PRMT_F4E, "b4e": isa.VAR_PRMT_B4E, "rc8": isa.VAR_PRMT_RC8,
                  "ecl": isa.VAR_PRMT_ECL, "ecr": isa.VAR_PRMT_ECR, "rc16": isa.VAR_PRMT_RC16}
         mode = m.take(*modes)
-        t = m.one_type()
+        if m.one_type() != B32:
+            raise self.syntax(ins, "prmt is .b32")
         m.done()
         self.nops(ins, 4)
         o = ins.operands

@@ -369,7 +369,6 @@ class Launch:
     def execute(self, rec, lanes) -> None:
         op, t, t2, mod = int(rec["op"]), int(rec["type"]), int(rec["type2"]), int(rec["mod"])
         imm = int(rec["imm"])
-        spec = isa.OPCODES[op]
         var = isa.mod_field(mod, isa.MOD_VARIANT_MASK)
         rnd = mod & isa.MOD_ROUND_MASK
         space = isa.mod_field(mod, isa.MOD_SPACE_MASK)

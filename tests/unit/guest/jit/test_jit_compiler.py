@@ -277,3 +277,12 @@ def test_registers_named_without_percent_and_vector_aliasing():
     assert code[:3] == ["shr.b64 rd25, rd1, 32", "cvt.u32.u64 r41, rd25", "cvt.u32.u64 r40, rd1"]
     assert code[4:7] == ["mov.u64 rd25, rd24", "ld.global.u64 rd24, [rd25]",
                          "ld.global.u64 rd3, [rd25+8]"]
+
+
+def test_bytes_that_are_not_utf8_are_a_syntax_error():
+    from guest.jit.errors import PtxSyntaxError
+    text = kernel("ret;").encode() + b"\n// \xff\xfe\n"
+    with pytest.raises(PtxSyntaxError, match="UTF-8") as e:
+        compile_ptx(text)
+    assert e.value.line == 15
+    assert compile_ptx(kernel("ret;").encode())
