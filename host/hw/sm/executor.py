@@ -34,7 +34,8 @@ group that is every live thread of the batch, with nobody waiting, passes a bar.
 once. If every live thread waits and no barrier can complete, the batch is deadlocked, as
 real hardware would be: it sleeps until the engine stops it (job timeout or reset).
 
-Stopping (SM-EXEC-5): ctl.stopped() is checked before every step.
+Stopping (SM-EXEC-5): ctl.stopped() is checked before every step, and inside the long
+ones (stopping.py).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from __future__ import annotations
 import numpy as np
 
 from host.hw.sm import values as V
+from host.hw.sm.stopping import Stopped, running
 from spec import isa
 from spec.isa import OPND_PRED, OPND_R32, OPND_R64
 
@@ -50,10 +52,6 @@ DENSE_FRACTION = 0.25  # groups with at least this share of the lanes compute de
 DEADLOCK_SLEEP = 0.001  # seconds between stop checks of a deadlocked batch
 
 REG, CONST, SREG, NONE = 0, 1, 2, 3  # decoded operand kinds (decode.py)
-
-
-class Stopped(Exception):
-    """The engine stopped the launch (reset, shutdown, job timeout)."""
 
 
 class Shape:
@@ -474,7 +472,7 @@ class Batch:
         prog = self.prog
         decoded = prog.decoded
         from host.hw.sm.decode import decode
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), running(ctl):
             while True:
                 if ctl.stopped():
                     raise Stopped()

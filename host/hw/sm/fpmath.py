@@ -29,6 +29,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from host.hw.sm import stopping
 from spec import isa
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
@@ -162,6 +163,8 @@ def exact_lanes(fn, dtype, mode, *operands):
     ops = [np.broadcast_to(np.asarray(o, F64), (n,)) for o in operands]
     out = np.empty(n, dtype)
     for i in range(n):
+        if i % stopping.CHECK_EVERY == stopping.CHECK_EVERY - 1:
+            stopping.check()
         out[i] = round_fraction(fn(*(Fraction(float(o[i])) for o in ops)), dtype, mode)
     return out
 

@@ -38,7 +38,8 @@ import numpy as np
 
 from host.hw.sm.codeobject import (CodeFault, ModuleCache, _RelFault, check_entry, entry_index,
                                    fetch)
-from host.hw.sm.executor import Batch, Geometry, Shape, Stopped
+from host.hw.sm.executor import Batch, Geometry, Shape
+from host.hw.sm.stopping import Stopped
 from host.hw.sm.isa_check import first_bad_instruction
 from host.hw.sm.memory import GlobalMemory
 from host.hw.sm.program import Program

@@ -35,6 +35,7 @@ import numpy as np
 
 from host.hw.mmu import MmuFault
 from host.hw.regs import PAGE_SHIFT, PAGE_SIZE
+from host.hw.sm import stopping
 from spec import isa
 from spec.wire import ACCESS_READ, ACCESS_WRITE
 
@@ -133,7 +134,9 @@ class GlobalMemory:
         roots: list = []
         root_index: dict = {}
         uniq_l = uniq.tolist()
-        for s, e in zip(starts, ends):
+        for run, (s, e) in enumerate(zip(starts, ends)):
+            if run % stopping.CHECK_EVERY == stopping.CHECK_EVERY - 1:
+                stopping.check()
             p0, p1 = uniq_l[s], uniq_l[e - 1] + 1
             va0 = max(p0 << PAGE_SHIFT, amin)
             va1 = min(p1 << PAGE_SHIFT, amax + width)
@@ -294,7 +297,9 @@ def apply_atomic(view: np.ndarray, idx: np.ndarray, aop: int, b, c, want_old: bo
         ufunc = _UFUNC_AT.get(aop) if aop != isa.ATOM_ADD or view.dtype.kind == "f" else None
         if ufunc is not None and ngroups < rounds:
             gend = np.append(gstart[1:], k)
-            for g0, g1 in zip(gstart.tolist(), gend.tolist()):
+            for g, (g0, g1) in enumerate(zip(gstart.tolist(), gend.tolist())):
+                if g % stopping.CHECK_EVERY == stopping.CHECK_EVERY - 1:
+                    stopping.check()
                 a = sidx[g0]
                 seq = np.concatenate(([view[a]], sb[g0:g1])).astype(view.dtype)
                 acc = _sequential(ufunc, seq, view.dtype)
@@ -305,6 +310,8 @@ def apply_atomic(view: np.ndarray, idx: np.ndarray, aop: int, b, c, want_old: bo
             counts = np.bincount(rank, minlength=rounds)
             bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
             for r in range(rounds):
+                if r % stopping.CHECK_EVERY == stopping.CHECK_EVERY - 1:
+                    stopping.check()
                 lanes = by_round[bounds[r]:bounds[r + 1]]
                 a = sidx[lanes]
                 o = view[a]

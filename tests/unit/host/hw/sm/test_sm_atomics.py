@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from smtest import Env
+from smtest import Env, StopAfter
 
 from host.hw.sm import launch as sm_launch
 from host.hw.sm.memory import apply_atomic
@@ -261,3 +261,27 @@ def test_apply_atomic_matches_a_sequential_model(op, idx, data):
     view = np.array(mem0, np.uint32)
     apply_atomic(view, np.array(idx), aop, np.array(vals, np.uint32), np.array(cmp, np.uint32), False)
     assert list(view) == want_mem
+
+
+def test_the_stop_token_ends_a_long_chain_of_conflicting_atomics(env):
+    """Every lane CASes the one address from i to i + 1: a round per lane, in lane order.
+    A reset during the instruction stops it after a few rounds, not after all of them."""
+    src = """
+.entry k
+.param u64 x
+  ld.param.u64 rd1, [x]
+  mov.u32 r0, %ctaid.x
+  mov.u32 r1, %ntid.x
+  mov.u32 r2, %tid.x
+  mad.lo.u32 r0, r0, r1, r2
+  add.u32 r3, r0, 1
+  atom.global.cas.b32 r4, [rd1], r0, r3
+  exit
+"""
+    mod = env.load(src)
+    x = env.buffer(np.zeros(1, np.uint32))
+    ctl = StopAfter(8 + 4)  # through the instructions before the atom, then 4 checks in it
+    env.run(mod, grid=64, block=1024, args=(x,), ctl=ctl)
+    done = int(env.read(x, 1, np.uint32)[0])
+    assert 0 < done < 64 * 1024 // 4
+    env.run(mod, grid=64, block=1024, args=(x,))  # the next launch is not affected
