@@ -229,8 +229,7 @@ def fma(a, b, c, dtype, mode):
         # a*b is exact in f64 and s = fl64(a*b + c) rounds to the right f32 (f16) unless s
         # lies exactly halfway between two of them (the first rounding may have made it
         # so), or is out of the target's normal range: only such lanes go the exact way
-        s = np.asarray(np.multiply(a, b, dtype=F64))  # (0-d when every operand is uniform)
-        np.add(s, c, out=s, casting="unsafe")
+        s = np.asarray(np.add(np.multiply(a, b, dtype=F64), c, dtype=F64))
         r = s.astype(dtype)
         low, half = _LOW[dtype]
         check = (s.view(np.int64) & low) == half  # (also covers the overflow threshold)

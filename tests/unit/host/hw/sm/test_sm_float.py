@@ -221,3 +221,7 @@ def test_operations_on_uniform_values(env):
                            [("f32", a)], ["f32", "f32", "f64"], 4)
     assert list(d2) == [1.875] * 4 and list(f) == [3.75] * 4
     assert list(d) == [np.sqrt(np.float32(1.875))] * 4
+    x = np.arange(4, dtype=np.float32)
+    (d,) = elementwise(env, "mov.f32 {d}, 1.5\nfma.rn.f32 {d}, {d}, {d}, {a}", [("f32", x)],
+                       ["f32"], 4)  # uniform * uniform + per thread
+    assert list(d) == list(2.25 + x)
