@@ -24,14 +24,12 @@ ufunc.at (add, min, max, and, or, xor); integer add with a result by a segmented
 sum; cas on few addresses by runs (all lanes up to the next one whose compare value
 matches fail at once: a CAS loop costs one step per success), inc/dec with one limit in
 closed form; the other operations with a result by segments (ufunc.accumulate per
-address) or by rounds (one lane per address per round), whichever takes fewer steps. The launch's
-`atomic_lock` makes an atomic instruction indivisible with respect to the other compute
-units running blocks of the same launch.
+address) or by rounds (one lane per address per round), whichever takes fewer steps.
+Batches run one after another on the engine's thread, so an instruction's atomics are
+indivisible with respect to every other access of the launch.
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 
@@ -59,7 +57,6 @@ class GlobalMemory:
         self.mmu = mmu
         self.vmid = vmid
         self._typed: dict = {}  # (id(root), dtype) -> (root, typed view)
-        self.atomic_lock = threading.Lock()
         self.on_write = None  # fn(list of uint8 arrays) before they are written
 
     # ------------------------------------------------------------- ranges
@@ -213,14 +210,13 @@ class GlobalMemory:
         b = np.broadcast_to(np.asarray(b, dtype), (n,))
         c = None if c is None else np.broadcast_to(np.asarray(c, dtype), (n,))
         old = np.empty(n, dtype) if want_old else None
-        with self.atomic_lock:
-            for root, lanes, phys in groups:
-                view = self._typed_view(root, dtype)
-                sel = slice(None) if lanes is None else lanes
-                r = apply_atomic(view, phys // w, aop, b[sel], None if c is None else c[sel],
-                                 want_old)
-                if want_old:
-                    old[sel] = r
+        for root, lanes, phys in groups:
+            view = self._typed_view(root, dtype)
+            sel = slice(None) if lanes is None else lanes
+            r = apply_atomic(view, phys // w, aop, b[sel], None if c is None else c[sel],
+                             want_old)
+            if want_old:
+                old[sel] = r
         return old
 
 
