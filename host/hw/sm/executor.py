@@ -538,7 +538,7 @@ class Batch:
         act). bar_id, count: values (int or array over all lanes); red: None or
         (kind, predicate values over all lanes, dst, negate)."""
         geo = self.geo
-        nb, T = geo.nb, geo.T
+        nb = geo.nb
         if (wait and sub is act and act.full and self.nwait == 0 and count is None
                 and not isinstance(bar_id, np.ndarray) and self.bar_count is None):
             if red is not None:  # every live lane of every block arrives at once

@@ -173,10 +173,11 @@ def _patch(result, bad, fn, dtype, mode, *operands):
     """result with the lanes `bad` recomputed exactly."""
     if not np.any(bad):
         return result
-    result = np.array(result, dtype, copy=True, ndmin=1)
+    result = np.array(result, dtype, copy=True)
+    flat = result.reshape(-1)  # (a 0-d result stays 0-d)
     idx = np.flatnonzero(np.broadcast_to(bad, result.shape))
-    ops = [np.broadcast_to(np.asarray(o, F64), result.shape)[idx] for o in operands]
-    result[idx] = exact_lanes(fn, dtype, mode, *ops)
+    ops = [np.broadcast_to(np.asarray(o, F64), result.shape).reshape(-1)[idx] for o in operands]
+    flat[idx] = exact_lanes(fn, dtype, mode, *ops)
     return result
 
 
@@ -228,8 +229,7 @@ def fma(a, b, c, dtype, mode):
         # a*b is exact in f64 and s = fl64(a*b + c) rounds to the right f32 (f16) unless s
         # lies exactly halfway between two of them (the first rounding may have made it
         # so), or is out of the target's normal range: only such lanes go the exact way
-        s = np.multiply(a, b, dtype=F64)
-        np.add(s, c, out=s, casting="unsafe")
+        s = np.asarray(np.add(np.multiply(a, b, dtype=F64), c, dtype=F64))
         r = s.astype(dtype)
         low, half = _LOW[dtype]
         check = (s.view(np.int64) & low) == half  # (also covers the overflow threshold)

@@ -16,8 +16,10 @@ operation over up to BATCH_THREADS lanes: large enough that numpy's per-call cos
 small, small enough to stay near the caches. A batch does not straddle a row of the grid
 when the row has enough blocks, so %ctaid.x stays affine in the thread index. Blocks are
 independent except through global memory and atomics (SM-EXEC-1), so running them batch
-after batch is a valid schedule; a block waiting for a later block to write a flag waits
-forever, as it may on real hardware when the later block is not resident.
+after batch on the engine's thread is a valid schedule (the engine's compute units are not
+used: batches in parallel would make faults and partial results depend on timing); a
+block waiting for a later block to write a flag waits forever, as it may on real hardware
+when the later block is not resident.
 
 Device time: %globaltimer reads the device clock (Gpu.clock_ns); %clock64 counts the
 same nanoseconds at CLOCK_RATE_KHZ, strictly increasing between reads. The engine's busy
@@ -81,10 +83,9 @@ class LaunchState:
 
 
 class StreamingMultiprocessors:
-    def __init__(self, mmu, clock=time.monotonic_ns, cus=None):
+    def __init__(self, mmu, clock=time.monotonic_ns):
         self.mmu = mmu
         self.clock = clock
-        self.cus = cus
         self.cache = ModuleCache()
         self._lock = threading.Lock()
         self._gridid = 0
