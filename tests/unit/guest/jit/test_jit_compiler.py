@@ -286,3 +286,9 @@ def test_bytes_that_are_not_utf8_are_a_syntax_error():
         compile_ptx(text)
     assert e.value.line == 15
     assert compile_ptx(kernel("ret;").encode())
+
+
+def test_pointer_parameters_keep_their_natural_alignment():
+    e = build(kernel("ret;", params=".param .u32 k_n, .param .u64 .ptr .global .align 16 k_p, "
+                     ".param .u32 k_m")).entry("k")
+    assert [(p.offset, p.size, p.align) for p in e.params] == [(0, 4, 4), (8, 8, 8), (16, 4, 4)]
