@@ -35,3 +35,9 @@ __all__ = [
 from guest.api.pinned import PinnedArray, PinnedMemoryError  # noqa: E402  (pinned host memory)
 
 __all__ += ["PinnedArray", "PinnedMemoryError"]
+from guest.api.errors import (CudaCompileError, IllegalCodeError,  # noqa: E402  (modules)
+                              ModuleLoadError, NotFoundError, PtxCompileError)
+from guest.api.module import Function, Module, ModuleGlobal  # noqa: E402
+
+__all__ += ["Module", "Function", "ModuleGlobal", "IllegalCodeError", "ModuleLoadError",
+            "PtxCompileError", "CudaCompileError", "NotFoundError"]

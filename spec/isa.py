@@ -69,6 +69,9 @@ MAX_DYNAMIC_SHARED = 163 << 10  # static + dynamic shared memory of a block (sm_
 MAX_LOCAL_SIZE = 512 << 10  # local memory per thread (CUDA's limit)
 MAX_BLOCK_THREADS = 1024
 WARP_SIZE = 32
+NUM_BARRIERS = 16  # barriers per block (bar's `a`, taken modulo NUM_BARRIERS)
+SM_COUNT = 16  # streaming multiprocessors of a device (%nsmid; %smid < SM_COUNT)
+CLOCK_RATE_KHZ = 1_000_000  # %clock/%clock64 tick once per nanosecond of device time
 
 # Generic addressing (ISA-ADDR-*): the shared and local windows of the 64-bit generic
 # address space. Everything else is a global (device virtual) address.
@@ -409,7 +412,7 @@ OPCODES = {s.opcode: s for s in (
     OpSpec(OP_BRA, "bra", ("-", "-", "-", "-", "-"), _t("none"), 0),
     OpSpec(OP_EXIT, "exit", ("-", "-", "-", "-", "-"), _t("none"), 0),
     OpSpec(OP_TRAP, "trap", ("-", "-", "-", "-", "-"), _t("none"), 0),
-    OpSpec(OP_BAR, "bar", ("U?", "-", "U?", "U?", "P?"), _t("none", "u32", "pred"),
+    OpSpec(OP_BAR, "bar", ("D?", "-", "U?", "U?", "P?"), _t("none", "u32", "pred"),
            MOD_VARIANT_MASK | MOD_NEG_C),
     OpSpec(OP_MEMBAR, "membar", ("-", "-", "-", "-", "-"), _t("none"), 0),
     OpSpec(OP_ATOM, "atom", ("D", "-", "A", "T", "T?"),

@@ -190,10 +190,12 @@ CTX_PRIORITY_NAMES = {CTX_PRIORITY_NORMAL: "normal", CTX_PRIORITY_LOW: "low",
 CMD_CTX_SYNC = 0x0412
 CMD_MEM_ALLOC = 0x0420
 CMD_MEM_FREE = 0x0421
+MEM_ALLOC_FLAG_EXEC = 1  # MEM_ALLOC flags: map the allocation executable too (code objects)
 CMD_COPY_H2D = 0x0430
 CMD_COPY_D2H = 0x0431
 CMD_COPY_D2D = 0x0432
 CMD_LAUNCH = 0x0440
+CMD_LAUNCH_CODE = 0x0441  # launch an entry of a code object (spec §6.5.32, spec/isa.md)
 CMD_EVENT_RECORD = 0x0450
 CMD_EVENT_WAIT = 0x0451
 CMD_EVENT_QUERY = 0x0452
@@ -270,6 +272,8 @@ RESP_ERR_JOB_TIMEOUT = 0x1287  # the job ran past the host's timeout and was sto
 RESP_ERR_INVALID_EVENT = 0x1288  # event id 0 or unknown; export handle unknown or wrong token
 RESP_ERR_INVALID_SEGMENT = 0x1289  # shared segment id unknown, removed, or not attached here
 RESP_ERR_PERMISSION = 0x128A  # not the segment's creator; SHM_IMPORT handle/token not valid
+RESP_ERR_ILLEGAL_CODE = 0x128B  # LAUNCH_CODE: the device refused the code object or the
+# launch (info0 = VA of the offending record, info1 = the reason, spec/isa.py COBJ_ERR_*)
 
 RESP_NAMES = {
     RESP_OK_NODATA: "OK_NODATA",
@@ -301,6 +305,7 @@ RESP_NAMES = {
     RESP_ERR_INVALID_EVENT: "ERR_INVALID_EVENT",
     RESP_ERR_INVALID_SEGMENT: "ERR_INVALID_SEGMENT",
     RESP_ERR_PERMISSION: "ERR_PERMISSION",
+    RESP_ERR_ILLEGAL_CODE: "ERR_ILLEGAL_CODE",
 }
 
 
@@ -322,6 +327,8 @@ CMD_BODY_FORMATS = {
     CMD_COPY_D2H: "<QQ",  # src_va, size; data: the writable part after the response
     CMD_COPY_D2D: "<QQQ",  # src_va, dst_va, size
     CMD_LAUNCH: "<I3I3II",  # kernel_id, grid[3], block[3], nargs; then nargs x le64 args
+    # object_va, entry_va, grid[3], block[3], dyn_shared, param_size; then param_size bytes
+    CMD_LAUNCH_CODE: "<QQ3I3III",
     CMD_EVENT_RECORD: "<I4x",  # event_id
     CMD_EVENT_WAIT: "<I4x",  # event_id
     CMD_EVENT_QUERY: "<I4x",  # event_id; response RESP_EVENT_FORMAT
@@ -356,6 +363,7 @@ CMD_NAMES = {
     CMD_COPY_D2H: "COPY_D2H",
     CMD_COPY_D2D: "COPY_D2D",
     CMD_LAUNCH: "LAUNCH",
+    CMD_LAUNCH_CODE: "LAUNCH_CODE",
     CMD_EVENT_RECORD: "EVENT_RECORD",
     CMD_EVENT_WAIT: "EVENT_WAIT",
     CMD_EVENT_QUERY: "EVENT_QUERY",
@@ -380,6 +388,8 @@ LAUNCH_ARG_SIZE = 8
 MAX_KERNEL_ARGS = 16
 MAX_GRID_DIM = 1 << 31
 MAX_BLOCK_THREADS = 1024
+# LAUNCH_CODE's limits on parameter bytes and shared memory are spec/isa.py's
+# MAX_PARAM_SIZE and MAX_DYNAMIC_SHARED (the ISA's numbers live there)
 
 # Response bodies (after the 24-byte header).
 RESP_DEVICE_INFO_FORMAT = "<QQQI4x32s"  # vram_size, vram_free, max_alloc, num_contexts, name
@@ -422,10 +432,13 @@ ACCESS_NAMES = {ACCESS_READ: "read", ACCESS_WRITE: "write", ACCESS_EXEC: "exec"}
 # least EVTQ_ENTRY_SIZE bytes; the device fills one per event: a control header (type,
 # flags, fence_id 0, ctx_id, ring_idx of the failed job's timeline) and this body:
 #   le64 seq; le64 timestamp_ns; le64 address; le32 vmid; u8 access; u8 engine; u8 pad[2];
-#   le32 missed; le32 reserved
+#   le32 missed; le32 detail
 EVTQ_PAGE_FAULT = 0x1400  # a job of ctx_id faulted: address/access/vmid/engine name it
 EVTQ_CONTEXT_LOST = 0x1401  # ctx_id was lost (its job on `engine` ran past the timeout)
-EVTQ_NAMES = {EVTQ_PAGE_FAULT: "PAGE_FAULT", EVTQ_CONTEXT_LOST: "CONTEXT_LOST"}
+EVTQ_CODE_FAULT = 0x1402  # a code launch of ctx_id faulted: address = the offending record,
+# detail = the reason (spec/isa.py COBJ_ERR_*)
+EVTQ_NAMES = {EVTQ_PAGE_FAULT: "PAGE_FAULT", EVTQ_CONTEXT_LOST: "CONTEXT_LOST",
+              EVTQ_CODE_FAULT: "CODE_FAULT"}
 EVTQ_FLAG_MISSED = 1  # events were dropped before this one (`missed` says how many)
 EVTQ_BODY_FORMAT = "<QQQIBB2xII"
 EVTQ_ENTRY_SIZE = CTRL_HDR_SIZE + struct.calcsize(EVTQ_BODY_FORMAT)  # 64

@@ -68,6 +68,7 @@ _EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
 _HANDLE = struct.Struct(wire.RESP_EVENT_HANDLE_FORMAT)
 _STATS = struct.Struct(wire.RESP_STATS_FORMAT)
 _MAX_STATS_BUFFER = 16 << 20
+_FAULT_EVENTS = (wire.EVTQ_PAGE_FAULT, wire.EVTQ_CODE_FAULT)  # a faulted context keeps working
 
 
 def _cmd(type_: int, body=(), *, ctx_id: int = 0, ring_idx: int = 0, fence_id: int = 0,
@@ -97,7 +98,7 @@ def _api(fn):
                 mapped = errors.translate(e)
                 if mapped is e:
                     raise
-                if isinstance(mapped, errors.PageFaultError):
+                if isinstance(mapped, (errors.PageFaultError, errors.IllegalCodeError)):
                     _claim_fault_event(self, mapped)
                 raise mapped from None
     wrapper.api_locked = True
@@ -105,8 +106,8 @@ def _api(fn):
 
 
 def _claim_fault_event(obj, err) -> None:
-    """Attach the event-queue entry of a fault (spec §5.7) to the PageFaultError raised for
-    it. Every fault event of the same context received so far counts as reported with it
+    """Attach the event-queue entry of a fault (spec §5.7) to the PageFaultError (or
+    IllegalCodeError) raised for it. Every fault event of the same context received so far counts as reported with it
     (one operation, e.g. a chunked copy, may fault in several jobs), so a later
     synchronize does not raise them again."""
     ctx = obj if isinstance(obj, Context) else getattr(obj, "context", None)
@@ -230,7 +231,7 @@ class Device:
         ctx = self._contexts.get(event.ctx_id)
         if ctx is not None:
             ctx._device_events.append(event)
-        if event.type == wire.EVTQ_PAGE_FAULT:
+        if event.type in _FAULT_EVENTS:
             self._unclaimed_faults.append(event)
 
     def _claim_faults(self, match) -> list:
@@ -814,10 +815,11 @@ class Context(_DestroyedOnExit):
     @property
     @_api
     def faults(self) -> list:
-        """The GPU page faults of this context's jobs, as the device reported them on its
-        event queue (DeviceEvent: address, access, vmid, engine, ring_idx, timestamp_ns).
-        A faulted context keeps working (spec CMD-FAULT-4)."""
-        return [e for e in self._device_events if e.type == wire.EVTQ_PAGE_FAULT]
+        """The GPU page faults and code faults of this context's jobs, as the device
+        reported them on its event queue (DeviceEvent: type, address, access or detail,
+        vmid, engine, ring_idx, timestamp_ns). A faulted context keeps working (spec
+        CMD-FAULT-4)."""
+        return [e for e in self._device_events if e.type in _FAULT_EVENTS]
 
     @property
     @_api
@@ -1019,8 +1021,9 @@ class Context(_DestroyedOnExit):
 
     # ------------------------------------------------------------------ memory
     @_api
-    def alloc(self, nbytes: int) -> tuple:
-        """Raw device memory (MEM_ALLOC of 1 <= nbytes < 2**64); -> (resource_id, va, size).
+    def alloc(self, nbytes: int, *, executable: bool = False) -> tuple:
+        """Raw device memory (MEM_ALLOC of 1 <= nbytes < 2**64; `executable`: with
+        MEM_ALLOC_FLAG_EXEC, for a code object); -> (resource_id, va, size).
         Nothing frees it but `_free(resource_id)` (or a DeviceArray made over it, which
         then owns it) and the context's end. Out of device memory, garbage collection runs
         and frees dropped arrays before one more try (guest/api/lifetime.py)."""
@@ -1030,7 +1033,8 @@ class Context(_DestroyedOnExit):
         if not 0 < nbytes <= operands.MAX_NBYTES:
             raise ValueError(f"nbytes must be in [1, 2**64), not {nbytes}")
         rid = next(self.device._resource_ids)
-        cmd = command(wire.CMD_MEM_ALLOC, (rid, 0, int(nbytes)), ctx_id=self.ctx_id)
+        flags = wire.MEM_ALLOC_FLAG_EXEC if executable else 0
+        cmd = command(wire.CMD_MEM_ALLOC, (rid, flags, int(nbytes)), ctx_id=self.ctx_id)
         try:
             _t, body = self._driver.call(cmd)
         except DeviceResponseError as e:
@@ -1281,6 +1285,14 @@ class Context(_DestroyedOnExit):
 
     # ------------------------------------------------------------------ launches
     @_api
+    def load_module(self, src):
+        """Load kernels of one's own (guest/api/module.py): PTX text or bytes, a path to a
+        .ptx or .cu file, CUDA C source (with NVRTC: pip install 'pvgpu[cuda]'), or a code
+        object. -> Module (get_function, get_global, unload)."""
+        from guest.api import module as _module
+        return _module.load(self, src)
+
+    @_api
     def launch(self, kernel: str, grid, block, args, stream: Stream | None = None) -> None:
         """Launch a built-in kernel asynchronously on `stream` (default: the default stream)."""
         s = self._stream(stream)
@@ -1319,7 +1331,10 @@ class Context(_DestroyedOnExit):
         if claimed:
             ev = claimed[0]
             more = f" (and {len(claimed) - 1} more)" if len(claimed) > 1 else ""
-            e = errors.PageFaultError(f"{ev}{more}", info0=ev.address, info1=ev.access)
+            if ev.type == wire.EVTQ_CODE_FAULT:
+                e = errors.IllegalCodeError(f"{ev}{more}", info0=ev.address, info1=ev.detail)
+            else:
+                e = errors.PageFaultError(f"{ev}{more}", info0=ev.address, info1=ev.access)
             e.event = ev
             raise e
 

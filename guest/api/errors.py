@@ -5,7 +5,7 @@ PageFaultError, ERR_CONTEXT_LOST -> ContextLostError, ...); a control refusal be
 ControlError; a silent host becomes HostLost; DEVICE_NEEDS_RESET becomes DeviceNeedsReset.
 """
 
-from spec import wire
+from spec import isa, wire
 from guest.frontend.driver import DeviceNeedsReset as _FrontendNeedsReset
 from guest.frontend.driver import DeviceResponseError
 from guest.frontend.session import ControlRequestError
@@ -91,6 +91,31 @@ class PageFaultError(DeviceError):
         return wire.ACCESS_NAMES.get(self.info1, str(self.info1))
 
 
+class IllegalCodeError(DeviceError):
+    """The device refused a code object or a launch of it (malformed object, an entry the
+    launch does not fit, a bad instruction), or the kernel executed `trap`: `address` is the
+    device VA of the offending record (header, entry, parameter or instruction), `reason`
+    why (the name of a spec/isa.py COBJ_ERR_*). Like a page fault it affects only that
+    launch: the context keeps working. `event` is the event-queue report, when there is one."""
+
+    code = wire.RESP_ERR_ILLEGAL_CODE
+    event = None
+
+    def __str__(self) -> str:
+        text = super().__str__()
+        if self.event is not None and str(self.event) not in text:
+            text = f"{text} [{self.event}]"
+        return text
+
+    @property
+    def address(self) -> int:
+        return self.info0
+
+    @property
+    def reason(self) -> str:
+        return isa.COBJ_ERR_NAMES.get(self.info1, str(self.info1))
+
+
 class ContextLostError(DeviceError):
     """The context was found guilty of a GPU hang (its job ran too long, or another of its
     jobs did) and the host cancelled its work. The context is unusable from now on: every
@@ -129,6 +154,33 @@ class PermissionDeniedError(DeviceError):
     code = wire.RESP_ERR_PERMISSION
 
 
+class ModuleLoadError(PvgpuError):
+    """A module could not be loaded: its source is not something load_module takes, a file
+    cannot be read, or the bytes given are not a valid code object."""
+
+
+class PtxCompileError(ModuleLoadError):
+    """The PTX does not compile: the message is the compiler's and names the PTX line;
+    `line` (1-based), `instruction` and `section` (of the PTX ISA) when it gave them."""
+
+    def __init__(self, message: str, *, line=None, instruction=None, section=None):
+        super().__init__(message)
+        self.line, self.instruction, self.section = line, instruction, section
+
+
+class CudaCompileError(ModuleLoadError):
+    """CUDA C source cannot be compiled: NVRTC is not installed (pip install 'pvgpu[cuda]'),
+    or the source has errors (`log`: NVRTC's log)."""
+
+    def __init__(self, message: str, *, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
+class NotFoundError(PvgpuError, LookupError):
+    """A module has no kernel or variable of that name."""
+
+
 class NotReadyError(PvgpuError):
     """The work an event captured has not completed yet (Event.elapsed_time)."""
 
@@ -149,7 +201,7 @@ _BY_CODE = {cls.code: cls for cls in (
     OutOfMemoryError, InvalidResourceError, InvalidContextError, InvalidParameterError,
     UnknownCommandError, ShortCommandError, InvalidKernelError, InvalidAddressError, PageFaultError,
     ContextLostError, JobTimeoutError, InvalidEventError, InvalidSegmentError,
-    PermissionDeniedError)}
+    PermissionDeniedError, IllegalCodeError)}
 
 
 def error_for(code: int, message: str, info0: int = 0, info1: int = 0) -> DeviceError:

@@ -22,7 +22,7 @@ import collections
 import struct
 from typing import NamedTuple
 
-from spec import wire
+from spec import isa, wire
 from transport.errors import VirtqError
 from transport.virtqueue import DriverQueue, VirtqLayout
 
@@ -70,6 +70,7 @@ class DeviceEvent(NamedTuple):
     access: int  # wire.ACCESS_*
     engine: int
     missed: int  # events the device dropped just before this one
+    detail: int = 0  # EVTQ_CODE_FAULT: why the code faulted (spec/isa.py COBJ_ERR_*)
 
     @property
     def kind(self) -> str:
@@ -78,8 +79,10 @@ class DeviceEvent(NamedTuple):
     @classmethod
     def parse(cls, raw: bytes) -> "DeviceEvent":
         etype, _flags, _fence, ctx_id, ring_idx = _HDR.unpack_from(raw)
-        seq, ts, address, vmid, access, engine, missed, _ = _EVTQ_BODY.unpack_from(raw, _HDR.size)
-        return cls(etype, ctx_id, ring_idx, seq, ts, address, vmid, access, engine, missed)
+        seq, ts, address, vmid, access, engine, missed, detail = \
+            _EVTQ_BODY.unpack_from(raw, _HDR.size)
+        return cls(etype, ctx_id, ring_idx, seq, ts, address, vmid, access, engine, missed,
+                   detail)
 
     def __str__(self) -> str:
         engine = wire.EVTQ_ENGINE_NAMES.get(self.engine, str(self.engine))
@@ -87,6 +90,11 @@ class DeviceEvent(NamedTuple):
             access = wire.ACCESS_NAMES.get(self.access, f"access {self.access}")
             return (f"GPU page fault in context {self.ctx_id}: {access} at VA {self.address:#x} "
                     f"(vmid {self.vmid}, {engine} engine, stream {self.ring_idx})")
+        if self.type == wire.EVTQ_CODE_FAULT:
+            why = isa.COBJ_ERR_NAMES.get(self.detail, f"reason {self.detail}")
+            return (f"code fault in context {self.ctx_id}: the device refused the code "
+                    f"({why}) at VA {self.address:#x} (vmid {self.vmid}, {engine} engine, "
+                    f"stream {self.ring_idx})")
         if self.type == wire.EVTQ_CONTEXT_LOST:
             return (f"context {self.ctx_id} lost: its job on the {engine} engine "
                     f"(stream {self.ring_idx}) ran past the host's timeout")

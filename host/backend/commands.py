@@ -43,14 +43,17 @@ from typing import Callable, Optional
 import msgpack
 
 from spec import wire
+from host.backend import code_launch
 from host.backend.errors import CommandError
 from host.backend.events import EventExports, EventSnapshot
 from host.backend.prime import ResourceExports
 from host.backend.shm import ShmTable, shm_error
 from host.kmd import errors as kmd_errors
 from host.kmd import sched
+from host.kmd.bo import CodeFault
 from host.kmd.errors import KmdError, OutOfMemory
 from host.kmd.prime import PrimeImport
+from spec import isa
 
 _BODY = {k: struct.Struct(v) for k, v in wire.CMD_BODY_FORMATS.items()}
 _ARG = struct.Struct("<Q")
@@ -138,6 +141,11 @@ class EventState:
 
 def fault_to_error(err) -> CommandError:
     """Map a KMD fence error (a GPU fault record, a KMD error, or a string) onto a wire error."""
+    if isinstance(err, CodeFault):  # spec CMD-LAUNCH-CODE-5
+        why = isa.COBJ_ERR_NAMES.get(err.reason, str(err.reason))
+        return CommandError(wire.RESP_ERR_ILLEGAL_CODE,
+                            f"code fault: the device refused the code ({why}) at VA "
+                            f"{err.address:#x}", info0=err.address, info1=err.reason)
     address = getattr(err, "address", None)
     if address is not None:
         access = getattr(err, "access", 0)
@@ -156,13 +164,16 @@ def fault_to_error(err) -> CommandError:
 
 
 def error_to_event(err):
-    """A KMD context error (error_listener) -> (EVTQ type, address, access, vmid) of its
-    event-queue entry (spec §5.7), or None for errors that have no event."""
+    """A KMD context error (error_listener) -> (EVTQ type, address, access, vmid, detail) of
+    its event-queue entry (spec §5.7), or None for errors that have no event."""
+    if isinstance(err, CodeFault):
+        return wire.EVTQ_CODE_FAULT, err.address, 0, err.vmid, err.reason
     address = getattr(err, "address", None)
     if address is not None:
-        return wire.EVTQ_PAGE_FAULT, address, getattr(err, "access", 0), getattr(err, "vmid", 0)
+        return (wire.EVTQ_PAGE_FAULT, address, getattr(err, "access", 0),
+                getattr(err, "vmid", 0), 0)
     if isinstance(err, KmdError) and err.code in (kmd_errors.JOB_TIMEOUT, kmd_errors.CONTEXT_LOST):
-        return wire.EVTQ_CONTEXT_LOST, 0, 0, 0
+        return wire.EVTQ_CONTEXT_LOST, 0, 0, 0, 0
     return None
 
 
@@ -198,8 +209,8 @@ class ComputeDevice:
         the session, whose exports are bounded together and whose queued GPU jobs are
         flow-controlled together; `device_index`: for GET_STATS; `vgpu`: the session's
         vGPU (host.kmd.sched.VgpuShares), None for the device's default one;
-        `event_sink(type, ctx_id, ring_idx, address, access, vmid, engine)`: where the
-        faults and losses of this session's contexts go (called on engine threads);
+        `event_sink(type, ctx_id, ring_idx, address, access, vmid, engine, detail)`: where
+        the faults and losses of this session's contexts go (called on engine threads);
         `resource_exports`: the host-global registry of exported buffers."""
         self.vgpu = vgpu
         self.event_sink = event_sink
@@ -227,9 +238,10 @@ class ComputeDevice:
         if req.ring_idx > wire.MAX_RING_IDX:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
                                f"ring_idx {req.ring_idx} > {wire.MAX_RING_IDX}")
-        if req.type == wire.CMD_LAUNCH and not self.compute:
+        if req.type in (wire.CMD_LAUNCH, wire.CMD_LAUNCH_CODE) and not self.compute:
             raise CommandError(wire.RESP_ERR_UNKNOWN_COMMAND,
-                               "LAUNCH needs PVGPU_F_COMPUTE, which was not negotiated")
+                               f"{wire.CMD_NAMES[req.type]} needs PVGPU_F_COMPUTE, which was "
+                               "not negotiated")
         return handler(self, req, _BODY[req.type].unpack(body), chain, mem)
 
     def timeline_index(self, req: Request) -> int:
@@ -284,9 +296,11 @@ class ComputeDevice:
             if faults:
                 last = faults[-1]
                 out[ctx_id] = {"count": len(faults), "last": {
-                    "address": last.address,
-                    "access": wire.ACCESS_NAMES.get(last.access, str(last.access)),
-                    "vmid": last.vmid, "engine": getattr(last, "engine", 0)}}
+                    "address": last.address, "vmid": last.vmid,
+                    "engine": getattr(last, "engine", 0), **(
+                        {"code": isa.COBJ_ERR_NAMES.get(last.reason, str(last.reason))}
+                        if isinstance(last, CodeFault) else
+                        {"access": wire.ACCESS_NAMES.get(last.access, str(last.access))})}}
         return out
 
     def cmd_ctx_create(self, req, body, chain, mem):
@@ -324,8 +338,8 @@ class ComputeDevice:
         def on_error(_kctx, error, timeline: int, engine: int) -> None:  # engine thread
             event = error_to_event(error)
             if event is not None:
-                etype, address, access, vmid = event
-                sink(etype, ctx_id, timeline, address, access, vmid, engine)
+                etype, address, access, vmid, detail = event
+                sink(etype, ctx_id, timeline, address, access, vmid, engine, detail)
         return on_error
 
     def cmd_ctx_destroy(self, req, body, chain, mem):
@@ -343,14 +357,15 @@ class ComputeDevice:
         if resource_id == 0 or resource_id in self.resource_owner:
             raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
                                f"resource id {resource_id} is zero or already in use")
-        if flags != 0 or size == 0:
+        if flags & ~wire.MEM_ALLOC_FLAG_EXEC or size == 0:  # CMD-ALLOC-1
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                               f"MEM_ALLOC needs flags 0 and size > 0 (got flags {flags:#x}, size {size})")
+                               f"MEM_ALLOC needs flags 0 or MEM_ALLOC_FLAG_EXEC and size > 0 "
+                               f"(got flags {flags:#x}, size {size})")
         if size > self.kmd.vram_size:
             raise CommandError(wire.RESP_ERR_OUT_OF_MEMORY,
                                f"{size} bytes exceed the device's {self.kmd.vram_size} bytes of VRAM")
         try:
-            bo = ctx.kmd_ctx.alloc(size)
+            bo = ctx.kmd_ctx.alloc(size, executable=bool(flags & wire.MEM_ALLOC_FLAG_EXEC))
         except KmdError as e:
             raise kmd_to_error(e) from None
         ctx.resources[resource_id] = bo
@@ -442,6 +457,14 @@ class ComputeDevice:
         idx = self.timeline_index(req)
         return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_launch(
             kernel_id, grid, block, args, wait=wait, timeline=idx))
+
+    def cmd_launch_code(self, req, body, chain, mem):
+        ctx = self._ctx(req)
+        lc = code_launch.decode(body, chain, mem)  # CMD-LAUNCH-CODE-1 steps 1-3
+        idx = self.timeline_index(req)
+        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_launch_code(
+            lc.object_va, lc.entry_va, lc.grid, lc.block, lc.dyn_shared, lc.params,
+            wait=wait, timeline=idx))
 
     # ------------------------------------------------------------------ events
     def _event(self, event_id: int) -> EventState:
@@ -839,6 +862,7 @@ _HANDLERS = {
     wire.CMD_COPY_D2H: ComputeDevice.cmd_copy_d2h,
     wire.CMD_COPY_D2D: ComputeDevice.cmd_copy_d2d,
     wire.CMD_LAUNCH: ComputeDevice.cmd_launch,
+    wire.CMD_LAUNCH_CODE: ComputeDevice.cmd_launch_code,
     wire.CMD_EVENT_RECORD: ComputeDevice.cmd_event_record,
     wire.CMD_EVENT_WAIT: ComputeDevice.cmd_event_wait,
     wire.CMD_EVENT_QUERY: ComputeDevice.cmd_event_query,

@@ -271,11 +271,12 @@ class VirtioGpuDevice:
             return None
         generation = self.generation
 
-        def sink(etype, ctx_id, ring_idx, address, access, vmid, engine):
+        def sink(etype, ctx_id, ring_idx, address, access, vmid, engine, detail=0):
             # Queued before the KMD sets the job's error, so any response reporting that
             # error is built after this append and takes the event first (EVTQ-EVENT-1).
             self.incoming_events.append((generation, etype, ctx_id, ring_idx,
-                                         (self.kmd.clock_ns(), address, vmid, access, engine)))
+                                         (self.kmd.clock_ns(), address, vmid, access, engine,
+                                          detail)))
             self.session.post_completion(self, self._take_events)
         return sink
 
@@ -315,11 +316,12 @@ class VirtioGpuDevice:
                 self.eventq.add_used(chain.head, 0)
                 self.eventq_added = True
                 continue
-            seq, etype, ctx_id, ring_idx, (timestamp, address, vmid, access, engine) = \
+            seq, etype, ctx_id, ring_idx, (timestamp, address, vmid, access, engine, detail) = \
                 self.events.popleft()
             missed, self.events_missed = self.events_missed, 0
             entry = (_HDR.pack(etype, wire.EVTQ_FLAG_MISSED if missed else 0, 0, ctx_id, ring_idx)
-                     + _EVTQ_BODY.pack(seq, timestamp, address, vmid, access, engine, missed, 0))
+                     + _EVTQ_BODY.pack(seq, timestamp, address, vmid, access, engine, missed,
+                                       detail))
             chain.write(mem, 0, entry)
             self.eventq.add_used(chain.head, len(entry))
             self.eventq_added = True

@@ -14,6 +14,9 @@ What each packet does:
                    copy extent by extent with np.copyto (memcpy speed; numpy drops the GIL).
                    As on real DMA engines, overlapping src and dst give undefined results.
   LAUNCH           compute engine only: run a built-in kernel (host/hw/kernels.py)
+  LAUNCH_CODE      compute engine only: run an entry of a code object on the streaming
+                   multiprocessors (host/hw/sm, spec/isa.md), in the IB's VMID; the
+                   reserved dword must be 0
   FENCE            ring only: write the u64 seq at a VRAM physical address (8-aligned),
                    wake every WAIT of the GPU, then with FENCE_IRQ raise
                    IRQ_FENCE(engine, address=addr, data=seq, timestamp=the device clock
@@ -28,8 +31,11 @@ Errors. A packet that cannot be executed as written — unknown opcode, wrong bo
 a body running past WPTR or past the end of its IB, a packet on the wrong engine or a
 ring-only packet inside an IB, an unknown kernel or a wrong argument count, an address
 outside VRAM — raises IRQ_ILLEGAL_PACKET(engine, vmid, address = byte offset of the
-packet in the ring or IB, data = header dword). A page fault during COPY or LAUNCH raises
-IRQ_PAGE_FAULT(engine, vmid, address, access). Either way, inside an IB the rest of the IB
+packet in the ring or IB, data = header dword). A page fault during COPY, LAUNCH or
+LAUNCH_CODE raises IRQ_PAGE_FAULT(engine, vmid, address, access). A code object that fails
+validation, a launch that does not fit its entry, or a kernel that executes `trap` raises
+IRQ_CODE_FAULT(engine, vmid, address = VA of the offending record, data = COBJ_ERR_*
+reason). Either way, inside an IB the rest of the IB
 is skipped; in the ring only that packet is (a packet running past WPTR drops everything
 up to WPTR). Execution then goes on with the next ring packet, so a FENCE after a faulting
 IB still signals. Interrupts of work that was stopped by a reset are not raised.
@@ -49,10 +55,12 @@ import numpy as np
 from host.hw import kernels
 from host.hw.interrupts import Interrupt
 from host.hw.mmu import MmuFault
-from host.hw.packets import (FENCE_IRQ, PKT_COPY, PKT_FENCE, PKT_INDIRECT_BUFFER, PKT_LAUNCH,
-                             PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT, split_header)
-from host.hw.regs import (COPY_ENGINES, ENGINE_COMPUTE, ENGINE_NAMES, IRQ_FENCE,
+from host.hw.packets import (FENCE_IRQ, LAUNCH_CODE_DW, PKT_COPY, PKT_FENCE,
+                             PKT_INDIRECT_BUFFER, PKT_LAUNCH, PKT_LAUNCH_CODE, PKT_NAMES, PKT_NOP,
+                             PKT_TLB_FLUSH, PKT_WAIT, split_header)
+from host.hw.regs import (COPY_ENGINES, ENGINE_COMPUTE, ENGINE_NAMES, IRQ_CODE_FAULT, IRQ_FENCE,
                           IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_VMIDS, VM_INVALIDATE_ALL)
+from host.hw.sm import CodeFault, CodeLaunch, StreamingMultiprocessors
 from spec.wire import ACCESS_READ, ACCESS_WRITE
 
 log = logging.getLogger("pvgpu.hw.cp")
@@ -66,7 +74,8 @@ COPY_CHUNK = 256 << 20
 COPY_SPLIT = 32 << 20
 WAIT_POLL = 0.002  # seconds between re-checks of a WAIT (CPU writes do not notify)
 RING_ONLY = frozenset({PKT_INDIRECT_BUFFER, PKT_FENCE, PKT_WAIT, PKT_TLB_FLUSH})
-BODY_DW = {PKT_INDIRECT_BUFFER: 4, PKT_COPY: 6, PKT_FENCE: 5, PKT_WAIT: 4, PKT_TLB_FLUSH: 1}
+BODY_DW = {PKT_INDIRECT_BUFFER: 4, PKT_COPY: 6, PKT_FENCE: 5, PKT_WAIT: 4, PKT_TLB_FLUSH: 1,
+           PKT_LAUNCH_CODE: LAUNCH_CODE_DW}
 LAUNCH_FIXED_DW = 8  # kernel_id, grid[3], block[3], nargs
 
 
@@ -97,7 +106,9 @@ class CommandProcessor:
             PKT_FENCE: self._fence,
             PKT_WAIT: self._wait,
             PKT_TLB_FLUSH: self._tlb_flush,
+            PKT_LAUNCH_CODE: self._launch_code,
         }
+        self.sm = StreamingMultiprocessors(mmu, clock) if engine == ENGINE_COMPUTE else None
         self.packets = 0
         self.ibs = 0
         self.copies = 0
@@ -106,13 +117,17 @@ class CommandProcessor:
         self.fences = 0
         self.waits = 0
         self.page_faults = 0
+        self.code_faults = 0
         self.illegal_packets = 0
         self.internal_errors = 0
 
     def stats(self) -> dict:
-        return {k: getattr(self, k) for k in (
+        out = {k: getattr(self, k) for k in (
             "packets", "ibs", "copies", "bytes_copied", "launches", "fences", "waits",
-            "page_faults", "illegal_packets", "internal_errors")}
+            "page_faults", "code_faults", "illegal_packets", "internal_errors")}
+        if self.sm is not None:
+            out["sm"] = self.sm.stats()
+        return out
 
     # ----------------------------------------------------------------- the ring
     def _ring_dwords(self, base: int, size: int, off: int, ndw: int) -> list:
@@ -162,6 +177,11 @@ class CommandProcessor:
             self.page_faults += 1
             log.info("%s: %s", self.name, f)
             self._raise(ctl, Interrupt(IRQ_PAGE_FAULT, self.engine, f.vmid, f.address, f.access,
+                                       timestamp=self.clock()))
+        except CodeFault as f:
+            self.code_faults += 1
+            log.info("%s: vmid %d: %s", self.name, vmid, f)
+            self._raise(ctl, Interrupt(IRQ_CODE_FAULT, self.engine, vmid, f.address, 0, f.reason,
                                        timestamp=self.clock()))
         except Exception:  # noqa: BLE001 - a hardware bug must not kill the engine
             self.internal_errors += 1
@@ -254,6 +274,17 @@ class CommandProcessor:
                            kernels.KernelMemory(self.mmu, vmid, self.cus), ctl)
         except kernels.InvalidLaunch as e:
             raise _Illegal(str(e)) from None
+
+    def _launch_code(self, body, vmid, ctl):
+        if self.engine != ENGINE_COMPUTE:
+            raise _Illegal("LAUNCH_CODE on a non-compute engine")
+        if body[14]:
+            raise _Illegal("LAUNCH_CODE reserved dword not 0")
+        launch = CodeLaunch(object_va=_u64(body[0], body[1]), entry_va=_u64(body[2], body[3]),
+                            grid=tuple(body[4:7]), block=tuple(body[7:10]), dyn_shared=body[10],
+                            params_va=_u64(body[11], body[12]), params_size=body[13])
+        self.launches += 1
+        self.sm.launch(vmid, launch, ctl)
 
     def _fence(self, body, vmid, ctl):
         addr = self._vram_addr(_u64(body[0], body[1]), 8, 8)

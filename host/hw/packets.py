@@ -15,6 +15,10 @@ run in, so every address inside an IB is a GPU virtual address of that VMID.
                                                       FENCE_IRQ raises IRQ_FENCE(seq)
   WAIT            addr_lo addr_hi value_lo value_hi    stall until u64 at addr >= value
   TLB_FLUSH       vmid                                 drop the TLB entries of vmid
+  LAUNCH_CODE     object_lo object_hi entry_lo entry_hi gx gy gz bx by bz dyn_shared
+                  params_lo params_hi params_size reserved             compute only
+                  run entry `entry` (VA of its record) of the code object at VA `object`
+                  (spec/isa.md), parameters read from VA `params`; reserved is 0
 """
 
 import struct
@@ -26,8 +30,11 @@ PKT_LAUNCH = 0x03
 PKT_FENCE = 0x04
 PKT_WAIT = 0x05
 PKT_TLB_FLUSH = 0x06
+PKT_LAUNCH_CODE = 0x07
 PKT_NAMES = {PKT_NOP: "NOP", PKT_INDIRECT_BUFFER: "INDIRECT_BUFFER", PKT_COPY: "COPY",
-             PKT_LAUNCH: "LAUNCH", PKT_FENCE: "FENCE", PKT_WAIT: "WAIT", PKT_TLB_FLUSH: "TLB_FLUSH"}
+             PKT_LAUNCH: "LAUNCH", PKT_FENCE: "FENCE", PKT_WAIT: "WAIT", PKT_TLB_FLUSH: "TLB_FLUSH",
+             PKT_LAUNCH_CODE: "LAUNCH_CODE"}
+LAUNCH_CODE_DW = 15  # body dwords of LAUNCH_CODE
 FENCE_IRQ = 1
 MAX_BODY_DW = 0xFFFF
 
@@ -76,3 +83,11 @@ def wait(addr: int, value: int) -> bytes:
 
 def tlb_flush(vmid: int) -> bytes:
     return struct.pack("<2I", header(PKT_TLB_FLUSH, 1), vmid)
+
+
+def launch_code(object_va: int, entry_va: int, grid, block, dyn_shared: int, params_va: int,
+                params_size: int) -> bytes:
+    body = struct.pack("<4I", *_lo_hi(object_va), *_lo_hi(entry_va))
+    body += struct.pack("<7I", *grid, *block, dyn_shared)
+    body += struct.pack("<4I", *_lo_hi(params_va), params_size, 0)
+    return struct.pack("<I", header(PKT_LAUNCH_CODE, LAUNCH_CODE_DW)) + body

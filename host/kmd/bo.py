@@ -6,8 +6,9 @@ extents (adjacent blocks coalesced — what the page-table code maps), the GPU v
 address it is mapped at in its context, and a reference count. The last reference going
 away frees the memory, but only once the GPU can no longer touch it (see device.py).
 
-A GpuFault is what a page-fault interrupt reports; it becomes the error of the fence of
-the job that faulted.
+A GpuFault is what a page-fault interrupt reports, a CodeFault what a code-fault
+interrupt reports (a code object or launch the SMs refused, or a trap); either becomes the
+error of the fence of the job that faulted.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from spec import wire
+from spec import isa, wire
 
 _handles = itertools.count(1)
 
@@ -96,4 +97,20 @@ class GpuFault:
     def __str__(self) -> str:
         kind = wire.ACCESS_NAMES.get(self.access, f"access {self.access}")
         return (f"GPU page fault: {kind} at {self.address:#x} "
+                f"(vmid {self.vmid}, engine {self.engine})")
+
+
+@dataclass(frozen=True)
+class CodeFault:
+    """A code fault (IRQ_CODE_FAULT): the SM refused a code object or launch, or the kernel
+    executed trap. `address` is the VA of the offending record, `reason` a COBJ_ERR_*."""
+
+    vmid: int
+    address: int
+    reason: int  # spec.isa COBJ_ERR_*
+    engine: int
+
+    def __str__(self) -> str:
+        why = isa.COBJ_ERR_NAMES.get(self.reason, f"reason {self.reason}")
+        return (f"code fault ({why}) at {self.address:#x} "
                 f"(vmid {self.vmid}, engine {self.engine})")

@@ -90,13 +90,14 @@ import numpy as np
 from host.hw import packets, regs
 from host.kmd import errors
 from host.kmd import fence as fence_mod
-from host.kmd.bo import BufferObject, GpuFault, blocks_to_extents
+from host.kmd.bo import BufferObject, CodeFault, GpuFault, blocks_to_extents
 from host.kmd.buddy import CONTIGUOUS, TOPDOWN, BuddyAllocator
 from host.kmd.errors import (ContextLost, DeviceLost, InvalidAddress, InvalidArgument,
                              InvalidContext, KmdError, NoVmid, OutOfMemory)
 from host.kmd.fence import Fence, FenceDriver
 from host.hw.pcie import P2PDMA_MAP_NAMES
-from host.kmd.prime import PrimeExporter
+from host.kmd.kernarg import CodeLaunch, KernargArea
+from host.kmd.prime import ALL_SHARED, PrimeExporter
 from host.kmd.resv import RESV_LOCK
 from host.kmd.ring import DEFAULT_RING_SIZE, Ring
 from host.kmd.shm import SharedSegment, ShmManager
@@ -104,7 +105,7 @@ from host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BU
                             DEFAULT_TIMEOUT_NS, PRIORITY_NORMAL, GpuScheduler, SchedJob,
                             VgpuShares)
 from host.kmd.vm import VA_MAX_ALIGN, GpuVm
-from spec import wire
+from spec import isa, wire
 
 log = logging.getLogger("pvgpu.kmd")
 
@@ -195,15 +196,17 @@ class IbPool:
 
 
 class _Job:
-    __slots__ = ("fence", "context", "kind", "ib", "ib_block", "submitted", "timeline")
+    __slots__ = ("fence", "context", "kind", "ib", "ib_block", "submitted", "timeline",
+                 "kernarg")
 
-    def __init__(self, fence, context, kind, ib, ib_block, timeline: int = 0):
+    def __init__(self, fence, context, kind, ib, ib_block, timeline: int = 0, kernarg=None):
         self.fence = fence
         self.context = context
         self.kind = kind  # the engine
         self.ib = ib
         self.ib_block = ib_block
         self.timeline = timeline
+        self.kernarg = kernarg  # the parameter-buffer slot of a code launch (kernarg.py)
         self.submitted = time.monotonic()
 
 
@@ -521,6 +524,8 @@ class KmdDevice:
             if bo.put():
                 self._release_bo_memory(bo)
         ctx.vm.free()
+        if ctx.kernargs is not None:
+            ctx.kernargs.release()
         self.shm.drop_mappings(shared)  # the VM and its PTEs are gone
         for imp in imports:
             imp.freed = True
@@ -827,7 +832,12 @@ class KmdDevice:
             sched = self.schedulers[engine]
             ent = ctx._entity(sched, timeline)
             now = self.clock_ns()
-            resvs = self.prime.touched(ctx, touches) if ctx.shared and touches else ()
+            if not (ctx.shared and touches):
+                resvs = ()
+            elif touches is ALL_SHARED:  # a code launch (spec PRIME-SYNC-2)
+                resvs = self.prime.shared_resvs(ctx)
+            else:
+                resvs = self.prime.touched(ctx, touches)
             if resvs:
                 with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
                     deps += self.prime.implicit_deps(resvs)
@@ -858,6 +868,12 @@ class KmdDevice:
             self._restore_evicted(ctx)  # only into free VRAM; never waits
         if ctx.stale_imports:
             self.prime.remap_stale(ctx)  # the exporter moved a buffer this job may use
+        slot = None
+        if isinstance(ib, CodeLaunch):  # its parameters go into a slot of the kernarg area
+            slot = ctx.kernargs.take(ib.params)
+            if slot is None:  # cannot happen (slots >= hw_limit): the launch faults instead
+                log.error("gpu%d: no parameter buffer free for %r", self.index, job)
+            ib = ib.ib(ctx.kernargs.slot_va(slot) if slot is not None else 0)
         phys, ib_blocks = self._ib_alloc_nowait(len(ib))
         self.vram.write(phys, ib)
         ring = self.rings[engine]
@@ -865,7 +881,7 @@ class KmdDevice:
         ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
         fence = self.fences[engine].emit(ring)
         self._jobs[fence] = _Job(fence, ctx, engine, phys, ib_blocks,
-                                 ctx._timeline_of.get(job.entity, 0))
+                                 ctx._timeline_of.get(job.entity, 0), slot)
         ring.commit()
         fence.add_done_callback(lambda f, job=job: self._hw_done(job, f))
         return fence
@@ -1090,6 +1106,8 @@ class KmdDevice:
                 if job is None:
                     continue
                 self._ib_free(job.ib, job.ib_block)
+                if job.kernarg is not None:
+                    job.context.kernargs.give_back(job.kernarg)
                 job.context.stats["jobs_completed"] += 1
                 if f.error is not None or error is not None:
                     job.context.stats["jobs_failed"] += 1
@@ -1114,6 +1132,9 @@ class KmdDevice:
             self._job_error(fd, irq.vmid,
                             f"illegal packet {irq.data:#010x} at offset {irq.address:#x} "
                             f"(vmid {irq.vmid}, engine {regs.ENGINE_NAMES.get(irq.engine)})")
+        elif irq.source == regs.IRQ_CODE_FAULT:  # the SMs refused a code object, or a trap
+            self.stats["irq_code_fault"] += 1
+            self._job_error(fd, irq.vmid, CodeFault(irq.vmid, irq.address, irq.data, irq.engine))
         else:
             log.warning("gpu%d: unknown interrupt %s", self.index, irq)
 
@@ -1168,6 +1189,7 @@ class Context:
         self._va_reserved = {}  # va -> size of each reserve_va range
         self._va_maps = {}  # va -> (bo, offset, size, writable) of map_bo_at
         self._imports = {}  # va -> PrimeImport (dma-bufs mapped here)
+        self.kernargs = None  # KernargArea: parameter buffers of code launches (kernarg.py)
         self.shared = 0  # exported BOs + imports: whether jobs need implicit sync
         self.stale_imports = False  # an exporter moved an imported buffer
         self._entities = {}  # (engine, timeline) -> SchedEntity
@@ -1237,8 +1259,9 @@ class Context:
         return list(self._bos.values())
 
     # ------------------------------------------------------------------ memory
-    def alloc(self, size: int) -> BufferObject:
-        """Allocate VRAM and map it READ|WRITE at a fresh VA (bo.va); raises OutOfMemory.
+    def alloc(self, size: int, executable: bool = False) -> BufferObject:
+        """Allocate VRAM and map it READ|WRITE (and EXEC if `executable`: a code object,
+        spec [CMD-ALLOC-3]) at a fresh VA (bo.va); raises OutOfMemory.
 
         The memory reads as zero: the driver clears VRAM when it is freed (see
         KmdDevice._release_vram), so one guest never sees another's data."""
@@ -1249,6 +1272,7 @@ class Context:
         if size > dev.vram_size:
             raise OutOfMemory(f"{size} bytes is more than the device's VRAM")
         psize = _round_up(size, PAGE_SIZE)
+        flags = regs.PTE_READ | regs.PTE_WRITE | (regs.PTE_EXEC if executable else 0)
         with dev.lock:
             self._check()
             dev._reclaim_locked()
@@ -1265,10 +1289,10 @@ class Context:
                     bo = BufferObject(psize, blocks, self, va)
                     try:
                         try:
-                            self.vm.map(va, bo.extents, regs.PTE_READ | regs.PTE_WRITE)
+                            self.vm.map(va, bo.extents, flags)
                         except OutOfMemory:  # page tables: make room, once
                             dev._evict_for(dev.mm.avail + 8 * PAGE_SIZE, self)
-                            self.vm.map(va, bo.extents, regs.PTE_READ | regs.PTE_WRITE)
+                            self.vm.map(va, bo.extents, flags)
                     except BaseException:
                         self.vm.va.free(va)
                         raise
@@ -1603,6 +1627,40 @@ class Context:
                        for (name, kind), a in zip(sig.args, args) if kind == wire.ARG_PTR]
         fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches)
         self.stats["launches"] += 1
+        return fence
+
+    def submit_launch_code(self, object_va: int, entry_va: int, grid, block, dyn_shared: int,
+                           params: bytes, wait=(), *, timeline: int = 0) -> Fence:
+        """Launch the entry whose record is at `entry_va` of the code object at `object_va`
+        (this context's VAs) on the compute engine, with `params` as its parameter buffer
+        (written into this context's kernarg area when the job runs, kernarg.py). The KMD
+        never reads the object: the SMs validate it (a CodeFault otherwise). The launch
+        may touch any buffer: it waits for, and is waited for by, every job using a
+        shared buffer of this context (spec PRIME-SYNC-2)."""
+        self._check_u64(object_va, entry_va)
+        grid = self._dim3(grid, "grid")
+        block = self._dim3(block, "block")
+        if isinstance(dyn_shared, bool) or not isinstance(dyn_shared, (int, np.integer)) \
+                or not 0 <= dyn_shared <= _U32:
+            raise InvalidArgument(f"bad dynamic shared memory size {dyn_shared!r}")
+        if not isinstance(params, (bytes, bytearray, memoryview)):
+            raise InvalidArgument("parameters must be bytes")
+        params = bytes(params)
+        if len(params) > isa.MAX_PARAM_SIZE:
+            raise InvalidArgument(f"{len(params)} parameter bytes (at most {isa.MAX_PARAM_SIZE})")
+        dev = self.device
+        with dev.lock:
+            self._check()
+            if self.lost:  # before anything is allocated for it (spec CMD-LAUNCH-CODE-1)
+                raise ContextLost(f"context {self.id} was lost after a GPU hang "
+                                  f"({self.lost_reason}); destroy it")
+            if self.kernargs is None:
+                dev._reclaim_locked()
+                self.kernargs = KernargArea(dev, self, dev.schedulers[regs.ENGINE_COMPUTE].hw_limit)
+        job = CodeLaunch(int(object_va), int(entry_va), grid, block, int(dyn_shared), params)
+        fence = dev._submit(self, regs.ENGINE_COMPUTE, job, wait, timeline, ALL_SHARED)
+        self.stats["launches"] += 1
+        self.stats["code_launches"] += 1
         return fence
 
     @staticmethod

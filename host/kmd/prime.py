@@ -31,7 +31,10 @@ Implicit synchronisation: a job names what it touches as (va, size, write) range
 copy's source and destination, a kernel's pointer arguments, wire.KERNEL_WRITTEN_ARGS
 written). For every range inside a shared BO or an import, the job waits for the
 reservation object's implicit dependencies and adds its finished fence (WRITE or READ),
-all under RESV_LOCK, so a reader on one device waits for the writers on the other.
+all under RESV_LOCK, so a reader on one device waits for the writers on the other. A
+code launch can touch anything its context maps, so it names ALL_SHARED instead: it reads
+and writes every shared buffer of its context (spec PRIME-SYNC-2), like a DRM submission
+whose BO list names all of them.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from host.kmd.resv import (DMA_RESV_USAGE_KERNEL, DMA_RESV_USAGE_READ, DMA_RESV_
 from spec import wire
 
 P2P_ALLOWED = (P2PDMA_MAP_BUS_ADDR, P2PDMA_MAP_THRU_HOST_BRIDGE)
+ALL_SHARED = "every shared buffer of the context"  # the `touches` of a code launch
 _PAGE = regs.PAGE_SIZE
 
 
@@ -326,6 +330,16 @@ class PrimeExporter:
                 resv = getattr(obj, "resv", None)
                 if resv is not None:
                     out[resv] = out.get(resv, False) or bool(write)
+        return list(out.items())
+
+    @staticmethod
+    def shared_resvs(ctx) -> list:
+        """-> [(resv, True)] of every shared buffer of ctx: its exported BOs and imports."""
+        out = {}
+        for obj in list(ctx._bos.values()) + list(ctx._imports.values()):
+            resv = getattr(obj, "resv", None)
+            if resv is not None:
+                out[resv] = True
         return list(out.items())
 
     @staticmethod

@@ -43,7 +43,7 @@ def test_cmd_alloc_free_ids_and_layout(raw):
     assert size1 == 8192 and wire.VA_USER_BASE <= va1 < wire.VA_USER_LIMIT  # CMD-VA-1, ALLOC-2
     assert va2 >= va1 + size1 or va2 + 4096 <= va1
     assert raw.call(cmd(wire.CMD_MEM_ALLOC, (11, 0, 4096), ctx_id=ctx))[0][0] == wire.RESP_ERR_INVALID_RESOURCE_ID
-    assert raw.call(cmd(wire.CMD_MEM_ALLOC, (13, 1, 4096), ctx_id=ctx))[0][0] == wire.RESP_ERR_INVALID_PARAMETER
+    assert raw.call(cmd(wire.CMD_MEM_ALLOC, (13, 2, 4096), ctx_id=ctx))[0][0] == wire.RESP_ERR_INVALID_PARAMETER
     assert raw.call(cmd(wire.CMD_MEM_FREE, (11,), ctx_id=ctx))[0][0] == wire.RESP_OK_NODATA
     raw.alloc(ctx, 4096, 11)  # CMD-FREE-2: the id is free again
     other = raw.context()  # CMD-FREE-1: a resource belongs to its context

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "spec" / "isa.md").read_text()
 CLAUSE = re.compile(r"^\[((?:COBJ|ISA|SM)(?:-[A-Z0-9]+)+)\]", re.M)
 CITED = re.compile(r"\b((?:COBJ|ISA|SM)-[A-Z]+-[A-Z0-9]+)\b")
-ROLES = {"-", "T", "T2", "W", "P", "U", "A", "D", "P?", "U?", "T?"}
+ROLES = {"-", "T", "T2", "W", "P", "U", "A", "D", "P?", "U?", "T?", "D?"}
 
 
 def test_clause_ids_are_unique_and_cited_ones_exist():
@@ -30,7 +30,8 @@ def test_clause_ids_are_unique_and_cited_ones_exist():
 
 def test_named_constants_exist():
     prefixes = ("COBJ_", "INSTR_", "OPND_", "TYPE_", "SREG_", "MOD_", "RND_", "VAR_", "CMP_",
-                "BOOL_", "SPACE_", "ATOM_", "OP_", "GUARD_", "GENERIC_", "MAX_", "WARP_")
+                "BOOL_", "SPACE_", "ATOM_", "OP_", "GUARD_", "GENERIC_", "MAX_", "WARP_",
+                "NUM_", "SM_", "CLOCK_")
     named = set(re.findall(r"`((?:%s)[A-Z0-9_]+)`" % "|".join(prefixes), TEXT))
     wire_names = {"OP_BRA"}  # (all ISA opcodes live in spec/isa.py)
     assert named and sorted(n for n in named - wire_names if not hasattr(isa, n)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import guest
-from guest.api import core, pinned, prime, shm
+from guest.api import core, module, pinned, prime, shm
 from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
 from guest.frontend.driver import VirtioGpuDriver, command
 from guest.frontend.heap import GuestHeap
@@ -53,12 +53,45 @@ UNLOCKED = {
     ("PinnedArray", "freed"): "reads its block's flag",
     ("PinnedArray", "gpa"): "computed from its block and address",
     ("PinnedArray", "free"): "takes the connection lock itself (PinnedAllocator.free)",
+    ("Module", "va"): "a field fixed at load",
+    ("Module", "function_names"): "read from the code object, fixed at load",
+    ("Module", "global_names"): "read from the code object, fixed at load",
+    ("Function", "num_regs"): "read from the code object, fixed at load",
+    ("Function", "shared_size_bytes"): "read from the code object, fixed at load",
+    ("Function", "local_size_bytes"): "read from the code object, fixed at load",
+    ("Function", "max_threads_per_block"): "read from the code object, fixed at load",
+    ("Function", "params"): "read from the code object, fixed at load",
+    ("Function", "param_size"): "read from the code object, fixed at load",
 }
 
 CLASSES = (core.Connection, core.Device, core.Context, core.Stream, core.Event,
            core.DeviceArray, core.MappedArray, core.VaRange, shm.SharedSegment,
-           shm.SharedArray, prime.ImportedArray, pinned.PinnedArray)
+           shm.SharedArray, prime.ImportedArray, pinned.PinnedArray, module.Module,
+           module.Function, module.ModuleGlobal)
 N = 4096  # float32 elements of the arrays the dynamic test uses
+SCALE_PTX = """
+.version 8.0
+.target sm_80
+.address_size 64
+.global .align 4 .f32 factor = 1.0;
+.visible .entry scale(.param .u64 p_x, .param .u32 p_n)
+{
+    .reg .pred %p<2>; .reg .b32 %r<6>; .reg .f32 %f<3>; .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [p_x]; ld.param.u32 %r1, [p_n];
+    mov.u32 %r2, %ctaid.x; mov.u32 %r3, %ntid.x; mov.u32 %r4, %tid.x;
+    mad.lo.s32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p1, %r5, %r1;
+    @%p1 bra DONE;
+    mul.wide.u32 %rd3, %r5, 4;
+    add.s64 %rd2, %rd1, %rd3;
+    ld.global.f32 %f2, [%rd2];
+    ld.global.f32 %f1, [factor];
+    mul.f32 %f2, %f2, %f1;
+    st.global.f32 [%rd2], %f2;
+DONE:
+    ret;
+}
+"""
 
 
 def _own_bases(cls):
@@ -321,6 +354,20 @@ def exercise(conn) -> None:
     dst = ctx1.empty(N)
     ctx1.memcpy_peer(dst, a)
     np.testing.assert_array_equal(dst.to_host(), host)
+
+    # modules: kernels of one's own
+    mod = ctx.load_module(SCALE_PTX)
+    assert mod.function_names == ["scale"] and mod.global_names == ["factor"] and mod.va
+    fn = mod.get_function("scale")
+    assert fn.num_regs and fn.max_threads_per_block == 1024 and fn.param_size == 12
+    assert (fn.shared_size_bytes, fn.local_size_bytes, len(fn.params)) == (0, 0, 2)
+    factor = mod.get_global("factor", np.float32)
+    factor.copy_from_host(np.array([3.0], np.float32))
+    fn.launch(N // 256, 256, (b, N))
+    fn[N // 256, 256](b, N)
+    np.testing.assert_array_equal(b.to_host(), 9 * host)
+    factor.free()
+    mod.unload()
 
     s.destroy()
     a.free()
