@@ -62,7 +62,7 @@ def _lin_ok(t):
 
 # ------------------------------------------------------------------ floats in general
 def _to_compute(t):
-    """Float types are computed in: f16 and bf16 via float32/64, others natively."""
+    """The numpy dtype a float type computes in (bf16 only converts: through f32)."""
     return {TYPE_F16: np.dtype(np.float16), TYPE_F32: np.dtype(F32),
             TYPE_F64: np.dtype(np.float64)}[t]
 

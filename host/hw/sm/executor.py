@@ -20,6 +20,9 @@ How an instruction touches the registers depends on the group (class Active):
          registers are never read again;
   dense  many threads: computed over all N lanes, merged with np.copyto(where=mask);
   sparse few threads: operands gathered at the group's lanes, results scattered.
+A load of consecutive addresses by every thread makes the register a view of global
+memory instead of a copy (put_view); before any store or atomic writes memory a register
+views, that register gets its own copy (unview), so a loaded value never changes.
 
 Progress. Warps are independent: a warp that loops must not keep other warps from
 running (a lock taken with atom.cas in a loop by one thread of each warp). Each warp has

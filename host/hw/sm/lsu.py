@@ -134,24 +134,32 @@ class _Flat:
             self.mem, self.stride, self.size = b.local, b.local_stride, b.prog.local_size
             self.base = GENERIC_LOCAL_BASE
 
-    def owner(self, lanes):
-        """Which block (shared) or thread (local) each lane's memory belongs to."""
-        if self.space == SPACE_LOCAL:
-            return lanes
-        _, q = self.b.geo.tq()
-        return q if lanes is None else q[lanes]
+    def _base(self, w: int) -> np.ndarray:
+        """Per lane of the batch: the element index (of width w) where its block's (shared)
+        or its own (local) memory starts."""
+        def make():
+            if self.space == SPACE_LOCAL:
+                owner = self.b.geo.lanes()
+            else:
+                owner = self.b.geo.tq()[1]
+            return owner.astype(U64) * U64(self.stride // w)
+        return self.b.geo.cached(("flat", self.space, w, self.stride), make)
 
     def index(self, offs: np.ndarray, lanes, w: int, access: int) -> np.ndarray:
-        """Element indexes into a typed view of mem, after bounds and alignment checks."""
-        _check_aligned(self.b, offs, w, access, self.base)
-        bad = offs > U64(max(self.size - w, 0)) if self.size >= w else np.ones(offs.shape, bool)
-        if bad.any():
+        """Element indexes into a typed view of mem, after bounds and alignment checks
+        (reductions first: the elementwise search runs only when a lane is bad)."""
+        if offs.shape[0] == 0:
+            return offs
+        if w > 1 and int(np.bitwise_or.reduce(offs)) & (w - 1):
+            _check_aligned(self.b, offs, w, access, self.base)
+        if int(offs.max()) + w > self.size:
+            bad = offs + U64(w) > U64(self.size)
             _fault(self.b, int(offs[bad].min()) + self.base, access,
                    f"outside {isa.SPACE_NAMES[self.space]} memory")
-        own = self.owner(lanes)
-        if own is None or np.ndim(own) == 0:
-            own = self.b.geo.lanes() if lanes is None else lanes
-        return (own.astype(np.int64) * (self.stride // w)) + (offs // U64(w)).astype(np.int64)
+        base = self._base(w)
+        if lanes is not None:
+            base = base[lanes]
+        return base + (offs >> U64(w.bit_length() - 1))
 
     def view(self, dtype):
         return self.mem.view(dtype)
