@@ -9,7 +9,7 @@
 No host process, no driver: VRAM, an MMU with page tables for one VMID, and the
 StreamingMultiprocessors, as the command processor uses them. Kernels are written with
 spec/isa.py's encoder. Every figure is a ratio to numpy or a rate; run_bench returns
-them (for `pvgpu bench` and the README) and prints them.
+them (for `pvgpu bench ptx` and the README) and prints them; times are medians.
 
 Usage: python -m bench.sm [--quick] [--json FILE]
 """
@@ -17,6 +17,7 @@ Usage: python -m bench.sm [--quick] [--json FILE]
 from __future__ import annotations
 
 import argparse
+import statistics
 import struct
 import sys
 
@@ -228,7 +229,7 @@ def run_bench(json_path: str | None = None, quick: bool = False, out=print) -> d
         launch = m.launch(obj, struct.pack("<QQ", src, dst), n_alu // 256, 256)
         counts = []
         times = rounds({name: lambda: counts.append(m.run(launch))}, max_reps=reps, warmup=True)
-        best = min(times[name])
+        best = statistics.median(times[name])
         rate = counts[-1] / best
         results[name] = {"threads": n_alu, "lane_instructions": counts[-1], "seconds": best,
                          "lane_instructions_per_s": rate}
@@ -246,7 +247,7 @@ def run_bench(json_path: str | None = None, quick: bool = False, out=print) -> d
                    max_reps=reps, warmup=True)
     if not np.array_equal(m.view(vc, n_vec, np.float32), a + b):
         raise AssertionError("vector_add on the SMs gave a wrong result")
-    sm_t, np_t = min(times["sm"]), min(times["numpy"])
+    sm_t, np_t = statistics.median(times["sm"]), statistics.median(times["numpy"])
     results["vector_add"] = {"n": n_vec, "sm_seconds": sm_t, "numpy_seconds": np_t,
                              "ratio_to_numpy": np_t / sm_t}
     out(f"vector_add {n_vec} floats: {sm_t * 1e3:.0f} ms, numpy {np_t * 1e3:.1f} ms: "

@@ -14,6 +14,7 @@
   pvgpu bench copies [--json FILE] [--quick]      pinned vs pageable copies, chunk sizes, small copies
   pvgpu bench dataflow [--json FILE] [--quick]    shared device memory vs copies through the host
   pvgpu bench p2p [--json FILE] [--quick] [--sizes MiB,..]  GPU-to-GPU copies: P2P vs bounce vs memcpy
+  pvgpu bench ptx [--json FILE] [--quick]         PTX kernels on the SMs vs numpy and the built-ins
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="measure hot paths against this machine's limits, or "
                                      "the GPU scheduler's fairness (`bench sched`)")
-    p.add_argument("which", nargs="?", choices=("hotpaths", "sched", "copies", "dataflow", "p2p"),
+    p.add_argument("which", nargs="?",
+                   choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx"),
                    default="hotpaths",
                    help="hotpaths (default): copies, round trip, kernels against the machine's "
                         "limits; sched: Gdev's fairness experiment under each policy, four "
@@ -176,7 +178,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "between contexts and guests through shared device memory vs "
                         "through the host; p2p: GPU-to-GPU copies of 16..256 MiB, "
                         "peer-to-peer vs staged through pinned host memory vs through the "
-                        "guest, against memcpy")
+                        "guest, against memcpy; ptx: the SMs' lane-instructions/s, PTX "
+                        "vector_add/saxpy/tiled SGEMM/shuffle reduction against numpy and the "
+                        "built-in kernels")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     p.add_argument("--seconds", type=float, default=20.0,
@@ -372,6 +376,10 @@ def cmd_bench(args) -> int:
             print(f"pvgpu bench p2p: {e}", file=sys.stderr)
             return 2
         return run_p2p(json_path=args.json, quick=args.quick, sizes_mib=sizes)
+    if args.which == "ptx":
+        from bench.ptx import run_bench as run_ptx
+        run_ptx(json_path=args.json, quick=args.quick)
+        return 0
     if args.which == "copies":
         from bench.copies import run_bench as run_copies
         return run_copies(json_path=args.json, quick=args.quick)

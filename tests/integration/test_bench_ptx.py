@@ -1,0 +1,22 @@
+"""bench/ptx.py (`pvgpu bench ptx`): its kernels load from the committed PTX and compute
+what numpy computes, through a real host (small sizes; the benchmark times large ones)."""
+
+import guest
+from bench import ptx
+
+
+def test_the_end_to_end_figures_come_from_correct_results(shared_host):
+    lines = []
+    with guest.connect(shared_host.endpoint, mem_size=64 << 20) as conn:
+        res = ptx.end_to_end(conn, n=1 << 14, gemm_n=32, out=lines.append)
+    assert set(res) == {"vector_add", "saxpy", "sgemm", "reduce"}
+    for name in ("vector_add", "saxpy", "reduce"):
+        assert res[name]["n"] == 1 << 14 and res[name]["ptx_vs_numpy"] > 0
+    assert res["sgemm"]["ptx_gflops"] > 0 and len(lines) == 4
+
+
+def test_the_kernels_ship_with_the_package():
+    assert ptx.KERNELS.is_file() and ptx.KERNELS.with_suffix(".cu").is_file()
+    text = ptx.KERNELS.read_text()
+    for entry in ("vector_add", "saxpy", "sgemm_tiled", "reduce_shfl"):
+        assert f".entry {entry}(" in text
