@@ -73,7 +73,7 @@ NUM_BARRIERS = 16  # barriers per block (bar's `a`, taken modulo NUM_BARRIERS)
 SM_COUNT = 16  # streaming multiprocessors of a device (%nsmid; %smid < SM_COUNT)
 CLOCK_RATE_KHZ = 1_000_000  # %clock/%clock64 tick once per nanosecond of device time
 
-# Generic addressing (ISA-ADDR-*): the shared and local windows of the 64-bit generic
+# Generic addressing (ISA-MEM-2): the shared and local windows of the 64-bit generic
 # address space. Everything else is a global (device virtual) address.
 GENERIC_SHARED_BASE = 0xFFFF_0000_0000_0000
 GENERIC_LOCAL_BASE = 0xFFFE_0000_0000_0000
@@ -269,7 +269,7 @@ def mod_field(mod: int, mask: int) -> int:
 
 
 # --------------------------------------------------------------------------- opcodes
-# Operand roles, per slot (d, d2, a, b, c) (ISA-OPND-*):
+# Operand roles, per slot (d, d2, a, b, c) (ISA-VALID-2):
 #   "-"  must be OPND_NONE          "T"  a value of the instruction's type
 #   "T2" a value of type2           "W"  a value of twice the type's width (same signedness)
 #   "P"  a predicate                "U"  a u32 value (R32 register or immediate)
