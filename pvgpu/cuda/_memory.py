@@ -187,7 +187,11 @@ class Memory:
         self.device.remove(span.base)
 
     def free_device(self, ptr) -> None:
+        """cuMemFree / cudaFree: device memory, or managed memory (by its address)."""
         value = handles.value_of(ptr)
+        mspan, moff = self.host.find(value)
+        if mspan is not None and mspan.kind == MANAGED and moff == 0:
+            return self.free_host(value, kinds=(MANAGED,))
         span, off = self.device.find(value)
         check(span is not None and off == 0 and span.kind == DEVICE, R.CUDA_ERROR_INVALID_VALUE,
               f"{value:#x} is not the start of a live device allocation")

@@ -168,15 +168,9 @@ def cudaMalloc(size):
 
 @_api(0)
 def cudaFree(devPtr):
-    f = _f()
     addr = value_of(devPtr)
-    if addr == 0:
-        return
-    span, _off = f.memory.host_span(addr)
-    if span is not None and span.kind == MANAGED:
-        f.memory.free_host(addr, kinds=(MANAGED,))
-    else:
-        f.memory.free_device(addr)
+    if addr:  # cudaFree(0) only makes the context current
+        _f().memory.free_device(addr)
 
 
 @_api(1)
