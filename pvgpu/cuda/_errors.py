@@ -144,6 +144,11 @@ def runtime_api(outputs: int, *, records: bool = True):
     return deco
 
 
+def reset_thread() -> None:
+    """Forget the calling thread's last error and its detail (a new connection)."""
+    _thread.__dict__.clear()
+
+
 def last_runtime_error(reset: bool):
     err = getattr(_thread, "last_error", enums.cudaError_t.cudaSuccess)
     if reset:

@@ -29,7 +29,7 @@ import os
 import sys
 import threading
 
-from pvgpu.cuda import handles
+from pvgpu.cuda import _errors, handles
 from pvgpu.cuda._errors import CudaError, check
 from pvgpu.cuda.enums import CUresult as R
 from spec import wire
@@ -407,6 +407,7 @@ def configure(endpoint=None, memory=None, mem_size=None) -> Facade:
 def shutdown() -> None:
     global _facade
     with _lock:
+        _errors.reset_thread()
         f, _facade = _facade, None
         if f is not None:
             f.close()
