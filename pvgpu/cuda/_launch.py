@@ -22,6 +22,7 @@ host memory; a peer device's allocation) gets the translated address
 from __future__ import annotations
 
 import ctypes
+import numbers
 
 import numpy as np
 
@@ -47,7 +48,7 @@ def _read(address: int, n: int) -> bytes:
     return ctypes.string_at(address, n)
 
 
-def _from_tuple(name: str, params, values, types) -> bytes:
+def _from_tuple(name: str, params, values, types) -> list:
     values, types = tuple(values), tuple(types)
     check(len(values) == len(types), R.CUDA_ERROR_INVALID_VALUE,
           f"{name}: {len(values)} values but {len(types)} types in kernelParams")
@@ -61,8 +62,9 @@ def _from_tuple(name: str, params, values, types) -> bytes:
             if isinstance(value, ctype):
                 raw = bytes(value)
             else:
-                if issubclass(ctype, ctypes._SimpleCData) and not isinstance(value, (int, float, bytes)):
-                    value = handles.value_of(value)
+                if issubclass(ctype, ctypes._SimpleCData) and not isinstance(
+                        value, (numbers.Number, np.generic, bytes)):
+                    value = handles.value_of(value)  # a handle (CUdeviceptr, ...) or None
                 raw = bytes(ctype(value))
         else:
             raise TypeError(f"{name}: the type of argument {i} must be a ctypes type or None, "

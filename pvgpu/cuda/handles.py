@@ -20,7 +20,7 @@ def value_of(obj) -> int:
     None is 0. TypeError for anything else."""
     if obj is None:
         return 0
-    if isinstance(obj, bool):
+    if isinstance(obj, (bool, str, bytes, bytearray)):
         raise TypeError(f"expected a handle or an int, not {obj!r}")
     try:
         return int(obj)
