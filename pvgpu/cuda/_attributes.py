@@ -114,6 +114,7 @@ def properties(info: dict) -> cudaDeviceProp:
         canMapHostMemory=t["CAN_MAP_HOST_MEMORY"],
         computeMode=t["COMPUTE_MODE"],
         concurrentKernels=t["CONCURRENT_KERNELS"],
+        deviceOverlap=t["GPU_OVERLAP"],
         pciBusID=t["PCI_BUS_ID"],
         asyncEngineCount=t["ASYNC_ENGINE_COUNT"],
         unifiedAddressing=t["UNIFIED_ADDRESSING"],
@@ -126,8 +127,10 @@ def properties(info: dict) -> cudaDeviceProp:
     return cudaDeviceProp(**fields)
 
 
-# the fields of CUDA 13's cudaDeviceProp
+# the fields of CUDA 13's cudaDeviceProp, and those of CUDA 12 that 13 dropped (programs
+# written for 12 read them: clockRate above all)
 PROPERTY_FIELDS = (
+    "clockRate", "memoryClockRate", "kernelExecTimeoutEnabled", "deviceOverlap",
     "ECCEnabled", "accessPolicyMaxWindowSize", "asyncEngineCount", "canMapHostMemory",
     "canUseHostPointerForRegisteredMem", "clusterLaunch", "computeMode",
     "computePreemptionSupported", "concurrentKernels", "concurrentManagedAccess",
