@@ -95,3 +95,19 @@ def test_command_line_helpers(monkeypatch):
     assert helpers.check_cmd_line_flag("device=") and helpers.get_cmd_line_argument_int("device=") == 1
     assert helpers.checkCmdLineFlag("use_generic_memory") and not helpers.check_cmd_line_flag("help")
     assert helpers.get_cmd_line_argument_int("other=") == 0
+
+
+def test_the_readme_cuda_python_example(shared_host, monkeypatch):
+    readme = (EXAMPLE.parents[1] / "README.md").read_text()
+    section = readme[readme.index("## Running cuda-python programs"):]
+    block = section[section.index("```python\n") + 10:section.index("```\n", section.index("```python"))]
+    monkeypatch.chdir(EXAMPLE.parents[1])  # it reads tests/kernels/saxpy.ptx
+    monkeypatch.setenv("PVGPU_ENDPOINT", shared_host.endpoint)
+    import pvgpu.cuda
+    pvgpu.cuda.shutdown()  # the first call connects, from the environment
+    try:
+        scope = {}
+        exec(compile(block, "README.md", "exec"), scope)
+        assert (scope["y"] == 2 * scope["x"]).all()
+    finally:
+        pvgpu.cuda.shutdown()
