@@ -421,3 +421,36 @@ def test_errors_by_name_and_string(model):
     assert ok(cuda.cuGetErrorName(0)) == b"CUDA_SUCCESS"
     fails(cuda.cuGetErrorName(123456), R.CUDA_ERROR_INVALID_VALUE)
     fails(cuda.cuGetErrorString(123456), R.CUDA_ERROR_INVALID_VALUE)
+
+
+def test_typical_errors_of_the_other_functions(ctx, model):
+    dev = ok(cuda.cuDeviceGet(0))
+    fails(cuda.cuDeviceGetName(0, dev), R.CUDA_ERROR_INVALID_VALUE)
+    fails(cuda.cuDeviceTotalMem(9), R.CUDA_ERROR_INVALID_DEVICE)
+    fails(cuda.cuDeviceComputeCapability(9), R.CUDA_ERROR_INVALID_DEVICE)
+    mod = ok(cuda.cuModuleLoadData(SAXPY_PTX))
+    ok(cuda.cuModuleUnload(mod))
+    fails(cuda.cuModuleUnload(mod), R.CUDA_ERROR_INVALID_HANDLE)
+    d = ok(cuda.cuMemAlloc(64))
+    fails(cuda.cuMemcpyDtoD(d, d, 65), R.CUDA_ERROR_INVALID_VALUE)
+    fails(cuda.cuMemcpyDtoDAsync(d, d, 65, 0), R.CUDA_ERROR_INVALID_VALUE)
+    fails(cuda.cuMemcpy(d, np.zeros(4), 64), R.CUDA_ERROR_INVALID_VALUE)  # the host array is 32 bytes
+    other = ok(cuda.cuCtxCreate(None, 0, 0))
+    s = ok(cuda.cuStreamCreate(0))  # a stream of `other`
+    ok(cuda.cuCtxPopCurrent())
+    fails(cuda.cuMemcpyHtoDAsync(d, np.zeros(16, np.float32), 64, s), R.CUDA_ERROR_INVALID_VALUE)
+    fails(cuda.cuMemsetD8Async(d, 0, 64, s), R.CUDA_ERROR_INVALID_VALUE)
+    fails(cuda.cuStreamWaitEvent(s, cuda.CUevent(0x4444), 0), R.CUDA_ERROR_INVALID_HANDLE)
+    fails(cuda.cuStreamWaitEvent(s, ok(cuda.cuEventCreate(0)), 8), R.CUDA_ERROR_INVALID_VALUE)
+    ev = ok(cuda.cuEventCreate(0))
+    ok(cuda.cuEventDestroy(ev))
+    fails(cuda.cuEventSynchronize(ev), R.CUDA_ERROR_INVALID_HANDLE)
+    fails(cuda.cuEventRecord(ev, 0), R.CUDA_ERROR_INVALID_HANDLE)
+    ok(cuda.cuCtxDestroy(other))
+    fails(cuda.cuStreamSynchronize(s), R.CUDA_ERROR_INVALID_HANDLE)  # went with its context
+    ok(cuda.cuMemFree(d))
+    ok(cuda.cuCtxSetCurrent(None))
+    fails(cuda.cuMemGetInfo(), R.CUDA_ERROR_INVALID_CONTEXT)
+    fails(cuda.cuMemAlloc(64), R.CUDA_ERROR_INVALID_CONTEXT)
+    fails(cuda.cuModuleLoadData(SAXPY_PTX), R.CUDA_ERROR_INVALID_CONTEXT)
+    ok(cuda.cuCtxSetCurrent(ctx))

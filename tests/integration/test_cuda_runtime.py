@@ -205,3 +205,31 @@ def test_error_names_and_the_last_error(model):
     assert cudart.cudaGetLastError() == (E.cudaSuccess,)
     dims = cudart.dim3(4, 2)
     assert tuple(dims) == (4, 2, 1)
+
+
+def test_typical_errors_of_the_other_functions(model):
+    d = ok(cudart.cudaMalloc(64))
+    s = ok(cudart.cudaStreamCreate())
+    fails(cudart.cudaMemcpyAsync(d, np.zeros(4), 64, K.cudaMemcpyHostToDevice, s), E.cudaErrorInvalidValue)
+    fails(cudart.cudaMemcpyAsync(d, d, 8, 7, s), E.cudaErrorInvalidValue)
+    fails(cudart.cudaMemset(d, 0, 65), E.cudaErrorInvalidValue)
+    fails(cudart.cudaMemsetAsync(d, 0, 65, s), E.cudaErrorInvalidValue)
+    fails(cudart.cudaMemcpyPeer(d, 0, d, 5, 8), E.cudaErrorInvalidDevice)
+    ev = ok(cudart.cudaEventCreate())
+    ok(cudart.cudaEventDestroy(ev))
+    fails(cudart.cudaEventDestroy(ev), E.cudaErrorInvalidResourceHandle)
+    fails(cudart.cudaEventQuery(ev), E.cudaErrorInvalidResourceHandle)
+    ok(cudart.cudaStreamDestroy(s))
+    fails(cudart.cudaStreamDestroy(s), E.cudaErrorInvalidResourceHandle)
+    fails(cudart.cudaStreamWaitEvent(s, ev, 0), E.cudaErrorInvalidResourceHandle)
+    ok(cudart.cudaFree(d))
+
+
+def test_no_host_is_no_device(tmp_endpoint, monkeypatch):
+    import pvgpu.cuda
+    pvgpu.cuda.shutdown()
+    monkeypatch.setenv("PVGPU_ENDPOINT", tmp_endpoint)
+    try:
+        fails(cudart.cudaGetDeviceCount(), E.cudaErrorNoDevice)
+    finally:
+        pvgpu.cuda.shutdown()
