@@ -184,6 +184,7 @@ class Facade:
             return
         import guest
         from pvgpu.cli import parse_size
+        from transport.channel import ChannelError
 
         endpoint = self.endpoint or os.environ.get("PVGPU_ENDPOINT") or None
         memory = self.memory_model or os.environ.get("PVGPU_MEMORY") or wire.MEMORY_SHARED
@@ -201,7 +202,7 @@ class Facade:
             kw["mem_size"] = int(mem_size)
         try:
             conn = guest.connect(endpoint, **kw)
-        except guest.PvgpuError as e:
+        except (guest.PvgpuError, ChannelError, OSError) as e:
             raise CudaError(R.CUDA_ERROR_NO_DEVICE,
                             f"no pvgpu host at {endpoint or 'the default endpoint'}: {e}") from None
         self.conn = conn

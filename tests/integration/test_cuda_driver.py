@@ -32,6 +32,14 @@ def test_no_host_is_no_device(tmp_endpoint, monkeypatch):
     try:
         fails(cuda.cuInit(0), R.CUDA_ERROR_NO_DEVICE)
         assert "no pvgpu host" in pvgpu.cuda.error_detail()
+        pvgpu.cuda.shutdown()
+        monkeypatch.setenv("PVGPU_ENDPOINT", "not-an-endpoint")
+        fails(cuda.cuInit(0), R.CUDA_ERROR_NO_DEVICE)
+        assert "cannot connect to not-an-endpoint" in pvgpu.cuda.error_detail()
+        pvgpu.cuda.shutdown()
+        monkeypatch.setenv("PVGPU_MEMORY", "remote")
+        fails(cuda.cuInit(0), R.CUDA_ERROR_INVALID_VALUE)
+        assert "PVGPU_MEMORY='remote'" in pvgpu.cuda.error_detail()
     finally:
         pvgpu.cuda.shutdown()
 
