@@ -238,13 +238,10 @@ class Memory:
         for key in [k for k in self._imports if k[1] == ctx.id]:
             del self._imports[key]
 
-    def close(self) -> None:
-        self._imports.clear()
-
     # ------------------------------------------------------------------ imports
     def imported(self, span: Span, ctx):
-        """`span`'s buffer imported into `ctx` (once), peer-to-peer when ctx has peer access
-        to its device. The import keeps working after the application frees nothing."""
+        """`span`'s buffer imported into `ctx` (once per peer-access state), peer-to-peer
+        when ctx has peer access to its device; freed with the buffer (_forget_imports)."""
         p2p = span.ctx.device.index in ctx.peers
         key = (span.id, ctx.id, p2p)
         imp = self._imports.get(key)
