@@ -32,7 +32,7 @@ from typing import Union
 
 from guest.jit.codeobject import CodeObjectBuilder, ParamInfo
 from guest.jit.emit import Emitter
-from guest.jit.errors import PtxCompileError, PtxUnsupportedError
+from guest.jit.errors import PtxCompileError, PtxSyntaxError, PtxUnsupportedError
 from guest.jit.lower import Lowering, file_of, float_bits, ptx_bits
 from guest.jit.names import (ExternVar, FrameInfo, ParamSlot, RegVar, Scope, SpaceVar,
                              VecRegVar)
@@ -228,7 +228,7 @@ class EntryCompiler(Lowering):
         if dynamic:
             base = _align_up(top, max([16] + [var_align(d) for d in dynamic]))
             for d in dynamic:
-                if (None, d.name) not in self.func_shared:
+                if d in self.mod.shared_vars:  # function-level ones are bound where declared
                     scope.bind(d.name, SpaceVar(isa.SPACE_SHARED, base, 0, d))
             self.dynamic_base = base
             top = base
@@ -569,7 +569,13 @@ class ModuleCompiler:
 
 def compile_ptx(source: Union[str, bytes, ast.Module]) -> bytes:
     """Compile PTX text (or a parsed module) into a code object."""
-    if isinstance(source, bytes):
-        source = source.decode("utf-8")
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        try:
+            source = bytes(source).decode("utf-8")
+        except UnicodeDecodeError as e:
+            line = bytes(source)[:e.start].count(b"\n") + 1
+            raise PtxSyntaxError("PTX text is not UTF-8", line) from None
+    elif not isinstance(source, (str, ast.Module)):
+        raise TypeError(f"PTX must be text, bytes or a parsed module, not {type(source).__name__}")
     module = source if isinstance(source, ast.Module) else parse(source)
     return ModuleCompiler(module).compile()

@@ -17,9 +17,9 @@ import struct
 
 import numpy as np
 
-from guest.jit.emit import Emitter, Imm, Reg, Seg, SReg, mov_type_for
+from guest.jit.emit import Emitter, Imm, Reg, Seg, SReg, mov_type_for, wide_type
 from guest.jit.errors import PtxCompileError, PtxUnsupportedError
-from guest.jit.names import ParamSlot, RegVar, SpaceVar, VecRegVar
+from guest.jit.names import ExternVar, ParamSlot, RegVar, SpaceVar, VecRegVar
 from guest.jit.ptx import ast
 from guest.jit.sections import SPECIAL_REGISTERS, section
 from spec import isa
@@ -324,6 +324,7 @@ class Lowering:
         b = self.lookup(op.name)
         if b is None:
             raise PtxCompileError(f"undefined name {op.name}", ins.line, ins.text)
+        self.refuse_extern(b, op.name, ins)
         if isinstance(b, ParamSlot):
             b = self.slot_in_memory(b, ins)
         if not isinstance(b, SpaceVar):
@@ -340,6 +341,13 @@ class Lowering:
                 return s
             return Seg(kind, b.offset)
         return Imm((b.offset + op.offset) & ((1 << isa.TYPE_BITS[t]) - 1))
+
+    def refuse_extern(self, b, name: str, ins) -> None:
+        if isinstance(b, ExternVar):
+            raise PtxUnsupportedError(
+                f"{name} is an .extern variable that this module does not define (linking "
+                "is not supported)", ins.line, ins.text,
+                "Directives › Linking Directives › .extern")
 
     def dst(self, op, t: int, ins, widen: bool = False):
         """-> (register to write, fix-up to call after writing it or None)."""
@@ -395,6 +403,7 @@ class Lowering:
         off += base.offset
         if isinstance(b, RegVar):
             return b.reg, off, space
+        self.refuse_extern(b, base.name, ins)
         if isinstance(b, ParamSlot):
             b = self.slot_in_memory(b, ins)
             if space == isa.SPACE_PARAM:
@@ -514,8 +523,9 @@ class Lowering:
         size = isa.TYPE_BITS[t] // 8
         if isinstance(base, Reg) and len(dests) > 1:
             for x in dests:
-                if isinstance(x, ast.Reg) and self.lookup(x.name) is not None \
-                        and self.reg_of(x, ins) == base:
+                if isinstance(x, (ast.Reg, ast.Sym)) and \
+                        isinstance(self.lookup(x.name), (RegVar, VecRegVar)) and \
+                        self.reg_of(ast.Reg(x.name, getattr(x, "component", None)), ins) == base:
                     s = self.em.scratch(base.file)
                     self.em.emit(isa.OP_MOV, U64 if base.file == R64 else U32, d=s, a=base)
                     base = s
@@ -714,7 +724,6 @@ class Lowering:
     def wide(self, t, ins) -> int:
         if isa.TYPE_BITS[t] not in (16, 32) or t not in isa.INT_TYPES:
             raise self.syntax(ins, ".wide needs a 16- or 32-bit integer type")
-        from guest.jit.emit import wide_type
         return wide_type(t)
 
     def h_add(self, ins):
@@ -951,7 +960,8 @@ class Lowering:
         modes = {"f4e": isa.VAR_PRMT_F4E, "b4e": isa.VAR_PRMT_B4E, "rc8": isa.VAR_PRMT_RC8,
                  "ecl": isa.VAR_PRMT_ECL, "ecr": isa.VAR_PRMT_ECR, "rc16": isa.VAR_PRMT_RC16}
         mode = m.take(*modes)
-        t = m.one_type()
+        if m.one_type() != B32:
+            raise self.syntax(ins, "prmt is .b32")
         m.done()
         self.nops(ins, 4)
         o = ins.operands

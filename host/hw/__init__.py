@@ -12,6 +12,8 @@ registers, never guests, sessions or virtio.
   interrupts.py         Interrupt, InterruptController
   mmu.py                Mmu: page-table walks, extents, TLB; MmuFault
   kernels.py            the built-in kernel library and KernelMemory
+  sm/                   the streaming multiprocessors: code objects (spec/isa.md) checked
+                        and executed for PKT_LAUNCH_CODE
   command_processor.py  CommandProcessor: packet decoding and execution
   engine.py             Engine: one ring and its thread (three per GPU: compute, copy0, copy1)
   pcie.py               PcieFabric: PCIe topology, BARs, p2pdma distance, peer views

@@ -108,8 +108,7 @@ class CommandProcessor:
             PKT_TLB_FLUSH: self._tlb_flush,
             PKT_LAUNCH_CODE: self._launch_code,
         }
-        self.sm = (StreamingMultiprocessors(mmu, clock, self.cus)
-                   if engine == ENGINE_COMPUTE else None)
+        self.sm = StreamingMultiprocessors(mmu, clock) if engine == ENGINE_COMPUTE else None
         self.packets = 0
         self.ibs = 0
         self.copies = 0

@@ -9,8 +9,9 @@ from spec import wire
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = (ROOT / "spec" / "pvgpu.md").read_text()
 CLAUSE = re.compile(r"^\[([A-Z]+(?:-[A-Z0-9]+)+)\]", re.M)
-# (not the tail of a clause ID of spec/isa.md such as the ISA-MEM family)
-CITED = re.compile(r"(?<![A-Z]-)\b((?:CTL|MEM|VQ|DEV|CMD|FENCE|KRN|ERR|EVTQ|PRIME|SCHED)-[A-Z0-9]+(?:-[A-Z0-9]+)*)(-\*)?")
+# a clause ID, never the tail of a longer one (ISA-MEM-5 of spec/isa.md cites no pvgpu.md clause)
+CITED = re.compile(r"(?<![\w-])((?:CTL|MEM|VQ|DEV|CMD|FENCE|KRN|ERR|EVTQ|PRIME|SCHED)-[A-Z0-9]+"
+                   r"(?:-[A-Z0-9]+)*)(-\*)?")
 
 
 def _defined() -> set:

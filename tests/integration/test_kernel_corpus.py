@@ -3,12 +3,30 @@ the guest API against a real host, in both memory models: compiled from its comm
 loaded with Context.load_module, launched with Function.launch, its results checked
 against numpy (module globals written with get_global before, read back after)."""
 
+import importlib.util
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import guest
 from guest.jit import compile_ptx
-from tests.kernels import manifest as mf
+
+
+def _load_manifest():
+    """tests/kernels/manifest.py, imported by path (the tests are not a package)."""
+    name = "pvgpu_kernel_manifest"
+    if name not in sys.modules:
+        path = Path(__file__).resolve().parents[1] / "kernels" / "manifest.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+mf = _load_manifest()
 
 _OBJECTS = {}  # PTX file -> code object bytes (compiled once per test process)
 

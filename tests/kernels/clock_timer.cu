@@ -1,4 +1,4 @@
-// Device time: clock64 and globaltimer before and after some work, and the SM id.
+// Device time: clock64 and globaltimer before and after some work.
 extern "C" __global__ void clock_timer(long long* clocks, unsigned long long* timers, float* sink, int iters) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     long long c0 = clock64();

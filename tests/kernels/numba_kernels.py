@@ -40,7 +40,7 @@ def wave(x, out):
     i = cuda.grid(1)
     if i < x.size:
         v = x[i]
-        out[i] = math.sin(v) * math.exp(-v * v) + math.sqrt(abs(v))
+        out[i] = math.sin(v) + math.exp(-v * v) + math.sqrt(abs(v))
 
 
 KERNELS = {

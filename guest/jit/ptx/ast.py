@@ -167,6 +167,7 @@ class VarDecl:
     linkage: str = ""  # "visible", "extern", "weak", "common" or ""
     ptr: bool = False  # .param .u64 .ptr ... (a pointer attribute, no effect here)
     text: str = ""
+    ptr_align: int = 0  # `.ptr [.space] .align N`: the alignment of the memory pointed to
 
 
 @dataclass

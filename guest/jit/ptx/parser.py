@@ -145,14 +145,18 @@ class Parser:
     def var_decls(self, space: str, linkage: str, first: Token, single: bool = False) -> list:
         """`.space [.align N] [.vN] .type name[dims] [= init] {, name...}` (no `;`);
         `single`: one name only (a parameter list item)."""
-        align, vector, type_, ptr = 0, 0, "", False
+        align, vector, type_, ptr, ptr_align = 0, 0, "", False, 0
         while self.at("dot"):
             t = self.next()
             d = t.value[1:]
             if d == "align":
-                align = self.expect("int").value
-                if align <= 0 or align & (align - 1):
-                    raise self.error(f"alignment {align} is not a power of two", t)
+                value = self.expect("int").value
+                if value <= 0 or value & (value - 1):
+                    raise self.error(f"alignment {value} is not a power of two", t)
+                if ptr:
+                    ptr_align = value  # `.ptr ... .align N`: the pointee's alignment
+                else:
+                    align = value
             elif d in ("v2", "v4", "v8"):
                 vector = int(d[1:])
             elif d == "ptr":
@@ -189,7 +193,8 @@ class Parser:
             if self.accept("punct", "="):
                 init = self.initializer()
             out.append(ast.VarDecl(first.line, space, type_, name_tok.value, align, tuple(dims),
-                                   vector, init, linkage, ptr, self.line_text(first.line)))
+                                   vector, init, linkage, ptr, self.line_text(first.line),
+                                   ptr_align))
             if single or not self.accept("punct", ","):
                 return out
 

@@ -17,6 +17,7 @@ nothing from the guest (spec/isa.py is the only contract with the compiler).
   memory.py      global memory through the MMU (ranges, gathers, scatters), atomics
   warp.py        shfl, vote, activemask
   launch.py      StreamingMultiprocessors: one launch from packet to the last batch
+  stopping.py    the stop token inside long instructions
 """
 
 from host.hw.sm.codeobject import CodeFault

@@ -100,11 +100,19 @@ class AluInstr(Instr):
                 return
         if act.dense:
             typed = [_typed_full(b, v, t) for v, t in zip(vals, self.src_types)]
-            b.write(self.d, V.bits(self.fn(*typed), self.dst_type, self.fdt), act)
+            b.write(self.d, _uniform(V.bits(self.fn(*typed), self.dst_type, self.fdt)), act)
         else:
             idx = act.idx
             typed = [_typed_at(b, v, t, idx) for v, t in zip(vals, self.src_types)]
-            b.write_at(self.d, V.bits(self.fn(*typed), self.dst_type, self.fdt), act)
+            b.write_at(self.d, _uniform(V.bits(self.fn(*typed), self.dst_type, self.fdt)), act)
+
+
+def _uniform(v):
+    """A one-element array (from uniform operands) -> the uniform value it is."""
+    if isinstance(v, np.ndarray) and v.shape == (1,):
+        x = v[0]
+        return bool(x) if v.dtype == np.bool_ else int(x)
+    return v
 
 
 class MovInstr(Instr):

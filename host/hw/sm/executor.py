@@ -21,6 +21,12 @@ How an instruction touches the registers depends on the group (class Active):
   dense  many threads: computed over all N lanes, merged with np.copyto(where=mask);
   sparse few threads: operands gathered at the group's lanes, results scattered.
 
+Progress. Warps are independent: a warp that loops must not keep other warps from
+running (a lock taken with atom.cas in a loop by one thread of each warp). Each warp has
+an epoch, the number of backward branches it took while other threads were waiting to
+run; the group is chosen by (epoch of its warp, scheduling order), so a looping warp
+yields to the others. Within a warp the order alone decides, which keeps reconvergence.
+
 Barriers (SM-EXEC-3). bar.sync makes the arriving threads wait (their PC is stored as
 -2 - pc); per block and barrier number the arrivals are counted, exited threads count as
 arrived, and when a block's count is complete its waiting threads move on together. A
@@ -28,7 +34,8 @@ group that is every live thread of the batch, with nobody waiting, passes a bar.
 once. If every live thread waits and no barrier can complete, the batch is deadlocked, as
 real hardware would be: it sleeps until the engine stops it (job timeout or reset).
 
-Stopping (SM-EXEC-5): ctl.stopped() is checked before every step.
+Stopping (SM-EXEC-5): ctl.stopped() is checked before every step, and inside the long
+ones (stopping.py).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from __future__ import annotations
 import numpy as np
 
 from host.hw.sm import values as V
+from host.hw.sm.stopping import Stopped, running
 from spec import isa
 from spec.isa import OPND_PRED, OPND_R32, OPND_R64
 
@@ -44,10 +52,6 @@ DENSE_FRACTION = 0.25  # groups with at least this share of the lanes compute de
 DEADLOCK_SLEEP = 0.001  # seconds between stop checks of a deadlocked batch
 
 REG, CONST, SREG, NONE = 0, 1, 2, 3  # decoded operand kinds (decode.py)
-
-
-class Stopped(Exception):
-    """The engine stopped the launch (reset, shutdown, job timeout)."""
 
 
 class Shape:
@@ -169,6 +173,7 @@ class Batch:
         self.bar_expect = None  # thread counts of bar with b (0: the whole block)
         self.bar_of = None  # barrier number each waiting lane waits at
         self.bar_pred = None  # bar.red predicate of each waiting lane
+        self.epoch = None  # per warp: backward branches taken while others waited
         self.target = 0  # branch target of JUMP / SPLIT
         self.taken = None  # the Active that branches (SPLIT) or exits (EXIT)
         self.steps = 0
@@ -371,11 +376,42 @@ class Batch:
         m = self._first()
         if m < 0:
             return False
+        if self.epoch is not None:
+            return self._regroup_by_epoch()
         pc = int(self.prog.order[m])
         self.gpc = pc
         self.gk = int(self.cnt[m])
         self.gmask = None if self.gk == self.N else (self._pcs() == pc)
         return True
+
+    def _regroup_by_epoch(self) -> bool:
+        """The group is the runnable lanes with the smallest (warp epoch, priority)."""
+        pcs = self._pcs()
+        runnable = pcs >= 0
+        warp, _, _ = self.geo.warps()
+        prog = self.prog
+        key = self.epoch[warp] * prog.n + prog.prio[np.where(runnable, pcs, 0)]
+        key = np.where(runnable, key, np.iinfo(np.int64).max)
+        k = key.min()
+        self.gmask = key == k
+        self.gk = int(np.count_nonzero(self.gmask))
+        self.gpc = int(prog.order[int(k) % prog.n])
+        if self.gk == self.N:
+            self.gmask = None
+        return True
+
+    def _loop_back(self, lanes: Active, target: int) -> None:
+        """lanes take a backward branch: when other threads are waiting to run, the warps
+        of these lanes yield to them (their epoch grows), so that no warp can keep the
+        others from making progress by looping (a spin lock on a flag another warp sets)."""
+        prio = self.prog.prio
+        if prio[target] > prio[self.gpc] or self.live - self.nwait == lanes.k:
+            return
+        warp, _, nw = self.geo.warps()
+        if self.epoch is None:
+            self.epoch = np.zeros(nw, dtype=np.int64)
+        w = warp if lanes.mask is None else warp[lanes.idx]
+        self.epoch[np.unique(w)] += 1
 
     def _advance(self, newpc: int) -> bool:
         prio = self.prog.prio
@@ -389,12 +425,15 @@ class Batch:
         if self._first() == pn and self.cnt[pn] == gk:
             self.gpc = newpc
             return True
+        if newpc != self.gpc + 1:
+            self._loop_back(self._active(), newpc)
         self._set_group_pc(newpc)
         return self._regroup()
 
     def _split(self, target: int, taken: Active) -> bool:
         prio = self.prog.prio
         nxt = self.gpc + 1
+        self._loop_back(taken, target)
         self.cnt[prio[self.gpc]] -= self.gk
         self.cnt[prio[target]] += taken.k
         self.cnt[prio[nxt]] += self.gk - taken.k
@@ -433,7 +472,7 @@ class Batch:
         prog = self.prog
         decoded = prog.decoded
         from host.hw.sm.decode import decode
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), running(ctl):
             while True:
                 if ctl.stopped():
                     raise Stopped()
@@ -499,7 +538,7 @@ class Batch:
         act). bar_id, count: values (int or array over all lanes); red: None or
         (kind, predicate values over all lanes, dst, negate)."""
         geo = self.geo
-        nb, T = geo.nb, geo.T
+        nb = geo.nb
         if (wait and sub is act and act.full and self.nwait == 0 and count is None
                 and not isinstance(bar_id, np.ndarray) and self.bar_count is None):
             if red is not None:  # every live lane of every block arrives at once

@@ -29,6 +29,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from host.hw.sm import stopping
 from spec import isa
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
@@ -162,6 +163,8 @@ def exact_lanes(fn, dtype, mode, *operands):
     ops = [np.broadcast_to(np.asarray(o, F64), (n,)) for o in operands]
     out = np.empty(n, dtype)
     for i in range(n):
+        if i % stopping.CHECK_EVERY == stopping.CHECK_EVERY - 1:
+            stopping.check()
         out[i] = round_fraction(fn(*(Fraction(float(o[i])) for o in ops)), dtype, mode)
     return out
 
@@ -170,10 +173,11 @@ def _patch(result, bad, fn, dtype, mode, *operands):
     """result with the lanes `bad` recomputed exactly."""
     if not np.any(bad):
         return result
-    result = np.array(result, dtype, copy=True, ndmin=1)
+    result = np.array(result, dtype, copy=True)
+    flat = result.reshape(-1)  # (a 0-d result stays 0-d)
     idx = np.flatnonzero(np.broadcast_to(bad, result.shape))
-    ops = [np.broadcast_to(np.asarray(o, F64), result.shape)[idx] for o in operands]
-    result[idx] = exact_lanes(fn, dtype, mode, *ops)
+    ops = [np.broadcast_to(np.asarray(o, F64), result.shape).reshape(-1)[idx] for o in operands]
+    flat[idx] = exact_lanes(fn, dtype, mode, *ops)
     return result
 
 
@@ -214,13 +218,36 @@ def mul(a, b, dtype, mode):
     return _patch(r, ~_prod_ok(a64, b64, p) & nonzero, lambda x, y: x * y, dtype, mode, a64, b64)
 
 
+_LOW = {F32: (np.int64((1 << 29) - 1), np.int64(1 << 28)),  # f64 bits below the f32/f16
+        F16: (np.int64((1 << 42) - 1), np.int64(1 << 41))}  # mantissa, and its halfway point
+
+
 def fma(a, b, c, dtype, mode):
-    a64, b64, c64 = (np.asarray(v, F64) for v in (a, b, c))
-    if dtype != F64:
-        p = a64 * b64  # exact
-        hi, lo = two_sum(p, c64)
-        return round_pair(hi, lo, dtype, mode)
-    return fma64(a64, b64, c64, mode)
+    if dtype == F64:
+        return fma64(*(np.asarray(v, F64) for v in (a, b, c)), mode)
+    if mode == RN:
+        # a*b is exact in f64 and s = fl64(a*b + c) rounds to the right f32 (f16) unless s
+        # lies exactly halfway between two of them (the first rounding may have made it
+        # so), or is out of the target's normal range: only such lanes go the exact way
+        s = np.asarray(np.add(np.multiply(a, b, dtype=F64), c, dtype=F64))
+        r = s.astype(dtype)
+        low, half = _LOW[dtype]
+        check = (s.view(np.int64) & low) == half  # (also covers the overflow threshold)
+        check |= np.abs(s) < float(np.finfo(dtype).tiny) * 2  # subnormal: other midpoints
+        if not check.any():
+            return r
+        if r.ndim == 0:
+            return _fma_exact(a, b, c, dtype, mode)
+        idx = np.flatnonzero(check)
+        r[idx] = _fma_exact(*(np.broadcast_to(v, r.shape)[idx] for v in (a, b, c)), dtype, mode)
+        return r
+    return _fma_exact(a, b, c, dtype, mode)
+
+
+def _fma_exact(a, b, c, dtype, mode):
+    p = np.multiply(a, b, dtype=F64)  # exact
+    hi, lo = two_sum(p, np.asarray(c, F64))
+    return round_pair(hi, lo, dtype, mode)
 
 
 def fma64(a, b, c, mode=RN):

@@ -204,8 +204,8 @@ def signature_fault(op: int, type_: int, type2: int, mod: int, gflag: int,
             return "comparison"
         if (boolop != isa.BOOL_NONE) != has_c:
             return "BOOL_* exactly when c is present"
-    if mod & isa.MOD_NEG_C and not has_c:
-        return "MOD_NEG_C without c"
+        if mod & isa.MOD_NEG_C and not has_c:
+            return "MOD_NEG_C without c"
 
     # memory spaces (ISA-VALID-4)
     if op in _SPACES:

@@ -11,13 +11,15 @@ StreamingMultiprocessors.launch(vmid, launch, ctl), called by the command proces
   5. run the grid's blocks in batches (executor.Batch), in linear block order.
 
 Batches. A batch holds as many blocks as fit BATCH_THREADS threads and BATCH_BYTES of
-registers and local memory (at least one block), so one instruction is one numpy
+registers, local and shared memory (at least one block), so one instruction is one numpy
 operation over up to BATCH_THREADS lanes: large enough that numpy's per-call cost is
 small, small enough to stay near the caches. A batch does not straddle a row of the grid
 when the row has enough blocks, so %ctaid.x stays affine in the thread index. Blocks are
 independent except through global memory and atomics (SM-EXEC-1), so running them batch
-after batch is a valid schedule; a block waiting for a later block to write a flag waits
-forever, as it may on real hardware when the later block is not resident.
+after batch on the engine's thread is a valid schedule (the engine's compute units are not
+used: batches in parallel would make faults and partial results depend on timing); a
+block waiting for a later block to write a flag waits forever, as it may on real hardware
+when the later block is not resident.
 
 Device time: %globaltimer reads the device clock (Gpu.clock_ns); %clock64 counts the
 same nanoseconds at CLOCK_RATE_KHZ, strictly increasing between reads. The engine's busy
@@ -38,7 +40,8 @@ import numpy as np
 
 from host.hw.sm.codeobject import (CodeFault, ModuleCache, _RelFault, check_entry, entry_index,
                                    fetch)
-from host.hw.sm.executor import Batch, Geometry, Shape, Stopped
+from host.hw.sm.executor import Batch, Geometry, Shape
+from host.hw.sm.stopping import Stopped
 from host.hw.sm.isa_check import first_bad_instruction
 from host.hw.sm.memory import GlobalMemory
 from host.hw.sm.program import Program
@@ -80,10 +83,9 @@ class LaunchState:
 
 
 class StreamingMultiprocessors:
-    def __init__(self, mmu, clock=time.monotonic_ns, cus=None):
+    def __init__(self, mmu, clock=time.monotonic_ns):
         self.mmu = mmu
         self.clock = clock
-        self.cus = cus
         self.cache = ModuleCache()
         self._lock = threading.Lock()
         self._gridid = 0
@@ -171,8 +173,9 @@ class StreamingMultiprocessors:
         gx, gy, gz = launch.grid
         total = gx * gy * gz
         T = math.prod(launch.block)
-        per_thread = 4 * prog.n_r32 + 8 * prog.n_r64 + prog.n_pred + prog.local_size + 64
-        nb = max(1, min(BATCH_THREADS // T, BATCH_BYTES // (T * per_thread)))
+        per_block = T * (4 * prog.n_r32 + 8 * prog.n_r64 + prog.n_pred + prog.local_size + 64)
+        per_block += state.shared_bytes
+        nb = max(1, min(BATCH_THREADS // T, BATCH_BYTES // per_block))
         start = 0
         while start < total:
             if ctl.stopped():

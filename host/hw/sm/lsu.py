@@ -77,8 +77,8 @@ def _contiguous(b, act, addr, w):
             return None
         lo, hi = span
     first = (addr.c0 + w * lo) & _M64
-    if first + w * (hi - lo) > 1 << 64:
-        return None
+    if first % w or first + w * (hi - lo) > 1 << 64:
+        return None  # (the gather path reports a misaligned access)
     return first, hi - lo
 
 

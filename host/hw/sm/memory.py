@@ -21,20 +21,21 @@ address land in lane order, the last one wins (ISA-MEM-5).
 Atomics (ISA-MEM-4) run as if the lanes executed one after another in lane order:
 distinct addresses at once; conflicting lanes of an operation without a result with
 ufunc.at (add, min, max, and, or, xor); integer add with a result by a segmented prefix
-sum; the other operations with a result by segments (ufunc.accumulate per address) or by
-rounds (one lane per address per round), whichever takes fewer steps. The launch's
-`atomic_lock` makes an atomic instruction indivisible with respect to the other compute
-units running blocks of the same launch.
+sum; cas on few addresses by runs (all lanes up to the next one whose compare value
+matches fail at once: a CAS loop costs one step per success), inc/dec with one limit in
+closed form; the other operations with a result by segments (ufunc.accumulate per
+address) or by rounds (one lane per address per round), whichever takes fewer steps.
+Batches run one after another on the engine's thread, so an instruction's atomics are
+indivisible with respect to every other access of the launch.
 """
 
 from __future__ import annotations
-
-import threading
 
 import numpy as np
 
 from host.hw.mmu import MmuFault
 from host.hw.regs import PAGE_SHIFT, PAGE_SIZE
+from host.hw.sm import stopping
 from spec import isa
 from spec.wire import ACCESS_READ, ACCESS_WRITE
 
@@ -56,7 +57,6 @@ class GlobalMemory:
         self.mmu = mmu
         self.vmid = vmid
         self._typed: dict = {}  # (id(root), dtype) -> (root, typed view)
-        self.atomic_lock = threading.Lock()
         self.on_write = None  # fn(list of uint8 arrays) before they are written
 
     # ------------------------------------------------------------- ranges
@@ -133,7 +133,9 @@ class GlobalMemory:
         roots: list = []
         root_index: dict = {}
         uniq_l = uniq.tolist()
-        for s, e in zip(starts, ends):
+        for run, (s, e) in enumerate(zip(starts, ends)):
+            if run % stopping.CHECK_EVERY == stopping.CHECK_EVERY - 1:
+                stopping.check()
             p0, p1 = uniq_l[s], uniq_l[e - 1] + 1
             va0 = max(p0 << PAGE_SHIFT, amin)
             va1 = min(p1 << PAGE_SHIFT, amax + width)
@@ -208,14 +210,13 @@ class GlobalMemory:
         b = np.broadcast_to(np.asarray(b, dtype), (n,))
         c = None if c is None else np.broadcast_to(np.asarray(c, dtype), (n,))
         old = np.empty(n, dtype) if want_old else None
-        with self.atomic_lock:
-            for root, lanes, phys in groups:
-                view = self._typed_view(root, dtype)
-                sel = slice(None) if lanes is None else lanes
-                r = apply_atomic(view, phys // w, aop, b[sel], None if c is None else c[sel],
-                                 want_old)
-                if want_old:
-                    old[sel] = r
+        for root, lanes, phys in groups:
+            view = self._typed_view(root, dtype)
+            sel = slice(None) if lanes is None else lanes
+            r = apply_atomic(view, phys // w, aop, b[sel], None if c is None else c[sel],
+                             want_old)
+            if want_old:
+                old[sel] = r
         return old
 
 
@@ -287,6 +288,16 @@ def apply_atomic(view: np.ndarray, idx: np.ndarray, aop: int, b, c, want_old: bo
         old_sorted[:] = prev
         gend = np.append(gstart[1:], k) - 1
         view[sidx[gstart]] = sb[gend]
+    elif aop in (isa.ATOM_CAS, isa.ATOM_INC, isa.ATOM_DEC) and ngroups < 64:
+        gend = np.append(gstart[1:], k)
+        sc = None if c is None else c[order]
+        for g, (g0, g1) in enumerate(zip(gstart.tolist(), gend.tolist())):
+            if g % stopping.CHECK_EVERY == stopping.CHECK_EVERY - 1:
+                stopping.check()
+            a = sidx[g0]
+            fn = _cas_run if aop == isa.ATOM_CAS else _counter_run
+            view[a] = fn(aop, view[a], sb[g0:g1], None if sc is None else sc[g0:g1],
+                         old_sorted[g0:g1])
     else:
         sc = None if c is None else c[order]
         rank = np.arange(k) - gstart[gid]
@@ -294,7 +305,9 @@ def apply_atomic(view: np.ndarray, idx: np.ndarray, aop: int, b, c, want_old: bo
         ufunc = _UFUNC_AT.get(aop) if aop != isa.ATOM_ADD or view.dtype.kind == "f" else None
         if ufunc is not None and ngroups < rounds:
             gend = np.append(gstart[1:], k)
-            for g0, g1 in zip(gstart.tolist(), gend.tolist()):
+            for g, (g0, g1) in enumerate(zip(gstart.tolist(), gend.tolist())):
+                if g % stopping.CHECK_EVERY == stopping.CHECK_EVERY - 1:
+                    stopping.check()
                 a = sidx[g0]
                 seq = np.concatenate(([view[a]], sb[g0:g1])).astype(view.dtype)
                 acc = _sequential(ufunc, seq, view.dtype)
@@ -305,6 +318,8 @@ def apply_atomic(view: np.ndarray, idx: np.ndarray, aop: int, b, c, want_old: bo
             counts = np.bincount(rank, minlength=rounds)
             bounds = np.concatenate(([0], np.cumsum(counts))).tolist()
             for r in range(rounds):
+                if r % stopping.CHECK_EVERY == stopping.CHECK_EVERY - 1:
+                    stopping.check()
                 lanes = by_round[bounds[r]:bounds[r + 1]]
                 a = sidx[lanes]
                 o = view[a]
@@ -315,6 +330,47 @@ def apply_atomic(view: np.ndarray, idx: np.ndarray, aop: int, b, c, want_old: bo
     old = np.empty(k, view.dtype)
     old[order] = old_sorted
     return old
+
+
+def _cas_run(aop, v, b, c, old):
+    """The CAS of lanes b/c (lane order) on one word holding v: each run of lanes whose
+    compare value differs fails at once (old = v); -> the final value. One step per
+    successful lane, however many lanes fail (the usual CAS loop: one success a round)."""
+    pos, k = 0, b.shape[0]
+    while pos < k:
+        hit = np.flatnonzero(b[pos:] == v)
+        if not hit.shape[0]:
+            old[pos:] = v
+            break
+        j = pos + int(hit[0])
+        old[pos:j + 1] = v
+        v = c[j]
+        pos = j + 1
+        stopping.check()
+    return v
+
+
+def _counter_run(aop, v, b, c, old):
+    """inc/dec of lanes on one word: with one limit b for all of them (atomicInc(p, n)) the
+    values cycle through 0..b, in closed form; otherwise lane by lane."""
+    k = b.shape[0]
+    if int(b.min()) != int(b.max()):
+        for j in range(k):
+            old[j] = v
+            v = atomic_op(aop, np.asarray([v]), b[j:j + 1], None)[0]
+        return v
+    dt = old.dtype
+    limit, v0 = int(b[0]), int(v)
+    m = limit + 1
+    j = np.arange(k, dtype=object if m > 1 << 62 else np.int64)
+    if aop == isa.ATOM_INC:
+        seq = (v0 + j) % m if v0 <= limit else np.where(j == 0, v0, (j - 1) % m)
+        last = (v0 + k) % m if v0 <= limit else (k - 1) % m
+    else:
+        seq = (v0 - j) % m if v0 <= limit else np.where(j == 0, v0, (limit - (j - 1)) % m)
+        last = (v0 - k) % m if v0 <= limit else (limit - (k - 1)) % m
+    old[:] = np.asarray(seq, dtype=object).astype(dt) if m > 1 << 62 else np.asarray(seq).astype(dt)
+    return dt.type(last)
 
 
 def _sequential(ufunc, seq, dtype):

@@ -201,3 +201,27 @@ def test_half_precision_fma_and_ex2(env):
         if r != 0:
             check([d[i]], [ref_round(r, "f16", "rn")], "f16")
     np.testing.assert_allclose(d2.astype(np.float64), np.exp2(e.astype(np.float64)), rtol=1e-3)
+
+
+def test_fma_where_one_f64_rounding_lands_on_a_midpoint(env):
+    """(1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 is halfway between two f32; + 2^-70 rounds to
+    that midpoint in f64, and ties-to-even would then round the wrong way."""
+    a = np.array([1 + 2.0 ** -12] * 2, np.float32)
+    c = np.array([2.0 ** -70, -2.0 ** -70], np.float32)
+    (d,) = elementwise(env, "fma.rn.f32 {d}, {a}, {a}, {b}", [("f32", a), ("f32", c)], ["f32"], 2)
+    assert list(d) == [np.float32(1 + 2.0 ** -11 + 2.0 ** -23), np.float32(1 + 2.0 ** -11)]
+
+
+def test_operations_on_uniform_values(env):
+    """Every operand the same for all threads (parameters, constants): computed once."""
+    a = np.zeros(4, np.float32)
+    d, d2, f = elementwise(env, "mov.f32 {d}, 1.5\nmov.f32 {d2}, 0.25\n"
+                           "fma.rn.f32 {d2}, {d}, {d2}, {d}\ncvt.f64.f32 {f}, {d}\n"
+                           "fma.rz.f64 {f}, {f}, {f}, {f}\nsqrt.rn.f32 {d}, {d2}",
+                           [("f32", a)], ["f32", "f32", "f64"], 4)
+    assert list(d2) == [1.875] * 4 and list(f) == [3.75] * 4
+    assert list(d) == [np.sqrt(np.float32(1.875))] * 4
+    x = np.arange(4, dtype=np.float32)
+    (d,) = elementwise(env, "mov.f32 {d}, 1.5\nfma.rn.f32 {d}, {d}, {d}, {a}", [("f32", x)],
+                       ["f32"], 4)  # uniform * uniform + per thread
+    assert list(d) == list(2.25 + x)

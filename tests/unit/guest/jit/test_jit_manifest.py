@@ -8,7 +8,9 @@ import pytest
 
 from guest.jit import compile_ptx, read_code_object
 from spec import isa
-from tests.kernels import manifest as mf
+from jit_helpers import load_manifest
+
+mf = load_manifest()
 
 _OBJECTS = {}
 

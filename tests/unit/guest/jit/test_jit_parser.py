@@ -59,7 +59,9 @@ def test_entry_and_func_signatures():
     assert [p.name for p in proto.params] == ["f_param_0", "f_param_1"]
     assert proto.params[1].align == 8 and proto.params[1].dims == (16,)
     assert proto.rets[0].name == "func_retval0"
-    assert k.params[0].ptr and k.params[0].align == 16 and k.params[0].type == "u64"
+    # `.align` after `.ptr` is the pointee's alignment, not the parameter's
+    assert k.params[0].ptr and k.params[0].ptr_align == 16 and k.params[0].align == 0
+    assert k.params[0].type == "u64"
     assert k.maxntid == (256, 1, 1)
 
 

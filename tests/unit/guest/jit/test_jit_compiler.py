@@ -8,7 +8,7 @@ from guest.jit import compile_ptx
 from guest.jit.errors import PtxCompileError, PtxUnsupportedError
 from spec import isa
 
-from tests.unit.guest.jit.ptxutil import build, kernel, listing, module
+from jit_helpers import build, kernel, listing, module
 
 
 def test_small_integers_are_simm_and_large_ones_imm():
@@ -261,3 +261,34 @@ def test_carry_chains_compile_to_valid_code():
                           "addc.u32 %r7, 0, 0;\nsub.cc.u32 %r1, %r1, 1;\nsubc.u32 %r2, %r2, 0;"))
     assert code[0].startswith("add.u32") and "setp.lo.u32" in code[1]
     assert any(c.startswith("selp.u32") for c in code)
+
+
+def test_extern_variables_are_refused_where_used():
+    text = kernel("ld.global.u32 %r1, [ext];", pre=".extern .global .align 4 .u32 ext;\n")
+    with pytest.raises(PtxUnsupportedError, match="ext is an .extern variable") as e:
+        compile_ptx(text)
+    assert e.value.line == 13
+    build(kernel("ret;", pre=".extern .global .align 4 .u32 ext;\n"))  # declared, unused: fine
+
+
+def test_registers_named_without_percent_and_vector_aliasing():
+    code = listing(kernel("{ .reg .u64 a0; .reg .u32 lo, hi;\nmov.b64 {lo, hi}, %rd1;\n"
+                          "mov.u64 a0, %rd2;\nld.global.v2.u64 {a0, %rd3}, [a0]; }"))
+    assert code[:3] == ["shr.b64 rd25, rd1, 32", "cvt.u32.u64 r41, rd25", "cvt.u32.u64 r40, rd1"]
+    assert code[4:7] == ["mov.u64 rd25, rd24", "ld.global.u64 rd24, [rd25]",
+                         "ld.global.u64 rd3, [rd25+8]"]
+
+
+def test_bytes_that_are_not_utf8_are_a_syntax_error():
+    from guest.jit.errors import PtxSyntaxError
+    text = kernel("ret;").encode() + b"\n// \xff\xfe\n"
+    with pytest.raises(PtxSyntaxError, match="UTF-8") as e:
+        compile_ptx(text)
+    assert e.value.line == 15
+    assert compile_ptx(kernel("ret;").encode())
+
+
+def test_pointer_parameters_keep_their_natural_alignment():
+    e = build(kernel("ret;", params=".param .u32 k_n, .param .u64 .ptr .global .align 16 k_p, "
+                     ".param .u32 k_m")).entry("k")
+    assert [(p.offset, p.size, p.align) for p in e.params] == [(0, 4, 4), (8, 8, 8), (16, 4, 4)]

@@ -1,4 +1,9 @@
-"""Helpers for the JIT tests: wrap PTX snippets in a module, compile, disassemble."""
+"""Helpers for the JIT tests: wrap PTX snippets in a module, compile, disassemble; load
+the kernel manifest (tests/kernels/manifest.py)."""
+
+import importlib.util
+import sys
+from pathlib import Path
 
 from guest.jit import compile_ptx, read_code_object
 from guest.jit.codeobject import format_instruction
@@ -33,3 +38,17 @@ def listing(text: str, entry: str = "k") -> list:
 
 def reread(blob: bytes):
     return read_code_object(blob)
+
+
+KERNELS = Path(__file__).resolve().parents[3] / "kernels"
+
+
+def load_manifest():
+    """tests/kernels/manifest.py, imported by path (the tests are not a package)."""
+    name = "pvgpu_kernel_manifest"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, KERNELS / "manifest.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
