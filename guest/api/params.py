@@ -18,6 +18,10 @@ where no parameter lies. What a parameter accepts follows its declared type:
 A wrong count, a wrong kind of value or a wrong size is a TypeError, a value out of the
 type's range an OverflowError, a DeviceArray of another context a ValueError, a freed one
 InvalidResourceError: all raised before the launch is sent.
+
+`ParamBuffer(raw)` in place of the argument sequence is a parameter buffer marshalled
+already (the bytes cuLaunchKernel's `kernelParams` or `extra` describe, pvgpu/cuda): it is
+sent as it is, if it is exactly `param_size` bytes.
 """
 
 from __future__ import annotations
@@ -43,8 +47,17 @@ def type_name(param) -> str:
     return "." + isa.TYPE_NAMES.get(param.type, f"type{param.type}")
 
 
+class ParamBuffer(bytes):
+    """A whole parameter buffer, laid out by the entry's parameter table already."""
+
+
 def marshal(fn, ctx, args) -> bytes:
     """The parameter buffer of a launch of Function `fn` in `ctx` with `args`."""
+    if isinstance(args, ParamBuffer):
+        if len(args) != fn.param_size:
+            raise TypeError(f"{fn.name}: a parameter buffer of {len(args)} bytes, the kernel's "
+                            f"parameters take {fn.param_size}")
+        return bytes(args)
     params = fn.params
     if isinstance(args, (str, bytes)) or not hasattr(args, "__len__"):
         raise TypeError(f"{fn.name}: args must be a sequence of {len(params)} values, not "

@@ -28,7 +28,7 @@ def test_clause_ids_are_unique():
 def test_every_cited_clause_exists():
     defined = _defined()
     cited, families = set(), set()
-    for folder in ("tests", "transport", "host", "guest"):
+    for folder in ("tests", "transport", "host", "guest", "pvgpu"):
         for path in (ROOT / folder).rglob("*.py"):
             for name, star in CITED.findall(path.read_text()):
                 (families if star else cited).add(name)  # "FENCE-TIMELINE-*" names a family

@@ -173,6 +173,15 @@ def test_structs_by_value():
         params.marshal(fn, None, (3, 7))
 
 
+def test_a_marshalled_parameter_buffer_is_sent_as_it_is():
+    fn = FakeFn(entry_with((0, 4, 4, isa.TYPE_F32), (8, 8, 8, isa.TYPE_U64)))
+    snan = struct.pack("<I", 0x7FA0_0001)  # a signalling NaN keeps its bits
+    raw = snan + bytes(4) + (2**64 - 1).to_bytes(8, "little")
+    assert params.marshal(fn, None, params.ParamBuffer(raw)) == raw
+    with pytest.raises(TypeError, match="parameter buffer of 8 bytes.*take 16"):
+        params.marshal(fn, None, params.ParamBuffer(raw[:8]))
+
+
 def test_device_arrays_only_for_64_bit_parameters():
     class NotAnArray:
         pass
