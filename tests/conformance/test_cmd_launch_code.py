@@ -162,7 +162,7 @@ def test_cmd_launch_code_faults(raw):
         (wire.RESP_ERR_ILLEGAL_CODE, (bad_va + bad, isa.COBJ_ERR_INSTR))
     assert not any(d2h(raw, ctx, out, 128))  # nothing ran (COBJ-VALID-4)
     # a header that is not one
-    obj[0:4] = b"XXXX"
+    obj[0:4] = b"JUNK"
     hdr_va = load(raw, ctx, bytes(obj), rid=52)
     assert error(raw, store_index(raw, ctx, hdr_va, obj, out, 32, fence_id=3)) == \
         (wire.RESP_ERR_ILLEGAL_CODE, (hdr_va, isa.COBJ_ERR_HEADER))

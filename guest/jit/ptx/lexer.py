@@ -5,8 +5,8 @@ Kinds: `ident` (identifiers, registers such as `%r1`, labels such as `$L__BB0_2`
 (value: a Python int), `float` (value: a `FloatLiteral`), `str` (a quoted string) and
 `punct` (one of `{}()[];,:+-!@|<>=_`). Comments and white space are dropped. Integer
 literals are decimal, hexadecimal (`0x`), octal (leading `0`) or binary (`0b`), each with
-an optional `U` suffix; float literals are `0fXXXXXXXX` (the bits of an f32),
-`0dXXXXXXXXXXXXXXXX` (the bits of an f64) or decimal (`1.5`, `2e-3`: an f64 value).
+an optional `U` suffix; float literals are `0fHHHHHHHH` (the bits of an f32),
+`0dHHHHHHHHHHHHHHHH` (the bits of an f64) or decimal (`1.5`, `2e-3`: an f64 value).
 """
 
 from __future__ import annotations

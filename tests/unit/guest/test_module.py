@@ -52,7 +52,7 @@ def test_code_object_reader_names_entries_params_and_symbols():
 
 @pytest.mark.parametrize("corrupt", [
     lambda o: o[:50],  # shorter than a header
-    lambda o: b"XXXX" + o[4:],  # magic
+    lambda o: b"JUNK" + o[4:],  # magic
     lambda o: o + b"\0" * 8,  # size disagrees
     lambda o: o[:20] + struct.pack("<I", 1000) + o[24:],  # entry_count beyond the object
 ])

@@ -93,7 +93,7 @@ FIELD = {name: struct.calcsize("<4sHH" + "I" * i) for i, name in
 
 
 @pytest.mark.parametrize("mutate, message", [
-    (lambda b: b"XXXX" + b[4:], "magic"),
+    (lambda b: b"JUNK" + b[4:], "magic"),
     (lambda b: patch(b, 4, "<H", 2), "version"),
     (lambda b: patch(b, FIELD["size"], "<I", len(b) + 8), "size"),
     (lambda b: patch(b, FIELD["entries_off"], "<I", 4), "entries"),
