@@ -68,12 +68,10 @@ class InvalidAddressError(DeviceError):
     code = wire.RESP_ERR_INVALID_ADDRESS
 
 
-class PageFaultError(DeviceError):
-    """The GPU faulted: `address` is the faulting device VA, `access` 'read'/'write'/'exec'.
-    `event` is the device's event-queue report of the fault (a DeviceEvent with its vmid,
-    engine and stream), when the device has an event queue; `str()` then includes it."""
+class _FaultReport(DeviceError):
+    """A fault the device also reports on its event queue: `address` (info0) names where,
+    `event` is the queue's report (a DeviceEvent), when there is one; `str()` includes it."""
 
-    code = wire.RESP_ERR_PAGE_FAULT
     event = None
 
     def __str__(self) -> str:
@@ -86,12 +84,20 @@ class PageFaultError(DeviceError):
     def address(self) -> int:
         return self.info0
 
+
+class PageFaultError(_FaultReport):
+    """The GPU faulted: `address` is the faulting device VA, `access` 'read'/'write'/'exec'.
+    `event` is the device's event-queue report of the fault (a DeviceEvent with its vmid,
+    engine and stream), when the device has an event queue; `str()` then includes it."""
+
+    code = wire.RESP_ERR_PAGE_FAULT
+
     @property
     def access(self) -> str:
         return wire.ACCESS_NAMES.get(self.info1, str(self.info1))
 
 
-class IllegalCodeError(DeviceError):
+class IllegalCodeError(_FaultReport):
     """The device refused a code object or a launch of it (malformed object, an entry the
     launch does not fit, a bad instruction), or the kernel executed `trap`: `address` is the
     device VA of the offending record (header, entry, parameter or instruction), `reason`
@@ -99,17 +105,6 @@ class IllegalCodeError(DeviceError):
     launch: the context keeps working. `event` is the event-queue report, when there is one."""
 
     code = wire.RESP_ERR_ILLEGAL_CODE
-    event = None
-
-    def __str__(self) -> str:
-        text = super().__str__()
-        if self.event is not None and str(self.event) not in text:
-            text = f"{text} [{self.event}]"
-        return text
-
-    @property
-    def address(self) -> int:
-        return self.info0
 
     @property
     def reason(self) -> str:
