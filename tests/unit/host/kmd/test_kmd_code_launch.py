@@ -16,6 +16,8 @@ from host.kmd.fence import Fence
 from host.kmd.kernarg import SLOT_SIZE, KernargArea
 from spec import isa, wire
 
+from test_kmd_device import Window
+
 P = regs.PAGE_SIZE
 W = wire.GUEST_WINDOW_VA
 
@@ -23,18 +25,6 @@ W = wire.GUEST_WINDOW_VA
 @pytest.fixture
 def dev(make_dev):
     return make_dev()
-
-
-class Window:
-    """Host memory dma-mapped and mapped at GUEST_WINDOW_VA in a context."""
-
-    def __init__(self, dev, ctx, size=1 << 20):
-        self.buf = np.zeros(size, dtype=np.uint8)
-        ctx.map_system(dev.dma_map(self.buf), W)
-
-    def put(self, off, raw: bytes):
-        self.buf[off:off + len(raw)] = np.frombuffer(raw, np.uint8)
-        return W + off
 
 
 def load(ctx, win, obj: bytes, off=0):

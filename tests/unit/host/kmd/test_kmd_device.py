@@ -32,7 +32,9 @@ class Window:
         ctx.map_system(self.mapping, W)
 
     def put(self, off, arr):
-        raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+        """Write an array (or bytes) at `off`; -> its VA in the window."""
+        raw = (np.frombuffer(arr, np.uint8) if isinstance(arr, (bytes, bytearray))
+               else np.ascontiguousarray(arr).reshape(-1).view(np.uint8))
         self.buf[off:off + raw.size] = raw
         return W + off
 
