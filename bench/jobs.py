@@ -100,6 +100,7 @@ class EchoPeer:
 
     def close(self) -> None:
         try:
+            self.sock.linger = 1000  # let the quit reach the echo process
             self.sock.send(b"quit")
         finally:
             self.sock.close()
@@ -153,6 +154,8 @@ def guest_figures(conn, endpoint_dir: str, *, launches: int = 2000, batch: int =
                         "zmq_rtt": lambda: peer.round_trips(batch)}, max_reps=reps, warmup=True)
             if not np.array_equal(dev4k.to_host(), host4k):
                 raise AssertionError("the 4 KiB copy did not land")
+            if not np.all(tiny.to_host() == 1.0):
+                raise AssertionError("the synchronized fill is not what the device holds")
             stream.destroy()
     finally:
         peer.close()
@@ -172,7 +175,7 @@ def guest_figures(conn, endpoint_dir: str, *, launches: int = 2000, batch: int =
 
 
 # ---------------------------------------------------------------- many guests at once
-def _children(args_list: list, timeout: float) -> list:
+def _children(args_list: list, timeout: float) -> tuple:
     """Start one `python -m bench.jobs ...` child per args; once all say `ready`, release
     them together; -> (their JSON results, seconds from the first one's start to the last
     one's end: each reports both on time.monotonic(), a clock shared by processes)."""
