@@ -15,6 +15,8 @@
   pvgpu bench dataflow [--json FILE] [--quick]    shared device memory vs copies through the host
   pvgpu bench p2p [--json FILE] [--quick] [--sizes MiB,..]  GPU-to-GPU copies: P2P vs bounce vs memcpy
   pvgpu bench ptx [--json FILE] [--quick]         PTX kernels on the SMs vs numpy and the built-ins
+  pvgpu bench jobs [--json FILE] [--quick]        the fixed cost of a job: tiny launches, round
+                                                  trips, 8 guests at once, the KMD alone
 """
 
 from __future__ import annotations
@@ -168,7 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure hot paths against this machine's limits, or "
                                      "the GPU scheduler's fairness (`bench sched`)")
     p.add_argument("which", nargs="?",
-                   choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx"),
+                   choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx", "jobs"),
                    default="hotpaths",
                    help="hotpaths (default): copies, round trip, kernels against the machine's "
                         "limits; sched: Gdev's fairness experiment under each policy, four "
@@ -180,7 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "peer-to-peer vs staged through pinned host memory vs through the "
                         "guest, against memcpy; ptx: the SMs' lane-instructions/s, PTX "
                         "vector_add/saxpy/tiled SGEMM/shuffle reduction against numpy and the "
-                        "built-in kernels")
+                        "built-in kernels; jobs: the fixed cost of a job: async tiny "
+                        "launches/s, launch + synchronize and a 4 KiB copy against a bare "
+                        "zmq round trip, 8 guests x 2,000 mixed operations, per-job cost "
+                        "of an in-process KMD against a bare thread handoff")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     p.add_argument("--seconds", type=float, default=20.0,
@@ -379,6 +384,10 @@ def cmd_bench(args) -> int:
     if args.which == "ptx":
         from bench.ptx import run_bench as run_ptx
         run_ptx(json_path=args.json, quick=args.quick)
+        return 0
+    if args.which == "jobs":
+        from bench.jobs import run_bench as run_jobs
+        run_jobs(json_path=args.json, quick=args.quick)
         return 0
     if args.which == "copies":
         from bench.copies import run_bench as run_copies
