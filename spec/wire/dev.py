@@ -37,7 +37,9 @@ FEATURE_NAMES = {
     PVGPU_F_EVENTQ: "EVENTQ",
 }
 
-VIRTIO_ID_GPU = 16
+# A device type of pvgpu's own, not virtio-gpu's 16 (spec §5.1): virtio-pci would carry
+# it as PCI device 0x1040 + 0xB0 = 1af4:10f0, the first of QEMU's experimental IDs.
+VIRTIO_ID_PVGPU = 0xB0
 CONTROLQ = 0
 EVENTQ = 1  # exists only with PVGPU_F_EVENTQ negotiated
 NUM_QUEUES = 2
