@@ -272,7 +272,6 @@ MAX_EVENTS = 4096  # live event ids per session and device
 MAX_EVENT_EXPORTS = 1024  # live exports per session; exporting more withdraws the oldest
 STATS_BUFFER_SIZE = 64 << 10  # a writable size a driver may offer GET_STATS (a hint)
 
-
 PAGE_SIZE = 4096
 # Device virtual address layout of every context (spec §6.3).
 VA_USER_BASE = 1 << 32  # MEM_ALLOC addresses start here; VA 0 is never mapped
