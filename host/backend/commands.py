@@ -46,6 +46,7 @@ from spec import wire
 from host.backend import code_launch
 from host.backend.errors import CommandError
 from host.backend.events import EventExports, EventSnapshot
+from host.backend.limits import GUEST_CONTEXT_LIMITS
 from host.backend.prime import ResourceExports
 from host.backend.shm import ShmTable, shm_error
 from host.kmd import errors as kmd_errors
@@ -319,7 +320,7 @@ class ComputeDevice:
         name = _name.split(b"\0", 1)[0].decode("utf-8", "replace")
         try:
             kctx = self.kmd.create_context(name, vgpu=self.vgpu, client=self.owner,
-                                           priority=priority)
+                                           priority=priority, limits=GUEST_CONTEXT_LIMITS)
         except KmdError as e:
             raise kmd_to_error(e) from None
         try:
@@ -551,7 +552,8 @@ class ComputeDevice:
         if flags != 0:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER, f"SHM_GET flags {flags:#x} must be 0")
         try:
-            seg, created = self.kmd.shm.get(key, size, namespace=self.owner, vgpu=self.vgpu)
+            seg, created = self.kmd.shm.get(None if key == wire.SHM_KEY_PRIVATE else key, size,
+                                            namespace=self.owner, vgpu=self.vgpu)
         except KmdError as e:
             raise kmd_to_error(e) from None
         try:

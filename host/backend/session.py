@@ -247,7 +247,7 @@ class Backend:
             **reply,
             "session": sid,
             "devices": [{"index": k.index, "name": k.name, "vram_size": k.vram_size,
-                         "device_id": wire.VIRTIO_ID_GPU, "peers": self._peers(k)}
+                         "device_id": wire.VIRTIO_ID_PVGPU, "peers": self._peers(k)}
                         for k in self.kmds],
             "heartbeat_ms": self.heartbeat_ms,
             "max_mem_size": self.max_mem_size,

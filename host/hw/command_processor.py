@@ -55,13 +55,13 @@ import numpy as np
 from host.hw import kernels
 from host.hw.interrupts import Interrupt
 from host.hw.mmu import MmuFault
-from host.hw.packets import (FENCE_IRQ, LAUNCH_CODE_DW, PKT_COPY, PKT_FENCE,
-                             PKT_INDIRECT_BUFFER, PKT_LAUNCH, PKT_LAUNCH_CODE, PKT_NAMES, PKT_NOP,
-                             PKT_TLB_FLUSH, PKT_WAIT, split_header)
+from host.hw.packets import (FENCE_IRQ, LAUNCH_CODE_DW, LAUNCH_FIXED_DW, PKT_COPY,
+                             PKT_FENCE, PKT_INDIRECT_BUFFER, PKT_LAUNCH, PKT_LAUNCH_CODE,
+                             PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT, split_header)
 from host.hw.regs import (COPY_ENGINES, ENGINE_COMPUTE, ENGINE_NAMES, IRQ_CODE_FAULT, IRQ_FENCE,
                           IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_VMIDS, VM_INVALIDATE_ALL)
 from host.hw.sm import CodeFault, CodeLaunch, StreamingMultiprocessors
-from spec.wire import ACCESS_READ, ACCESS_WRITE
+from spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 log = logging.getLogger("pvgpu.hw.cp")
 
@@ -76,7 +76,6 @@ WAIT_POLL = 0.002  # seconds between re-checks of a WAIT (CPU writes do not noti
 RING_ONLY = frozenset({PKT_INDIRECT_BUFFER, PKT_FENCE, PKT_WAIT, PKT_TLB_FLUSH})
 BODY_DW = {PKT_INDIRECT_BUFFER: 4, PKT_COPY: 6, PKT_FENCE: 5, PKT_WAIT: 4, PKT_TLB_FLUSH: 1,
            PKT_LAUNCH_CODE: LAUNCH_CODE_DW}
-LAUNCH_FIXED_DW = 8  # kernel_id, grid[3], block[3], nargs
 
 
 class _Illegal(Exception):

@@ -38,7 +38,7 @@ class Interrupt:
     engine: int  # regs.ENGINE_*
     vmid: int = 0
     address: int = 0
-    access: int = 0  # spec.wire.ACCESS_* (page faults)
+    access: int = 0  # spec.kernels.ACCESS_* (page faults)
     data: int = 0
     timestamp: int = 0  # device clock (ns) when the interrupt was raised
 

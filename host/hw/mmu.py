@@ -49,7 +49,7 @@ from host.hw.regs import (NUM_VMIDS, PAGE_SHIFT, PAGE_SIZE, PDE_VALID, PT_ENTRIE
                           PTE_SYSTEM, PTE_VALID, PTE_WRITE, VA_BITS, VMID_KERNEL)
 from host.hw.pcie import PeerFault
 from host.hw.sysmem import SysmemFault
-from spec.wire import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
+from spec.kernels import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
 
 log = logging.getLogger("pvgpu.hw.mmu")
 

@@ -34,9 +34,11 @@ PKT_LAUNCH_CODE = 0x07
 PKT_NAMES = {PKT_NOP: "NOP", PKT_INDIRECT_BUFFER: "INDIRECT_BUFFER", PKT_COPY: "COPY",
              PKT_LAUNCH: "LAUNCH", PKT_FENCE: "FENCE", PKT_WAIT: "WAIT", PKT_TLB_FLUSH: "TLB_FLUSH",
              PKT_LAUNCH_CODE: "LAUNCH_CODE"}
+LAUNCH_FIXED_DW = 8  # body dwords of LAUNCH before its arguments
 LAUNCH_CODE_DW = 15  # body dwords of LAUNCH_CODE
 FENCE_IRQ = 1
 MAX_BODY_DW = 0xFFFF
+MAX_LAUNCH_ARGS = (MAX_BODY_DW - LAUNCH_FIXED_DW) // 2  # two dwords per argument
 
 
 def header(opcode: int, body_dw: int) -> int:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from spec import isa, wire
+from spec import isa, kernels
 
 _handles = itertools.count(1)
 
@@ -91,11 +91,11 @@ class GpuFault:
 
     vmid: int
     address: int
-    access: int  # spec.wire ACCESS_*
+    access: int  # spec.kernels ACCESS_*
     engine: int
 
     def __str__(self) -> str:
-        kind = wire.ACCESS_NAMES.get(self.access, f"access {self.access}")
+        kind = kernels.ACCESS_NAMES.get(self.access, f"access {self.access}")
         return (f"GPU page fault: {kind} at {self.address:#x} "
                 f"(vmid {self.vmid}, engine {self.engine})")
 

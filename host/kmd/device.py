@@ -97,6 +97,7 @@ from host.kmd.errors import (ContextLost, DeviceLost, InvalidAddress, InvalidArg
 from host.kmd.fence import Fence, FenceDriver
 from host.hw.pcie import P2PDMA_MAP_NAMES
 from host.kmd.kernarg import CodeLaunch, KernargArea
+from host.kmd.limits import ContextLimits
 from host.kmd.prime import ALL_SHARED, PrimeExporter
 from host.kmd.resv import RESV_LOCK
 from host.kmd.ring import DEFAULT_RING_SIZE, Ring
@@ -105,7 +106,7 @@ from host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BU
                             DEFAULT_TIMEOUT_NS, PRIORITY_NORMAL, GpuScheduler, SchedJob,
                             VgpuShares)
 from host.kmd.vm import VA_MAX_ALIGN, GpuVm
-from spec import isa, wire
+from spec import isa, kernels
 
 log = logging.getLogger("pvgpu.kmd")
 
@@ -220,8 +221,9 @@ class KmdDevice:
                  time_buffer_ns: int = DEFAULT_TIME_BUFFER_NS, vgpus=(),
                  max_queued_jobs: int = MAX_QUEUED_JOBS,
                  max_client_queued_jobs: int = MAX_CLIENT_QUEUED_JOBS,
-                 max_evicted_bytes: int | None = None):
+                 max_evicted_bytes: int | None = None, limits: ContextLimits | None = None):
         self.gpu = gpu
+        self.limits = limits or ContextLimits()  # of contexts created without their own
         self.vram = gpu.vram
         self.mmio = gpu.mmio
         self.timeout = timeout
@@ -459,10 +461,13 @@ class KmdDevice:
 
     # ------------------------------------------------------------------ contexts
     def create_context(self, name: str = "", *, vgpu: VgpuShares | None = None,
-                       priority: int = PRIORITY_NORMAL, client=None) -> "Context":
+                       priority: int = PRIORITY_NORMAL, client=None,
+                       limits: ContextLimits | None = None) -> "Context":
         """A new context (VMID + VM) scheduled as part of `vgpu` (default: the device's
         "default" vGPU) at `priority`; `client` tags the contexts of one submitter (a
-        guest session) for per-client flow control."""
+        guest session) for per-client flow control; `limits` bound it (default: the
+        device's)."""
+        limits = limits or self.limits
         if vgpu is None:
             vgpu = DEFAULT_VGPU
         self.add_vgpu(vgpu)
@@ -473,12 +478,14 @@ class KmdDevice:
             vmid = self._vmids.pop(0)
             try:
                 vm = GpuVm(self.vram, self.mm,
-                           invalidate=lambda: self.mmio.write(regs.REG_VM_INVALIDATE, vmid))
+                           invalidate=lambda: self.mmio.write(regs.REG_VM_INVALIDATE, vmid),
+                           va_base=limits.va_base, va_limit=limits.va_limit)
             except KmdError:
                 self._vmids.insert(0, vmid)
                 raise
             ctx = Context(self, self._next_ctx_id, vmid, vm, name)
             ctx.vgpu, ctx.priority, ctx.client = self.vgpus[vgpu.name], priority, client
+            ctx.limits = limits
             self._next_ctx_id += 1
             self.contexts[ctx.id] = ctx
             self.mmio.write(regs.REG_VM_PT_BASE(vmid), vm.root)
@@ -1202,6 +1209,7 @@ class Context:
         self.faults = []  # every error attached to one of this context's jobs
         self.stats = collections.Counter()
         self.vgpu = DEFAULT_VGPU
+        self.limits = device.limits
         self.priority = PRIORITY_NORMAL
         self.client = None
         self.lost = False  # guilty of a GPU hang (TDR): no more work is accepted
@@ -1391,7 +1399,7 @@ class Context:
         with dev.lock:
             self._check()
             dev._reclaim_locked()
-            in_user = va < wire.VA_USER_LIMIT and va + psize > wire.VA_USER_BASE
+            in_user = va < self.limits.va_limit and va + psize > self.limits.va_base
             if in_user:
                 self.vm.va.reserve(va, psize)
             try:
@@ -1435,17 +1443,18 @@ class Context:
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0:
                 raise InvalidArgument(f"bad VA reservation {what} {v!r}")
         size, align = int(size), int(align) or PAGE_SIZE
-        if not 0 < size <= wire.VA_USER_LIMIT - wire.VA_USER_BASE:
+        lim = self.limits
+        if not 0 < size <= lim.va_limit - lim.va_base:
             raise InvalidArgument(f"bad VA reservation size {size:#x}")
-        if align < PAGE_SIZE or align & (align - 1) or align > wire.MAX_VA_ALIGN:
+        if align < PAGE_SIZE or align & (align - 1) or align > lim.max_va_align:
             raise InvalidArgument(f"VA alignment {align:#x} is not a power of two in "
-                                  f"[{PAGE_SIZE:#x}, {wire.MAX_VA_ALIGN:#x}]")
+                                  f"[{PAGE_SIZE:#x}, {lim.max_va_align:#x}]")
         psize = _round_up(size, PAGE_SIZE)
         with self.device.lock:
             self._check()
             self.device._reclaim_locked()
-            if len(self._va_reserved) >= wire.MAX_VA_RESERVATIONS:
-                raise OutOfMemory(f"{wire.MAX_VA_RESERVATIONS} VA reservations in use")
+            if len(self._va_reserved) >= lim.max_va_reservations:
+                raise OutOfMemory(f"{lim.max_va_reservations} VA reservations in use")
             va = self.vm.va.alloc(psize, align)
             self._va_reserved[va] = psize
             self.stats["va_reserved"] += psize
@@ -1526,8 +1535,8 @@ class Context:
                     if m < va + size and va < m + msize:
                         raise InvalidAddress(f"[{va:#x}, {va + size:#x}) overlaps the mapping "
                                              f"at {m:#x}")
-                if len(self._va_maps) >= wire.MAX_VA_MAPPINGS:
-                    raise OutOfMemory(f"{wire.MAX_VA_MAPPINGS} mappings in use")
+                if len(self._va_maps) >= self.limits.max_va_mappings:
+                    raise OutOfMemory(f"{self.limits.max_va_mappings} mappings in use")
                 pending = any(s < va + size and va < s + n for s, n, _f in self.vm.mappings())
                 if getattr(bo, "sysmem", None) is not None:  # evicted: back into VRAM first
                     if dev._ctx_on_gpu(self):
@@ -1612,8 +1621,9 @@ class Context:
         grid = self._dim3(grid, "grid")
         block = self._dim3(block, "block")
         args = list(args)
-        if len(args) > wire.MAX_KERNEL_ARGS:
-            raise InvalidArgument(f"{len(args)} kernel arguments (max {wire.MAX_KERNEL_ARGS})")
+        if len(args) > self.limits.max_kernel_args:
+            raise InvalidArgument(f"{len(args)} kernel arguments "
+                                  f"(max {self.limits.max_kernel_args})")
         if not isinstance(kernel_id, (int, np.integer)) or not 0 <= kernel_id <= _U32:
             raise InvalidArgument(f"bad kernel id {kernel_id!r}")
         for a in args:
@@ -1621,10 +1631,10 @@ class Context:
                 raise InvalidArgument(f"bad kernel argument {a!r}")
         ib = packets.launch(int(kernel_id), grid, block, [int(a) for a in args])
         touches = ()
-        sig = wire.BUILTIN_KERNELS.get(int(kernel_id))
+        sig = kernels.BUILTIN_KERNELS.get(int(kernel_id))
         if self.shared and sig is not None:
-            touches = [(int(a), 1, name in wire.KERNEL_WRITTEN_ARGS)
-                       for (name, kind), a in zip(sig.args, args) if kind == wire.ARG_PTR]
+            touches = [(int(a), 1, name in kernels.KERNEL_WRITTEN_ARGS)
+                       for (name, kind), a in zip(sig.args, args) if kind == kernels.ARG_PTR]
         fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches)
         self.stats["launches"] += 1
         return fence

@@ -28,7 +28,7 @@ the attachment's pages are mapped at a fresh VA of the context, READ|WRITE, with
 PTE_PEER for BAR addresses and PTE_SYSTEM for system memory.
 
 Implicit synchronisation: a job names what it touches as (va, size, write) ranges (the
-copy's source and destination, a kernel's pointer arguments, wire.KERNEL_WRITTEN_ARGS
+copy's source and destination, a kernel's pointer arguments, spec.kernels.KERNEL_WRITTEN_ARGS
 written). For every range inside a shared BO or an import, the job waits for the
 reservation object's implicit dependencies and adds its finished fence (WRITE or READ),
 all under RESV_LOCK, so a reader on one device waits for the writers on the other. A
@@ -50,7 +50,6 @@ from host.kmd.errors import InvalidArgument, InvalidContext, OutOfMemory
 from host.kmd.fence import Fence
 from host.kmd.resv import (DMA_RESV_USAGE_KERNEL, DMA_RESV_USAGE_READ, DMA_RESV_USAGE_WRITE,
                            RESV_LOCK, DmaResv)
-from spec import wire
 
 P2P_ALLOWED = (P2PDMA_MAP_BUS_ADDR, P2PDMA_MAP_THRU_HOST_BRIDGE)
 ALL_SHARED = "every shared buffer of the context"  # the `touches` of a code launch
@@ -244,8 +243,8 @@ class PrimeExporter:
         if not isinstance(dmabuf, DmaBuf):
             raise InvalidArgument(f"not a dma-buf: {dmabuf!r}")
         with dev.lock:
-            if len(ctx._imports) >= wire.MAX_IMPORTS:
-                raise OutOfMemory(f"{wire.MAX_IMPORTS} imports live in context {ctx.id}")
+            if len(ctx._imports) >= ctx.limits.max_imports:
+                raise OutOfMemory(f"{ctx.limits.max_imports} imports live in context {ctx.id}")
         att = dmabuf.attach(dev, self, peer2peer=peer2peer)  # no lock: it may migrate
         try:
             with dev.lock:

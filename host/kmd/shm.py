@@ -11,8 +11,8 @@ Naming (host.kmd.device.KmdDevice.shm, one ShmManager per device):
     later calls with the same key *in the same namespace* return it (a size that does not
     match, after page rounding, is an error; size 0 only looks up). Keys are private to
     their namespace (the backend passes the guest session), so two clients that pick the
-    same key get two segments. Key SHM_KEY_PRIVATE (0) always allocates a new segment
-    that no key names.
+    same key get two segments. Key None always allocates a new segment that no key names
+    (the backend passes it for the wire's SHM_KEY_PRIVATE, IPC_PRIVATE).
   - export(seg, client) -> (handle_id, token): a capability, like an exported event or a
     dma-buf fd. Only the creator exports; the token is 64 bits from `secrets`.
     import_(handle_id, token, client) grants `client` the right to attach the segment.
@@ -59,7 +59,6 @@ from host.hw import regs
 from host.kmd.bo import blocks_to_extents
 from host.kmd.errors import (InvalidArgument, InvalidSegment, OutOfMemory, PermissionDenied)
 from host.kmd.vm import VA_MAX_ALIGN
-from spec import wire
 
 PAGE_SIZE = regs.PAGE_SIZE
 _U64 = (1 << 64) - 1
@@ -115,7 +114,8 @@ class SharedSegment:
 
     def __repr__(self) -> str:
         state = "released" if self.released else "removed" if self.removed else "live"
-        return (f"SharedSegment(id={self.id}, key={self.key:#x}, size={self.size:#x}, "
+        key = "private" if self.key is None else f"{self.key:#x}"
+        return (f"SharedSegment(id={self.id}, key={key}, size={self.size:#x}, "
                 f"nattach={self.nattach}, refcount={self.refcount}, {state})")
 
 
@@ -132,12 +132,15 @@ class ShmManager:
         self._handles = itertools.count(1)
 
     # ------------------------------------------------------------------ naming
-    def get(self, key: int, size: int, *, namespace=None, vgpu=None) -> tuple:
-        """gshmget: -> (segment, created). See the module docstring."""
+    def get(self, key: int | None, size: int, *, namespace=None, vgpu=None) -> tuple:
+        """gshmget: -> (segment, created); key None: a new private segment. See the module
+        docstring."""
         for what, v in (("key", key), ("size", size)):
+            if what == "key" and v is None:
+                continue
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= _U64:
                 raise InvalidArgument(f"bad shared segment {what} {v!r}")
-        key, size = int(key), int(size)
+        key, size = None if key is None else int(key), int(size)
         dev = self.device
         if size > dev.vram_size:
             raise OutOfMemory(f"{size} bytes is more than the device's VRAM")
@@ -145,7 +148,7 @@ class ShmManager:
         shares = dev.add_vgpu(vgpu if vgpu is not None else self.default_vgpu)
         with dev.lock:
             dev._reclaim_locked()
-            if key != wire.SHM_KEY_PRIVATE:
+            if key is not None:
                 seg = self._keys.get((namespace, key))
                 if seg is not None:
                     if size and psize != seg.size:
@@ -153,7 +156,8 @@ class ShmManager:
                                               f"{seg.size} bytes, not {psize}")
                     return seg, False
             if size == 0:
-                raise InvalidSegment(f"no shared segment with key {key:#x} (size 0 only "
+                raise InvalidSegment("a private segment needs a size" if key is None else
+                                     f"no shared segment with key {key:#x} (size 0 only "
                                      "looks one up)")
             used, limit = dev._vgpu_mem[shares.name], dev.vgpu_mem_limit(shares)
             if used + psize > limit:
@@ -167,7 +171,7 @@ class ShmManager:
                 raise OutOfMemory(f"vGPU {shares.name!r} memory share exhausted")
             seg = SharedSegment(dev, next(self._ids), key, namespace, psize, blocks, shares.name)
             self.segments[seg.id] = seg
-            if key != wire.SHM_KEY_PRIVATE:
+            if key is not None:
                 self._keys[(namespace, key)] = seg
             dev._vgpu_mem[shares.name] += psize
             dev.stats["shm_created"] += 1

@@ -27,9 +27,10 @@ ring round trip. New mappings need no flush: the hardware's TLB does not trust i
 entries (host/hw/mmu.py re-walks before faulting), and a VA is only reused after the
 unmap that flushed it.
 
-The VaAllocator hands out first-fit ranges in [VA_USER_BASE, VA_USER_LIMIT), each
-followed by an unmapped guard page, so two buffer objects never touch: running off the
-end of one faults instead of silently reading its neighbour.
+The VaAllocator hands out first-fit ranges of the context's user VA range (its
+ContextLimits, host/kmd/limits.py), each followed by an unmapped guard page, so two
+buffer objects never touch: running off the end of one faults instead of silently reading
+its neighbour.
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ import numpy as np
 from host.hw import regs
 from host.kmd.buddy import TOPDOWN
 from host.kmd.errors import InvalidAddress, InvalidArgument, OutOfMemory
-from spec import wire
 
 PAGE_SIZE = regs.PAGE_SIZE
 PAGE_SHIFT = regs.PAGE_SHIFT
@@ -60,8 +60,7 @@ def _round_up(x: int, a: int) -> int:
 class VaAllocator:
     """First-fit allocator of page-aligned VA ranges with a guard gap after each one."""
 
-    def __init__(self, base: int = wire.VA_USER_BASE, limit: int = wire.VA_USER_LIMIT,
-                 guard: int = PAGE_SIZE):
+    def __init__(self, base: int = PAGE_SIZE, limit: int = _VA_LIMIT, guard: int = PAGE_SIZE):
         assert base % PAGE_SIZE == 0 and limit % PAGE_SIZE == 0 and base < limit
         self.base, self.limit, self.guard = base, limit, guard
         self._starts = [base]  # sorted free holes [start, end)
@@ -146,12 +145,13 @@ def fragment_field(va: int, phys: int, size: int) -> np.ndarray:
 class GpuVm:
     """One GPU virtual address space: its page tables live in VRAM."""
 
-    def __init__(self, vram, buddy, invalidate=None, *, fragments: bool = True):
+    def __init__(self, vram, buddy, invalidate=None, *, fragments: bool = True,
+                 va_base: int = PAGE_SIZE, va_limit: int = _VA_LIMIT):
         self.vram = vram
         self.buddy = buddy
         self.invalidate = invalidate or (lambda: None)
         self.fragments = fragments
-        self.va = VaAllocator()
+        self.va = VaAllocator(va_base, va_limit)
         self._tables = {}  # (level, va >> span) -> phys; level 2=PD1, 1=PD0, 0=PT
         self._blocks = {}  # phys -> buddy Block of each table page
         self._map_starts = []  # sorted mapping starts

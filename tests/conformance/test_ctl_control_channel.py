@@ -12,7 +12,8 @@ def test_hello_reply_lists_devices_and_heartbeat(raw_peer):
     r = p.request(HELLO)
     assert r["ok"] is True and isinstance(r["session"], str)
     assert [d["index"] for d in r["devices"]] == [0, 1]
-    assert all(d["device_id"] == wire.VIRTIO_ID_GPU and d["vram_size"] > 0 for d in r["devices"])
+    # [DEV-ID-3] every device is of pvgpu's own type, not virtio-gpu's
+    assert all(d["device_id"] == wire.VIRTIO_ID_PVGPU and d["vram_size"] > 0 for d in r["devices"])
     assert r["heartbeat_ms"] > 0
 
 

@@ -1,5 +1,5 @@
 """spec/pvgpu.md itself: clause IDs are unique, every ID that code or tests cite exists,
-and every wire constant the spec names exists in spec/wire.py."""
+and every wire constant the spec names exists in spec.wire."""
 
 import re
 from pathlib import Path

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spec import isa
-from spec.wire import ACCESS_EXEC
+from spec.kernels import ACCESS_EXEC
 
 CACHE_MODULES = 64
 CACHE_BYTES = 256 << 20

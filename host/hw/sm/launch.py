@@ -46,7 +46,7 @@ from host.hw.sm.isa_check import first_bad_instruction
 from host.hw.sm.memory import GlobalMemory
 from host.hw.sm.program import Program
 from spec import isa
-from spec.wire import ACCESS_READ
+from spec.kernels import ACCESS_READ
 
 BATCH_THREADS = 1 << 18  # threads of one batch (at most; at least one block)
 BATCH_BYTES = 256 << 20  # register and local memory of one batch (estimate, at most)

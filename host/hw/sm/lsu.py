@@ -31,7 +31,7 @@ from spec import isa
 from spec.isa import (GENERIC_LOCAL_BASE, GENERIC_SHARED_BASE, GENERIC_WINDOW_SIZE,
                       SPACE_CONST, SPACE_GENERIC, SPACE_GLOBAL, SPACE_LOCAL, SPACE_PARAM,
                       SPACE_SHARED)
-from spec.wire import ACCESS_READ, ACCESS_WRITE
+from spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 U64 = np.uint64
 _M64 = V.M64

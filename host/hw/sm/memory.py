@@ -37,7 +37,7 @@ from host.hw.mmu import MmuFault
 from host.hw.regs import PAGE_SHIFT, PAGE_SIZE
 from host.hw.sm import stopping
 from spec import isa
-from spec.wire import ACCESS_READ, ACCESS_WRITE
+from spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 _PAGE_MASK = PAGE_SIZE - 1
 BITMAP_PAGES = 1 << 16  # spans up to this many pages find their runs with a bitmap

@@ -89,7 +89,7 @@ class FakeKmd:
     def clock_ns(self):
         return self.now
 
-    def create_context(self, name, *, vgpu=None, client=None, priority=None):
+    def create_context(self, name, *, vgpu=None, client=None, priority=None, limits=None):
         return FakeContext(self)
 
     def destroy_context(self, kctx, cancel=False):

@@ -10,7 +10,7 @@ from host.hw.compute_units import ALIGN, MIN_SPLIT, ComputeUnits
 from host.hw.mmu import Mmu
 from host.hw.sysmem import SystemMemory
 from host.hw.vram import Vram
-from spec import wire
+from spec import kernels as abi
 
 N = MIN_SPLIT * 3 + 1234  # large enough to split, not a multiple of anything
 
@@ -49,13 +49,13 @@ def _vram_kernel_memory(cus, nbytes):
 
 
 def _run(kernel, mem, *args):
-    sig = wire.BUILTIN_KERNELS[kernel]
+    sig = abi.BUILTIN_KERNELS[kernel]
     raw = [struct_arg(kind, v) for (_, kind), v in zip(sig.args, args)]
     kernels.launch(kernel, (N // 256 + 1, 1, 1), (256, 1, 1), raw, mem)
 
 
 def struct_arg(kind, v):
-    if kind == wire.ARG_F32:
+    if kind == abi.ARG_F32:
         return int(np.array(v, np.float32).view(np.uint32))
     return int(v)
 
@@ -67,10 +67,10 @@ def test_split_vector_add_matches_numpy_and_handles_aliasing(cus):
     a, b = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
     A, B, C = 0, 4 * N, 8 * N
     f[:N], f[N:2 * N] = a, b
-    _run(wire.KERNEL_VECTOR_ADD, mem, A, B, C, N)
+    _run(abi.KERNEL_VECTOR_ADD, mem, A, B, C, N)
     np.testing.assert_array_equal(f[2 * N:3 * N], a + b)
     assert cus.split_launches == 1
-    _run(wire.KERNEL_VECTOR_ADD, mem, A, B, A, N)  # exact aliasing: still split, still right
+    _run(abi.KERNEL_VECTOR_ADD, mem, A, B, A, N)  # exact aliasing: still split, still right
     np.testing.assert_array_equal(f[:N], a + b)
     assert cus.split_launches == 2
 
@@ -80,7 +80,7 @@ def test_shifted_overlap_copies_the_input_then_splits_like_numpy(cus):
     f = vram.mem.view(np.float32)
     x = np.arange(N + 1, dtype=np.float32)
     f[:N + 1] = x
-    _run(wire.KERNEL_SCALE, mem, 4, 0, 2.0, N)  # dst = src shifted by one element
+    _run(abi.KERNEL_SCALE, mem, 4, 0, 2.0, N)  # dst = src shifted by one element
     expected = x.copy()
     np.multiply(expected[:N], np.float32(2.0), out=expected[1:N + 1])
     np.testing.assert_array_equal(f[:N + 1], expected)
@@ -109,9 +109,9 @@ def test_split_elementwise_kernel_checks_for_a_stop_before_every_chunk(cus, monk
     vram, mem = _vram_kernel_memory(cus, 16 * N + (1 << 20))
     f = vram.mem.view(np.float32)
     ctl = StopAfter(5)
-    sig = wire.BUILTIN_KERNELS[wire.KERNEL_FILL]
+    sig = abi.BUILTIN_KERNELS[abi.KERNEL_FILL]
     raw = [struct_arg(kind, v) for (_, kind), v in zip(sig.args, (0, 1.0, N))]
-    kernels.launch(wire.KERNEL_FILL, (N // 256 + 1, 1, 1), (256, 1, 1), raw, mem, ctl)
+    kernels.launch(abi.KERNEL_FILL, (N // 256 + 1, 1, 1), (256, 1, 1), raw, mem, ctl)
     assert cus.split_launches == 1
     done = f[:N] == 1
     assert done.sum() == 5 * ALIGN  # five chunks, spread over the pieces, then every CU stopped
@@ -128,10 +128,10 @@ def test_split_fill_relu_saxpy(cus):
     rng = np.random.default_rng(1)
     x, y = rng.standard_normal(N).astype(np.float32), rng.standard_normal(N).astype(np.float32)
     f[:N], f[N:2 * N] = x, y
-    _run(wire.KERNEL_SAXPY, mem, 1.5, 0, 4 * N, N)
+    _run(abi.KERNEL_SAXPY, mem, 1.5, 0, 4 * N, N)
     np.testing.assert_array_equal(f[N:2 * N], np.float32(1.5) * x + y)
-    _run(wire.KERNEL_RELU, mem, 8 * N, 0, N)
+    _run(abi.KERNEL_RELU, mem, 8 * N, 0, N)
     np.testing.assert_array_equal(f[2 * N:3 * N], np.maximum(x, 0))
-    _run(wire.KERNEL_FILL, mem, 8 * N, 7.0, N)
+    _run(abi.KERNEL_FILL, mem, 8 * N, 7.0, N)
     assert np.all(f[2 * N:3 * N] == 7)
     assert cus.split_launches == 3

@@ -16,9 +16,9 @@ from host.hw.mmu import Mmu, MmuFault
 from host.hw.regs import PAGE_SIZE
 from host.hw.sysmem import SystemMemory
 from host.hw.vram import Vram
-from spec.wire import (ACCESS_READ, ACCESS_WRITE, BURN_FOREVER, KERNEL_BURN, KERNEL_FILL,
-                       KERNEL_GEMM, KERNEL_REDUCE_SUM, KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE,
-                       KERNEL_SOFTMAX, KERNEL_VECTOR_ADD, KERNELS_BY_NAME)
+from spec.kernels import (ACCESS_READ, ACCESS_WRITE, BURN_FOREVER, KERNEL_BURN, KERNEL_FILL,
+                          KERNEL_GEMM, KERNEL_REDUCE_SUM, KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE,
+                          KERNEL_SOFTMAX, KERNEL_VECTOR_ADD, KERNELS_BY_NAME)
 
 VMID = 5
 CONTIG = 1 << 32  # 4 MiB of VA on contiguous VRAM

@@ -13,7 +13,7 @@ from host.hw.regs import (NUM_VMIDS, PAGE_SIZE, PTE_EXEC, PTE_PEER, PTE_READ, PT
                           PTE_VALID, PTE_WRITE)
 from host.hw.sysmem import SystemMemory
 from host.hw.vram import Vram
-from spec.wire import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
+from spec.kernels import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
 
 VRAM_SIZE = 96 << 20
 TABLES = 1 << 20

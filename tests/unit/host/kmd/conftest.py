@@ -1,9 +1,11 @@
 """Fixtures of the KMD tests: real emulated GPUs with a KMD each, always stopped, and gates:
 fences the test signals, so that work waiting for one stays queued until the test says
-(no burn that a stalled test could outlast)."""
+(no burn that a stalled test could outlast). Their contexts have the limits the backend
+gives a guest's (host/backend/limits.py), unless a test passes its own."""
 
 import pytest
 
+from host.backend.limits import GUEST_CONTEXT_LIMITS
 from host.hw.gpu import Platform
 from host.kmd import KmdDevice
 from host.kmd.fence import Fence
@@ -15,6 +17,7 @@ def make_dev():
 
     def make(vram_size=32 << 20, num_gpus=1, topology="switch", **kw):
         platform = Platform(num_gpus, vram_size, topology=topology)
+        kw.setdefault("limits", GUEST_CONTEXT_LIMITS)
         devs = [KmdDevice(g, **kw) for g in platform.gpus]
         made.append((platform, devs))
         for d in devs:

@@ -2,6 +2,8 @@
 emulated GPUs, peer-to-peer through the PCIe BAR or migrated to system memory, implicit
 synchronisation through the shared reservation object, and move_notify on eviction."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -228,7 +230,7 @@ def test_a_migration_beyond_the_host_memory_limit_is_refused(make_dev):
 
 def test_imports_per_context_are_bounded(pair, monkeypatch):
     d0, d1, a, b, _wa, _wb = pair()
-    monkeypatch.setattr(wire, "MAX_IMPORTS", 3)
+    monkeypatch.setattr(b, "limits", dataclasses.replace(b.limits, max_imports=3))
     dmabuf = a.export_dmabuf(a.alloc(64 * 1024))
     imps = [b.import_dmabuf(dmabuf) for _ in range(3)]
     with pytest.raises(OutOfMemory, match="imports"):

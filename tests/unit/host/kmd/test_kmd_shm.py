@@ -65,9 +65,11 @@ def test_key_lookup_sizes_and_private_keys(dev):
     assert created and other is not seg
     with pytest.raises(InvalidSegment):
         dev.shm.get(8, 0, namespace="s1")
-    p1, c1 = dev.shm.get(wire.SHM_KEY_PRIVATE, P, namespace="s1")
-    p2, c2 = dev.shm.get(wire.SHM_KEY_PRIVATE, P, namespace="s1")
+    p1, c1 = dev.shm.get(None, P, namespace="s1")  # no key: always a new segment
+    p2, c2 = dev.shm.get(None, P, namespace="s1")
     assert c1 and c2 and p1 is not p2
+    z, cz = dev.shm.get(0, P, namespace="s1")  # 0 is a key like any other to the KMD
+    assert cz and dev.shm.get(0, 0, namespace="s1") == (z, False)
     for bad in (-1, 1 << 64, 1.5, True):
         with pytest.raises(InvalidArgument):
             dev.shm.get(bad, P)

@@ -21,7 +21,7 @@ RW = regs.PTE_READ | regs.PTE_WRITE
 
 # ---------------------------------------------------------------------- VaAllocator
 def test_va_first_fit_with_guard():
-    va = VaAllocator()
+    va = VaAllocator(wire.VA_USER_BASE, wire.VA_USER_LIMIT)
     a = va.alloc(P)
     b = va.alloc(3 * P)
     assert a == wire.VA_USER_BASE
@@ -31,8 +31,13 @@ def test_va_first_fit_with_guard():
     assert va.alloc(P) == b + 4 * P
 
 
-def test_va_alignment_and_merge():
+def test_va_default_range_is_the_hardware_va_space_but_page_0():
     va = VaAllocator()
+    assert va.holes() == [(P, 1 << regs.VA_BITS)] and va.alloc(P) == P
+
+
+def test_va_alignment_and_merge():
+    va = VaAllocator(wire.VA_USER_BASE, wire.VA_USER_LIMIT)
     a = va.alloc(P)
     big = va.alloc(4 << 20, align=2 << 20)
     assert big % (2 << 20) == 0 and big > a

@@ -26,7 +26,7 @@ from host.hw.sm import CodeLaunch, StreamingMultiprocessors  # noqa: E402
 from host.hw.sysmem import SystemMemory  # noqa: E402
 from host.hw.vram import Vram  # noqa: E402
 from spec import isa  # noqa: E402
-from spec.wire import ACCESS_READ, ACCESS_WRITE  # noqa: E402
+from spec.kernels import ACCESS_READ, ACCESS_WRITE  # noqa: E402
 
 import smasm  # noqa: E402
 

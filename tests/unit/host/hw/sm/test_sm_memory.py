@@ -12,7 +12,7 @@ from smtest import RO, RW, VMID, Env
 from host.hw.mmu import MmuFault
 from host.hw.regs import PAGE_SIZE, PTE_PEER, PTE_SYSTEM
 from spec import isa
-from spec.wire import ACCESS_READ, ACCESS_WRITE
+from spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 IDX = """
   mov.u32 r0, %ctaid.x

@@ -21,7 +21,7 @@ from host.hw.regs import (ENGINE_COMPUTE, ENGINE_COPY0, IRQ_CODE_FAULT, IRQ_FENC
                           REG_ENGINE)
 from host.hw.sysmem import SystemMemory  # noqa: E402
 from spec import isa  # noqa: E402
-from spec.wire import ACCESS_EXEC, ACCESS_WRITE  # noqa: E402
+from spec.kernels import ACCESS_EXEC, ACCESS_WRITE  # noqa: E402
 
 VRAM_SIZE = 64 << 20
 TABLES = 1 << 20

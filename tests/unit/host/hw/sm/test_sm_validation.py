@@ -15,7 +15,7 @@ from host.hw.regs import PAGE_SIZE
 from host.hw.sm import CodeFault
 from spec import isa
 from spec.isa import operand
-from spec.wire import ACCESS_EXEC
+from spec.kernels import ACCESS_EXEC
 
 BASE = """
 .entry k r32=8 r64=4 pred=2 shared=64

@@ -1,174 +1,24 @@
-"""pvgpu wire constants, version 0.1 — the single source of every number on the wire.
+"""CMD, FENCE, KRN and ERR: device commands and responses (spec/pvgpu.md §6-§9).
 
-Both sides import from here; no wire number is written anywhere else. Each group
-names the clause of spec/pvgpu.md that defines it:
-
-  CTL   control channel (ZeroMQ + msgpack)          spec/pvgpu.md §2
-  MEM   guest memory models                         spec/pvgpu.md §3
-  VQ    split virtqueue (virtio 1.x §2.7)           spec/pvgpu.md §4
-  DEV   device status, features, config, queues     spec/pvgpu.md §5
-  CMD   device commands and responses               spec/pvgpu.md §6
-  FENCE fences and timelines                        spec/pvgpu.md §7
-  KRN   built-in kernel library                     spec/pvgpu.md §8
-  ERR   error codes                                 spec/pvgpu.md §9
+The control header, every command code and body format, every response code and body
+format, the errors, the limits a command is checked against, the device virtual-address
+layout of a context (§6.3), and the built-in kernel library (§8). The kernel table and the
+fault access bits are the hardware's kernel ABI: they live in spec/kernels.py, which the
+hardware imports, and are re-exported here because LAUNCH and RESP_ERR_PAGE_FAULT carry
+them.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
 
-# --------------------------------------------------------------------------- CTL
-PROTOCOL_VERSION = (0, 1)
+from spec.kernels import (ACCESS_EXEC, ACCESS_NAMES, ACCESS_READ, ACCESS_WRITE,  # noqa: F401
+                          ARG_F32, ARG_PTR, ARG_U32, BUILTIN_KERNELS, BURN_FOREVER, ELEM_F32,
+                          KERNEL_BURN, KERNEL_FILL, KERNEL_GEMM, KERNEL_REDUCE_SUM,
+                          KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE, KERNEL_SOFTMAX,
+                          KERNEL_VECTOR_ADD, KERNEL_WRITTEN_ARGS, KERNELS_BY_NAME,
+                          KernelSignature)
 
-# Control operations (frame 0 `op`). Requests carry `seq`; notifications do not.
-OP_HELLO = "hello"
-OP_GET_FEATURES = "get_features"
-OP_SET_FEATURES = "set_features"
-OP_GET_STATUS = "get_status"
-OP_SET_STATUS = "set_status"
-OP_GET_CONFIG = "get_config"
-OP_SET_MEM_TABLE = "set_mem_table"
-OP_SET_VRING = "set_vring"
-OP_ENABLE_VRING = "enable_vring"
-OP_PING = "ping"
-OP_BYE = "bye"
-OP_REPLY = "reply"
-# notifications (no seq, no reply)
-OP_KICK = "kick"  # driver -> device: available-buffer notification
-OP_CALL = "call"  # device -> driver: used-buffer notification
-OP_CONFIG_CHANGED = "config_changed"  # device -> driver
-
-REQUEST_OPS = frozenset({
-    OP_HELLO, OP_GET_FEATURES, OP_SET_FEATURES, OP_GET_STATUS, OP_SET_STATUS,
-    OP_GET_CONFIG, OP_SET_MEM_TABLE, OP_SET_VRING, OP_ENABLE_VRING, OP_PING, OP_BYE,
-})
-NOTIFY_OPS = frozenset({OP_KICK, OP_CALL, OP_CONFIG_CHANGED})
-
-# Control-channel error names (reply `error`).
-CTL_ERR_MALFORMED = "malformed"  # frame 0 not a map, wrong field types, bad frame index
-CTL_ERR_UNKNOWN_OP = "unknown_op"
-CTL_ERR_MISSING_FIELD = "missing_field"
-CTL_ERR_BAD_VERSION = "bad_version"
-CTL_ERR_NO_SESSION = "no_session"  # request before hello
-CTL_ERR_BAD_DEVICE = "bad_device"
-CTL_ERR_BAD_QUEUE = "bad_queue"
-CTL_ERR_BAD_STATE = "bad_state"  # op not allowed in the device's current status
-CTL_ERR_BAD_FEATURES = "bad_features"
-CTL_ERR_BAD_MEMORY = "bad_memory"  # mem table / vring addresses outside guest memory
-CTL_ERR_LIMIT = "limit"  # a host limit (guest memory size, sessions) exceeded
-
-# Required fields of each message and their msgpack types (bool is not an int here).
-# Optional fields: hello `vgpu` (str); kick/call `patches` (list of [gpa, frame_index],
-# frame_index counting from 0 over the frames after frame 0).
-CTL_FIELDS = {
-    OP_HELLO: (("version", list), ("name", str), ("memory", str), ("mem_size", int)),
-    OP_GET_FEATURES: (("dev", int),),
-    OP_SET_FEATURES: (("dev", int), ("features", int)),
-    OP_GET_STATUS: (("dev", int),),
-    OP_SET_STATUS: (("dev", int), ("status", int)),
-    OP_GET_CONFIG: (("dev", int),),
-    OP_SET_MEM_TABLE: (("regions", list),),  # each region: {gpa, size, name}
-    OP_SET_VRING: (("dev", int), ("queue", int), ("size", int), ("desc", int), ("avail", int),
-                   ("used", int)),
-    OP_ENABLE_VRING: (("dev", int), ("queue", int), ("enable", bool)),
-    OP_PING: (),
-    OP_BYE: (),
-    OP_KICK: (("dev", int), ("queue", int)),
-    OP_CALL: (("dev", int), ("queue", int), ("notify", bool)),
-    OP_CONFIG_CHANGED: (("dev", int),),
-    OP_REPLY: (("ok", bool),),
-}
-
-MEMORY_SHARED = "shared"
-MEMORY_INLINE = "inline"
-MEMORY_MODELS = (MEMORY_SHARED, MEMORY_INLINE)
-# Shared model: the hello reply's `mem_challenge` (random bytes) must be found at this gpa
-# of the memory set_mem_table names, proving the session's peer controls it.
-MEM_CHALLENGE_GPA = 0
-MEM_CHALLENGE_SIZE = 32
-
-DEFAULT_HEARTBEAT_MS = 1000
-HEARTBEAT_MISSES = 3  # a peer silent for this many periods is gone
-DEFAULT_GUEST_MEM_SIZE = 192 << 20
-MAX_GUEST_MEM_SIZE = 4 << 30
-DEFAULT_ENDPOINT_NAME = "pvgpu.sock"  # under $XDG_RUNTIME_DIR (or the temp dir)
-
-# --------------------------------------------------------------------------- VQ
-VIRTQ_DESC_SIZE = 16  # le64 addr, le32 len, le16 flags, le16 next
-VIRTQ_DESC_FORMAT = "<QIHH"
-VIRTQ_DESC_F_NEXT = 1
-VIRTQ_DESC_F_WRITE = 2
-VIRTQ_DESC_F_INDIRECT = 4
-VIRTQ_AVAIL_F_NO_INTERRUPT = 1
-VIRTQ_USED_F_NO_NOTIFY = 1
-VIRTQ_USED_ELEM_SIZE = 8  # le32 id, le32 len
-VIRTQ_DESC_ALIGN = 16
-VIRTQ_AVAIL_ALIGN = 2
-VIRTQ_USED_ALIGN = 4
-VIRTQ_MAX_SIZE = 32768
-VIRTQ_MAX_INDIRECT = 65536  # entries in one indirect table
-VIRTQ_MAX_CHAIN_BYTES = 1 << 32
-
-
-def virtq_desc_table_size(qsize: int) -> int:
-    return VIRTQ_DESC_SIZE * qsize
-
-
-def virtq_avail_size(qsize: int) -> int:
-    return 6 + 2 * qsize  # flags, idx, ring[Q], used_event
-
-
-def virtq_used_size(qsize: int) -> int:
-    return 6 + VIRTQ_USED_ELEM_SIZE * qsize  # flags, idx, ring[Q], avail_event
-
-
-# --------------------------------------------------------------------------- DEV
-# Device status (virtio §2.1)
-STATUS_ACKNOWLEDGE = 1
-STATUS_DRIVER = 2
-STATUS_DRIVER_OK = 4
-STATUS_FEATURES_OK = 8
-STATUS_DEVICE_NEEDS_RESET = 64
-STATUS_FAILED = 128
-
-# Feature bits (virtio §6 reserved bits; device-specific bits 0..23)
-VIRTIO_F_INDIRECT_DESC = 28
-VIRTIO_F_EVENT_IDX = 29
-VIRTIO_F_VERSION_1 = 32
-PVGPU_F_COMPUTE = 0  # built-in kernel library and LAUNCH
-PVGPU_F_CONTEXT_INIT = 1  # ring_idx names a timeline (virtio-gpu CONTEXT_INIT)
-PVGPU_F_EVENTQ = 2  # queue 1 is the event queue (spec §5.7)
-
-DEVICE_FEATURES = (
-    (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_F_INDIRECT_DESC) | (1 << VIRTIO_F_EVENT_IDX)
-    | (1 << PVGPU_F_COMPUTE) | (1 << PVGPU_F_CONTEXT_INIT) | (1 << PVGPU_F_EVENTQ)
-)
-REQUIRED_FEATURES = (1 << VIRTIO_F_VERSION_1)
-
-FEATURE_NAMES = {
-    VIRTIO_F_INDIRECT_DESC: "INDIRECT_DESC",
-    VIRTIO_F_EVENT_IDX: "EVENT_IDX",
-    VIRTIO_F_VERSION_1: "VERSION_1",
-    PVGPU_F_COMPUTE: "COMPUTE",
-    PVGPU_F_CONTEXT_INIT: "CONTEXT_INIT",
-    PVGPU_F_EVENTQ: "EVENTQ",
-}
-
-VIRTIO_ID_GPU = 16
-CONTROLQ = 0
-EVENTQ = 1  # exists only with PVGPU_F_EVENTQ negotiated
-NUM_QUEUES = 2
-MAX_QUEUE_SIZE = 1024  # the device's limit for set_vring `size`
-MAX_RING_IDX = 63
-
-# Device configuration space (get_config `config`, little-endian)
-#   le64 vram_size; le32 num_queues; le32 max_queue_size; le32 page_size;
-#   le32 max_kernel_args; le32 device_index; le32 reserved; u8 name[32]
-CONFIG_FORMAT = "<QIIIIII32s"
-CONFIG_SIZE = struct.calcsize(CONFIG_FORMAT)
-
-# --------------------------------------------------------------------------- CMD
 CTRL_HDR_FORMAT = "<IIQIB3x"  # type, flags, fence_id, ctx_id, ring_idx, pad[3]
 CTRL_HDR_SIZE = 24
 FLAG_FENCE = 1
@@ -422,29 +272,6 @@ MAX_EVENTS = 4096  # live event ids per session and device
 MAX_EVENT_EXPORTS = 1024  # live exports per session; exporting more withdraws the oldest
 STATS_BUFFER_SIZE = 64 << 10  # a writable size a driver may offer GET_STATS (a hint)
 
-# Page-fault access kinds (RESP_ERR_PAGE_FAULT info1)
-ACCESS_READ = 1
-ACCESS_WRITE = 2
-ACCESS_EXEC = 4
-ACCESS_NAMES = {ACCESS_READ: "read", ACCESS_WRITE: "write", ACCESS_EXEC: "exec"}
-
-# Event queue (queue EVENTQ, spec §5.7): the driver posts device-writable buffers of at
-# least EVTQ_ENTRY_SIZE bytes; the device fills one per event: a control header (type,
-# flags, fence_id 0, ctx_id, ring_idx of the failed job's timeline) and this body:
-#   le64 seq; le64 timestamp_ns; le64 address; le32 vmid; u8 access; u8 engine; u8 pad[2];
-#   le32 missed; le32 detail
-EVTQ_PAGE_FAULT = 0x1400  # a job of ctx_id faulted: address/access/vmid/engine name it
-EVTQ_CONTEXT_LOST = 0x1401  # ctx_id was lost (its job on `engine` ran past the timeout)
-EVTQ_CODE_FAULT = 0x1402  # a code launch of ctx_id faulted: address = the offending record,
-# detail = the reason (spec/isa.py COBJ_ERR_*)
-EVTQ_NAMES = {EVTQ_PAGE_FAULT: "PAGE_FAULT", EVTQ_CONTEXT_LOST: "CONTEXT_LOST",
-              EVTQ_CODE_FAULT: "CODE_FAULT"}
-EVTQ_FLAG_MISSED = 1  # events were dropped before this one (`missed` says how many)
-EVTQ_BODY_FORMAT = "<QQQIBB2xII"
-EVTQ_ENTRY_SIZE = CTRL_HDR_SIZE + struct.calcsize(EVTQ_BODY_FORMAT)  # 64
-MAX_PENDING_EVENTS = 64  # events the device keeps while the driver posts no buffer
-EVTQ_ENGINE_NAMES = {0: "compute", 1: "copy0", 2: "copy1"}  # EVTQ `engine`
-
 PAGE_SIZE = 4096
 # Device virtual address layout of every context (spec §6.3).
 VA_USER_BASE = 1 << 32  # MEM_ALLOC addresses start here; VA 0 is never mapped
@@ -453,71 +280,6 @@ VA_USER_LIMIT = 0x7F00_0000_0000
 # context ("mapped host memory"): the copy engine DMAs to and from guest buffers through
 # it, and a kernel may take a pointer into it.
 GUEST_WINDOW_VA = 0x7F00_0000_0000
-
-# --------------------------------------------------------------------------- KRN
-# Argument kinds of built-in kernels; each argument occupies one le64 slot.
-ARG_PTR = "ptr"  # a GPU virtual address
-ARG_U32 = "u32"  # low 32 bits of the slot
-ARG_F32 = "f32"  # IEEE binary32 in the low 32 bits of the slot
-# Element types a pointer argument points at (numpy dtype names, little-endian).
-ELEM_F32 = "float32"  # IEEE binary32, 4 bytes
-
-
-@dataclass(frozen=True)
-class KernelSignature:
-    kernel_id: int
-    name: str
-    args: tuple  # of (name, kind)
-    elem_types: tuple = ()  # of (name, ELEM_*): the element type of each ARG_PTR argument
-
-    def __post_init__(self):
-        ptrs = sorted(n for n, kind in self.args if kind == ARG_PTR)
-        if sorted(n for n, _ in self.elem_types) != ptrs:
-            raise ValueError(f"{self.name}: every pointer argument needs one element type")
-
-    def elem_type(self, arg: str) -> str | None:
-        """The element type pointer argument `arg` points at (None for other arguments)."""
-        return dict(self.elem_types).get(arg)
-
-
-def _kernel(kernel_id: int, name: str, args: tuple, elem: str = ELEM_F32) -> KernelSignature:
-    """A signature whose pointer arguments all point at `elem` elements."""
-    return KernelSignature(kernel_id, name, args,
-                           tuple((n, elem) for n, kind in args if kind == ARG_PTR))
-
-
-KERNEL_FILL = 1
-KERNEL_VECTOR_ADD = 2
-KERNEL_SAXPY = 3
-KERNEL_SCALE = 4
-KERNEL_REDUCE_SUM = 5
-KERNEL_GEMM = 6
-KERNEL_RELU = 7
-KERNEL_SOFTMAX = 8
-KERNEL_BURN = 9
-
-BUILTIN_KERNELS = {k.kernel_id: k for k in (
-    _kernel(KERNEL_FILL, "fill", (("dst", ARG_PTR), ("value", ARG_F32), ("n", ARG_U32))),
-    _kernel(KERNEL_VECTOR_ADD, "vector_add",
-            (("a", ARG_PTR), ("b", ARG_PTR), ("c", ARG_PTR), ("n", ARG_U32))),
-    _kernel(KERNEL_SAXPY, "saxpy",
-            (("alpha", ARG_F32), ("x", ARG_PTR), ("y", ARG_PTR), ("n", ARG_U32))),
-    _kernel(KERNEL_SCALE, "scale",
-            (("dst", ARG_PTR), ("src", ARG_PTR), ("alpha", ARG_F32), ("n", ARG_U32))),
-    _kernel(KERNEL_REDUCE_SUM, "reduce_sum", (("src", ARG_PTR), ("dst", ARG_PTR), ("n", ARG_U32))),
-    _kernel(KERNEL_GEMM, "gemm",
-            (("a", ARG_PTR), ("b", ARG_PTR), ("c", ARG_PTR),
-             ("m", ARG_U32), ("n", ARG_U32), ("k", ARG_U32))),
-    _kernel(KERNEL_RELU, "relu", (("dst", ARG_PTR), ("src", ARG_PTR), ("n", ARG_U32))),
-    _kernel(KERNEL_SOFTMAX, "softmax",
-            (("dst", ARG_PTR), ("src", ARG_PTR), ("rows", ARG_U32), ("cols", ARG_U32))),
-    _kernel(KERNEL_BURN, "burn", (("microseconds", ARG_U32),)),
-)}
-KERNELS_BY_NAME = {k.name: k for k in BUILTIN_KERNELS.values()}
-# The pointer arguments a built-in kernel writes (the others it only reads): implicit
-# synchronisation of shared buffers orders writers and readers by them (spec §12.4).
-KERNEL_WRITTEN_ARGS = frozenset({"dst", "c", "y"})
-BURN_FOREVER = 0xFFFFFFFF  # burn(microseconds=BURN_FOREVER) runs until the engine is reset
 
 
 def pack_ctrl_hdr(type_: int, flags: int = 0, fence_id: int = 0, ctx_id: int = 0,
@@ -531,4 +293,3 @@ def unpack_ctrl_hdr(buf) -> tuple:
 
 
 assert struct.calcsize(CTRL_HDR_FORMAT) == CTRL_HDR_SIZE
-assert struct.calcsize(VIRTQ_DESC_FORMAT) == VIRTQ_DESC_SIZE
