@@ -23,49 +23,56 @@ from __future__ import annotations
 import dataclasses
 import struct
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, NamedTuple
 
 from host.backend.errors import CommandError
 from spec import wire
 
 _HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
 _ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
-_ARG = struct.Struct("<Q")
+_ARGS = [struct.Struct(f"<{n}Q") for n in range(wire.MAX_KERNEL_ARGS + 1)]
 
 
 # ------------------------------------------------------------------ chain streams
 class Reader:
-    """The device-readable part of a chain read front to back from `offset` (crosvm's
-    descriptor_utils::Reader)."""
+    """The device-readable part of a chain from `offset` on (crosvm's
+    descriptor_utils::Reader). `peek` and `extents` look ahead without consuming; `skip`
+    consumes. Bytes fetched once are kept, so decoding a command reads guest memory once."""
+
+    __slots__ = ("chain", "mem", "offset", "_buf", "_buf_at")
 
     def __init__(self, chain, mem, offset: int = 0):
         self.chain = chain
         self.mem = mem
         self.offset = offset
+        self._buf = b""
+        self._buf_at = 0
 
     @property
     def available(self) -> int:
         """Readable bytes left."""
         return max(self.chain.readable_len - self.offset, 0)
 
-    def read(self, n: int) -> bytes:
-        """The next n bytes (the caller checked `available`)."""
-        data = self.chain.read(self.mem, self.offset, n) if n else b""
-        self.offset += n
-        return data
+    def prefetch(self, n: int) -> bytes:
+        """Fetch up to n bytes from the current offset (fewer at the chain's end)."""
+        n = min(n, self.available)
+        self._buf = self.chain.read(self.mem, self.offset, n) if n else b""
+        self._buf_at = self.offset
+        return self._buf
 
-    def read_struct(self, s: struct.Struct) -> tuple:
-        return s.unpack(self.read(s.size))
+    def peek(self, n: int) -> bytes:
+        """The next n bytes (the caller checked `available`)."""
+        rel = self.offset - self._buf_at
+        if rel >= 0 and rel + n <= len(self._buf):
+            return self._buf[rel:rel + n]
+        return self.chain.read(self.mem, self.offset, n) if n else b""
+
+    def skip(self, n: int) -> None:
+        self.offset += n
 
     def extents(self, n: int) -> list:
-        """The guest-physical (gpa, len) pieces of the next n bytes, consumed unread."""
-        out = self.chain.readable_extents(self.offset, n)
-        self.offset += n
-        return out
-
-    def rest(self) -> "Reader":
-        """A reader of what is left, independent of this one."""
-        return Reader(self.chain, self.mem, self.offset)
+        """The guest-physical (gpa, len) pieces of the next n bytes."""
+        return self.chain.readable_extents(self.offset, n)
 
 
 class Writer:
@@ -93,8 +100,7 @@ class Writer:
 
 
 # ------------------------------------------------------------------ header
-@dataclass(frozen=True)
-class Header:
+class Header(NamedTuple):
     """The 24-byte control header (spec §6.2) of a request."""
 
     type: int = 0
@@ -130,22 +136,26 @@ COMMANDS: dict = {}  # CMD_* code -> Command subclass
 
 
 def command(type_: int, *, needs_context: bool = False, compute: bool = False):
-    """Class decorator: a frozen dataclass for command `type_` whose fields after `hdr`
-    are its body fields in wire order (a tuple field takes three le32 values)."""
+    """Class decorator: a dataclass for command `type_` whose fields after `hdr` are its
+    body fields in wire order (a tuple field takes three le32 values). Commands and
+    responses are values: nothing changes them after they are made (slots, not frozen,
+    which would cost a slow __init__ per command)."""
     def register(cls):
-        cls = dataclass(frozen=True)(cls)
+        cls = dataclass(slots=True)(cls)
         cls.TYPE = type_
         cls.BODY = struct.Struct(wire.CMD_BODY_FORMATS[type_])
         cls.NEEDS_CONTEXT = needs_context
         cls.COMPUTE = compute
-        cls.FIELDS = tuple(f.name for f in dataclasses.fields(cls)
-                           if f.name not in ("hdr", "tail"))
+        body = [f for f in dataclasses.fields(cls) if f.name not in ("hdr", "tail")]
+        cls.FIELDS = tuple(f.name for f in body)
+        cls.TRIPLES = tuple(i for i, f in enumerate(body) if f.type in ("tuple", tuple))
+        cls.HAS_TAIL = any(f.name == "tail" for f in dataclasses.fields(cls))
         COMMANDS[type_] = cls
         return cls
     return register
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Command:
     """A decoded request: its header and typed body; `tail` reads what follows the body."""
 
@@ -153,21 +163,19 @@ class Command:
     BODY: ClassVar[struct.Struct]
     NEEDS_CONTEXT: ClassVar[bool]  # [CMD-CHECK-1] step 5, the "needs context" column
     COMPUTE: ClassVar[bool]  # exists only with PVGPU_F_COMPUTE
-    FIELDS: ClassVar[tuple]
+    FIELDS: ClassVar[tuple]  # body field names in wire order
+    TRIPLES: ClassVar[tuple]  # indexes of the fields that take three values (grid, block)
+    HAS_TAIL: ClassVar[bool]  # data follows the body
 
     hdr: Header
 
     @classmethod
     def from_body(cls, hdr: Header, values: tuple, tail: Reader | None) -> "Command":
-        it = iter(values)
-        kwargs = {}
-        for f in dataclasses.fields(cls):
-            if f.name == "hdr" or f.name == "tail":
-                continue
-            kwargs[f.name] = tuple(next(it) for _ in range(3)) if f.type == "tuple" else next(it)
-        if "tail" in {f.name for f in dataclasses.fields(cls)}:
-            kwargs["tail"] = tail
-        return cls(hdr, **kwargs)
+        if cls.TRIPLES:
+            values = list(values)
+            for i in cls.TRIPLES:  # ascending: each earlier triple has been folded already
+                values[i:i + 3] = [tuple(values[i:i + 3])]
+        return cls(hdr, *values, tail) if cls.HAS_TAIL else cls(hdr, *values)
 
     def body_values(self) -> tuple:
         out = []
@@ -178,7 +186,7 @@ class Command:
 
     def encode(self, data: bytes = b"") -> bytes:
         """The readable part a driver sends for this command, `data` after the body."""
-        hdr = dataclasses.replace(self.hdr, type=self.TYPE)
+        hdr = self.hdr._replace(type=self.TYPE)
         return hdr.encode() + self.BODY.pack(*self.body_values()) + data
 
 
@@ -246,7 +254,7 @@ class CopyH2D(Command):
         if have < self.size:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
                                f"COPY_H2D of {self.size} bytes carries only {have}")
-        return self.tail.rest().extents(self.size)
+        return self.tail.extents(self.size)
 
 
 @command(wire.CMD_COPY_D2H, needs_context=True)
@@ -279,12 +287,11 @@ class Launch(Command):
         if self.tail is None or self.tail.available < need:
             raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
                                f"LAUNCH announces {self.nargs} arguments but carries fewer")
-        raw = self.tail.rest().read(need)
-        return [_ARG.unpack_from(raw, wire.LAUNCH_ARG_SIZE * i)[0] for i in range(self.nargs)]
+        return list(_ARGS[self.nargs].unpack(self.tail.peek(need)))
 
     @staticmethod
     def pack_args(args) -> bytes:
-        return b"".join(_ARG.pack(a) for a in args)
+        return struct.pack(f"<{len(args)}Q", *args)
 
 
 @command(wire.CMD_LAUNCH_CODE, needs_context=True, compute=True)
@@ -304,7 +311,7 @@ class LaunchCode(Command):
 
     def params(self) -> bytes:
         """The param_size parameter bytes (the caller checked `carried`)."""
-        return self.tail.rest().read(self.param_size)
+        return self.tail.peek(self.param_size)
 
 
 def check_geometry(grid: tuple, block: tuple) -> None:
@@ -416,16 +423,20 @@ class ResourceRevoke(Command):
 
 
 assert set(COMMANDS) == set(wire.CMD_BODY_FORMATS)
+# one read of guest memory takes the header, any body and a LAUNCH's arguments
+_PREFETCH = (wire.CTRL_HDR_SIZE + max(wire.CMD_BODY_SIZES.values())
+             + wire.MAX_KERNEL_ARGS * wire.LAUNCH_ARG_SIZE)
 
 
 def decode(reader: Reader, *, compute: bool = True) -> Command:
     """The request in `reader` -> its Command; raises MalformedCommand for the first of
     [CMD-CHECK-1] steps 1-4 that fails. `compute`: PVGPU_F_COMPUTE was negotiated."""
-    if reader.available < wire.CTRL_HDR_SIZE:
+    raw = reader.prefetch(_PREFETCH)
+    if len(raw) < wire.CTRL_HDR_SIZE:
         raise MalformedCommand(Header(), wire.RESP_ERR_SHORT_COMMAND,
-                               f"request of {reader.available} bytes is shorter than the "
+                               f"request of {len(raw)} bytes is shorter than the "
                                f"{wire.CTRL_HDR_SIZE}-byte header")
-    hdr = Header(*reader.read_struct(_HDR))
+    hdr = Header(*_HDR.unpack_from(raw))
     cls = COMMANDS.get(hdr.type)
     if cls is None:
         raise MalformedCommand(hdr, wire.RESP_ERR_UNKNOWN_COMMAND,
@@ -434,24 +445,27 @@ def decode(reader: Reader, *, compute: bool = True) -> Command:
         raise MalformedCommand(hdr, wire.RESP_ERR_UNKNOWN_COMMAND,
                                f"{wire.CMD_NAMES[hdr.type]} needs PVGPU_F_COMPUTE, which was "
                                "not negotiated")
-    if reader.available < cls.BODY.size:
+    have = len(raw) - wire.CTRL_HDR_SIZE  # the prefetch covers any body
+    if have < cls.BODY.size:
         raise MalformedCommand(hdr, wire.RESP_ERR_SHORT_COMMAND,
                                f"{wire.CMD_NAMES[hdr.type]} needs {cls.BODY.size} body bytes, "
-                               f"got {reader.available}")
+                               f"got {have}")
     if hdr.ring_idx > wire.MAX_RING_IDX:
         raise MalformedCommand(hdr, wire.RESP_ERR_INVALID_PARAMETER,
                                f"ring_idx {hdr.ring_idx} > {wire.MAX_RING_IDX}")
-    values = reader.read_struct(cls.BODY) if cls.BODY.size else ()
-    return cls.from_body(hdr, values, reader.rest())
+    values = cls.BODY.unpack_from(raw, wire.CTRL_HDR_SIZE)
+    reader.skip(wire.CTRL_HDR_SIZE + cls.BODY.size)
+    return cls.from_body(hdr, values, reader)
 
 
 # ------------------------------------------------------------------ responses
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Response:
     """A success response: its RESP_OK_* code and body (spec §6.5)."""
 
     TYPE: ClassVar[int] = wire.RESP_OK_NODATA
     FORMAT: ClassVar[struct.Struct | None] = None
+    FIELDS: ClassVar[tuple] = ()  # the body's fields in wire order
 
     @property
     def type(self) -> int:
@@ -466,7 +480,7 @@ class Response:
     def body(self) -> bytes:
         if self.FORMAT is None:
             return b""
-        return self.FORMAT.pack(*dataclasses.astuple(self))
+        return self.FORMAT.pack(*(getattr(self, f) for f in self.FIELDS))
 
     def encode(self, writer: Writer, hdr: Header) -> int:
         """Write the response to `hdr`'s request; -> the used length ([CMD-CHAIN-5])."""
@@ -477,9 +491,10 @@ class Response:
 
 def _response(type_: int, fmt: str | None = None):
     def register(cls):
-        cls = dataclass(frozen=True)(cls)
+        cls = dataclass(slots=True)(cls)
         cls.TYPE = type_
         cls.FORMAT = struct.Struct(fmt) if fmt is not None else None
+        cls.FIELDS = tuple(f.name for f in dataclasses.fields(cls))
         return cls
     return register
 
@@ -583,7 +598,7 @@ class OkImport(Response):
     placement: int
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class ErrorResponse(Response):
     """An error response (spec §6.4): RESP_ERR_* code, details and a message."""
 
