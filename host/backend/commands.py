@@ -3,12 +3,13 @@
 This is the compute half of the virtio-gpu device (crosvm's virtio_gpu.rs in spirit):
 contexts, resources and timelines of a session on a device, and the mapping from a
 decoded command to KMD calls. The virtio half (status, features, queues) lives in
-device.py; this module never sees the transport beyond a DescriptorChain and the
-guest-memory object.
+device.py, the wire format in protocol.py; this module never sees the transport.
 
-Commands arrive decoded (host/backend/protocol.py): a typed `Command` per CMD_* code,
-dispatched to the handler registered for its class with `@handles(...)`. Every command
-ends in exactly one of:
+Commands arrive decoded: a typed `Command` per CMD_* code (protocol.py), dispatched to
+the handler registered for its class with `@handles(...)`, with its context resolved
+when the command needs one. A handler sees the chain only through the command's
+accessors (trailing data) and the `Writer` (the room for GET_STATS and COPY_D2H data).
+Every command ends in exactly one of:
   - an immediate `Response`;
   - a `Pending` response: the reply is prepared when the KMD fence signals, and the
     chain is held until then (crosvm holds fenced chains the same way);

@@ -15,7 +15,7 @@ command class with a `Handlers` table used as a decorator.
 
 `Reader` and `Writer` present the two parts of a descriptor chain as byte streams, so
 no handler does offset arithmetic over the chain; COPY_H2D data and COPY_D2H results
-move by guest-physical extents, never through a copy here.
+move by guest-physical extents (DMA), not through bytes read here.
 """
 
 from __future__ import annotations
@@ -278,11 +278,12 @@ class Launch(Command):
     nargs: int
     tail: Reader | None = field(default=None, compare=False, repr=False)
 
-    def args(self, max_args: int = wire.MAX_KERNEL_ARGS) -> list:
+    def args(self) -> list:
         """The nargs le64 argument slots ([CMD-LAUNCH-1])."""
-        if self.nargs > max_args:
+        if self.nargs > wire.MAX_KERNEL_ARGS:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                               f"LAUNCH with {self.nargs} arguments (at most {max_args})")
+                               f"LAUNCH with {self.nargs} arguments "
+                               f"(at most {wire.MAX_KERNEL_ARGS})")
         need = self.nargs * wire.LAUNCH_ARG_SIZE
         if self.tail is None or self.tail.available < need:
             raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
@@ -325,16 +326,29 @@ def check_geometry(grid: tuple, block: tuple) -> None:
                            f"block {tuple(block)} must have 1..{wire.MAX_BLOCK_THREADS} threads")
 
 
-def _event_command(type_, cls_name, *, needs_context=False):
-    cls = type(cls_name, (Command,), {"__annotations__": {"event_id": "int"}})
-    return command(type_, needs_context=needs_context)(cls)
+@command(wire.CMD_EVENT_RECORD, needs_context=True)
+class EventRecord(Command):
+    event_id: int
 
 
-EventRecord = _event_command(wire.CMD_EVENT_RECORD, "EventRecord", needs_context=True)
-EventWait = _event_command(wire.CMD_EVENT_WAIT, "EventWait", needs_context=True)
-EventQuery = _event_command(wire.CMD_EVENT_QUERY, "EventQuery")
-EventDestroy = _event_command(wire.CMD_EVENT_DESTROY, "EventDestroy")
-EventExport = _event_command(wire.CMD_EVENT_EXPORT, "EventExport")
+@command(wire.CMD_EVENT_WAIT, needs_context=True)
+class EventWait(Command):
+    event_id: int
+
+
+@command(wire.CMD_EVENT_QUERY)
+class EventQuery(Command):
+    event_id: int
+
+
+@command(wire.CMD_EVENT_DESTROY)
+class EventDestroy(Command):
+    event_id: int
+
+
+@command(wire.CMD_EVENT_EXPORT)
+class EventExport(Command):
+    event_id: int
 
 
 @command(wire.CMD_EVENT_IMPORT)
@@ -617,7 +631,9 @@ class ErrorResponse(Response):
 
     @property
     def body(self) -> bytes:
-        msg = self.message.encode("utf-8", "replace")[:wire.MAX_ERROR_MESSAGE]
+        msg = self.message.encode("utf-8", "replace")
+        if len(msg) > wire.MAX_ERROR_MESSAGE:  # [ERR-BODY-2]: cut at a character boundary
+            msg = msg[:wire.MAX_ERROR_MESSAGE].decode("utf-8", "ignore").encode()
         return _ERR.pack(self.info0 & (2**64 - 1), self.info1 & 0xFFFFFFFF, len(msg)) + msg
 
 

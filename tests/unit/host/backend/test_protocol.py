@@ -271,7 +271,18 @@ def test_error_responses_follow_the_error_body(code, info0, info1, message, hdr)
     assert (i0, i1) == (info0, info1) and n <= wire.MAX_ERROR_MESSAGE
     assert used == wire.CTRL_HDR_SIZE + wire.RESP_ERROR_SIZE + n <= wire.MIN_RESPONSE_SIZE
     start = wire.CTRL_HDR_SIZE + wire.RESP_ERROR_SIZE
-    assert out[start:start + n] == message.encode("utf-8", "replace")[:n]
+    text = out[start:start + n].decode("utf-8")  # cut at a character boundary
+    assert message.encode("utf-8", "replace").startswith(text.encode())
+    assert n == len(message.encode("utf-8", "replace")) or n > wire.MAX_ERROR_MESSAGE - 4
+
+
+def test_a_long_error_message_is_cut_between_characters():
+    """[ERR-BODY-2]: a 2-byte character across the limit is left out, not cut in half."""
+    message = "x" * (wire.MAX_ERROR_MESSAGE - 1) + "\u00e9"
+    _used, out = _encode(protocol.ErrorResponse.of(CommandError(wire.RESP_ERR_UNSPEC, message)),
+                         Header(wire.CMD_NOP))
+    _i0, _i1, n = struct.unpack_from(wire.RESP_ERROR_FORMAT, out, wire.CTRL_HDR_SIZE)
+    assert n == wire.MAX_ERROR_MESSAGE - 1
 
 
 # ------------------------------------------------------------------ handlers
