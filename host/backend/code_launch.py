@@ -10,13 +10,11 @@ the SMs when the launch starts ([CMD-LAUNCH-CODE-2]); the KMD never parses it.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass
 
+from host.backend import protocol
 from host.backend.errors import CommandError
 from spec import isa, wire
-
-BODY_SIZE = struct.calcsize(wire.CMD_BODY_FORMATS[wire.CMD_LAUNCH_CODE])
 
 
 @dataclass(frozen=True)
@@ -29,29 +27,21 @@ class LaunchCode:
     params: bytes
 
 
-def decode(body: tuple, chain, mem) -> LaunchCode:
-    """The unpacked body (CMD_BODY_FORMATS) and the chain -> a checked LaunchCode; raises
+def check(cmd: protocol.LaunchCode) -> LaunchCode:
+    """The decoded command -> a checked LaunchCode with its parameter bytes; raises
     CommandError for the first check that fails."""
-    object_va, entry_va, gx, gy, gz, bx, by, bz, dyn_shared, param_size = body
-    if param_size > isa.MAX_PARAM_SIZE:
+    if cmd.param_size > isa.MAX_PARAM_SIZE:
         raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                           f"LAUNCH_CODE with {param_size} parameter bytes "
+                           f"LAUNCH_CODE with {cmd.param_size} parameter bytes "
                            f"(at most {isa.MAX_PARAM_SIZE})")
-    off = wire.CTRL_HDR_SIZE + BODY_SIZE
-    if chain.readable_len - off < param_size:
+    if cmd.carried < cmd.param_size:
         raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
-                           f"LAUNCH_CODE announces {param_size} parameter bytes but carries "
-                           f"{max(chain.readable_len - off, 0)}")
-    if min(gx, gy, gz) == 0 or max(gx, gy, gz) >= wire.MAX_GRID_DIM:
-        raise CommandError(wire.RESP_ERR_INVALID_PARAMETER, f"bad grid ({gx}, {gy}, {gz})")
-    threads = bx * by * bz
-    if threads == 0 or threads > wire.MAX_BLOCK_THREADS:
+                           f"LAUNCH_CODE announces {cmd.param_size} parameter bytes but carries "
+                           f"{cmd.carried}")
+    protocol.check_geometry(cmd.grid, cmd.block)
+    if cmd.dyn_shared > isa.MAX_DYNAMIC_SHARED:
         raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                           f"block ({bx}, {by}, {bz}) must have 1..{wire.MAX_BLOCK_THREADS} "
-                           "threads")
-    if dyn_shared > isa.MAX_DYNAMIC_SHARED:
-        raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                           f"{dyn_shared} bytes of dynamic shared memory exceed the device's "
+                           f"{cmd.dyn_shared} bytes of dynamic shared memory exceed the device's "
                            f"{isa.MAX_DYNAMIC_SHARED} per block")
-    params = bytes(chain.read(mem, off, param_size)) if param_size else b""
-    return LaunchCode(object_va, entry_va, (gx, gy, gz), (bx, by, bz), dyn_shared, params)
+    params = cmd.params() if cmd.param_size else b""
+    return LaunchCode(cmd.object_va, cmd.entry_va, cmd.grid, cmd.block, cmd.dyn_shared, params)

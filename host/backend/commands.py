@@ -3,9 +3,12 @@
 This is the compute half of the virtio-gpu device (crosvm's virtio_gpu.rs in spirit):
 contexts, resources and timelines of a session on a device, and the mapping from a
 decoded command to KMD calls. The virtio half (status, features, queues) lives in
-device.py; this module never sees the transport beyond a DescriptorChain and the
-guest-memory object.
+device.py, the wire format in protocol.py; this module never sees the transport.
 
+Commands arrive decoded: a typed `Command` per CMD_* code (protocol.py), dispatched to
+the handler registered for its class with `@handles(...)`, with its context resolved
+when the command needs one. A handler sees the chain only through the command's
+accessors (trailing data) and the `Writer` (the room for GET_STATS and COPY_D2H data).
 Every command ends in exactly one of:
   - an immediate `Response`;
   - a `Pending` response: the reply is prepared when the KMD fence signals, and the
@@ -36,7 +39,6 @@ session as the key namespace and client; the segments count against the session'
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -44,6 +46,8 @@ import msgpack
 
 from spec import wire
 from host.backend import code_launch
+from host.backend import protocol as p
+from host.backend.protocol import Pending, Response
 from host.backend.errors import CommandError
 from host.backend.events import EventExports, EventSnapshot
 from host.backend.limits import GUEST_CONTEXT_LIMITS
@@ -56,37 +60,8 @@ from host.kmd.errors import KmdError, OutOfMemory
 from host.kmd.prime import PrimeImport
 from spec import isa
 
-_BODY = {k: struct.Struct(v) for k, v in wire.CMD_BODY_FORMATS.items()}
-_ARG = struct.Struct("<Q")
 _MAX_COPY = wire.VA_USER_LIMIT  # no copy is larger than the user VA space
-_EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
-_STATS = struct.Struct(wire.RESP_STATS_FORMAT)
-
-
-@dataclass
-class Request:
-    type: int
-    flags: int
-    fence_id: int
-    ctx_id: int
-    ring_idx: int
-
-    @property
-    def fenced(self) -> bool:
-        return bool(self.flags & wire.FLAG_FENCE)
-
-
-@dataclass
-class Response:
-    type: int = wire.RESP_OK_NODATA
-    body: bytes = b""
-    data_len: int = 0  # device-written bytes that follow the response (COPY_D2H)
-
-
-@dataclass
-class Pending:
-    fences: list  # KMD fences this command waits for
-    finish: Callable[[], Response]  # runs on the backend thread once all fences signalled
+handles = p.Handlers()
 
 
 @dataclass
@@ -231,45 +206,45 @@ class ComputeDevice:
         self.shm = ShmTable()  # shared segment ids of this session on this device
 
     # ------------------------------------------------------------------ dispatch
-    def execute(self, req: Request, body: bytes, chain, mem):
-        """-> Response | Pending; raises CommandError."""
-        handler = _HANDLERS.get(req.type)
-        if handler is None:
-            raise CommandError(wire.RESP_ERR_UNKNOWN_COMMAND, f"unknown command type {req.type:#06x}")
-        if req.ring_idx > wire.MAX_RING_IDX:
-            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                               f"ring_idx {req.ring_idx} > {wire.MAX_RING_IDX}")
-        if req.type in (wire.CMD_LAUNCH, wire.CMD_LAUNCH_CODE) and not self.compute:
-            raise CommandError(wire.RESP_ERR_UNKNOWN_COMMAND,
-                               f"{wire.CMD_NAMES[req.type]} needs PVGPU_F_COMPUTE, which was "
-                               "not negotiated")
-        return handler(self, req, _BODY[req.type].unpack(body), chain, mem)
+    def decode(self, reader: p.Reader) -> p.Command:
+        """The request in `reader` -> its Command ([CMD-CHECK-1] steps 1-4); raises
+        protocol.MalformedCommand."""
+        return p.decode(reader, compute=self.compute)
 
-    def timeline_index(self, req: Request) -> int:
+    def execute(self, cmd: p.Command, writer: p.Writer):
+        """A decoded command -> Response | Pending; raises CommandError. `writer`: the
+        chain's writable part (the room for GET_STATS and COPY_D2H data)."""
+        ctx = self._ctx(cmd.hdr) if cmd.NEEDS_CONTEXT else None  # [CMD-CHECK-1] step 5
+        return handles[cmd](self, cmd, ctx, writer)
+
+    def timeline_index(self, hdr: p.Header) -> int:
         """ring_idx names a timeline only with CONTEXT_INIT (spec FENCE-TIMELINE-*); the
         response still echoes the request's ring_idx."""
-        return req.ring_idx if self.context_init else 0
+        return hdr.ring_idx if self.context_init else 0
 
-    def _ctx(self, req: Request) -> ContextState:
-        ctx = self.contexts.get(req.ctx_id)
+    def _ctx(self, hdr: p.Header) -> ContextState:
+        ctx = self.contexts.get(hdr.ctx_id)
         if ctx is None:
-            raise CommandError(wire.RESP_ERR_INVALID_CONTEXT_ID, f"no context {req.ctx_id}")
+            raise CommandError(wire.RESP_ERR_INVALID_CONTEXT_ID, f"no context {hdr.ctx_id}")
         return ctx
 
     # ------------------------------------------------------------------ commands
-    def cmd_nop(self, req, body, chain, mem):
-        if not req.fenced or req.ctx_id not in self.contexts:
-            return Response()
-        t = self._ctx(req).timeline(self.timeline_index(req))
+    @handles(p.Nop)
+    def cmd_nop(self, cmd, _ctx, _out):
+        hdr = cmd.hdr
+        if not hdr.fenced or hdr.ctx_id not in self.contexts:
+            return p.OkNoData()
+        t = self._ctx(hdr).timeline(self.timeline_index(hdr))
         return self._sync_point([t], [])
 
-    def cmd_get_device_info(self, req, body, chain, mem):
+    @handles(p.GetDeviceInfo)
+    def cmd_get_device_info(self, cmd, _ctx, _out):
         name = self.kmd.name.encode()[:32]
         free = self.kmd.vram_free()
-        return Response(wire.RESP_OK_DEVICE_INFO, struct.pack(
-            wire.RESP_DEVICE_INFO_FORMAT, self.kmd.vram_size, free, free, len(self.contexts), name))
+        return p.OkDeviceInfo(self.kmd.vram_size, free, free, len(self.contexts), name)
 
-    def cmd_get_stats(self, req, body, chain, mem):
+    @handles(p.GetStats)
+    def cmd_get_stats(self, cmd, _ctx, out):
         stats_fn = getattr(self.kmd, "sched_stats", None)
         try:
             stats = dict(stats_fn()) if stats_fn is not None else {}
@@ -279,12 +254,12 @@ class ComputeDevice:
             payload = msgpack.packb(stats, use_bin_type=True, default=_msgpack_plain)
         except Exception as e:  # the KMD's statistics are informative: never fatal
             raise CommandError(wire.RESP_ERR_UNSPEC, f"statistics unavailable: {e}") from None
-        need = wire.CTRL_HDR_SIZE + _STATS.size + len(payload)
-        if chain.writable_len < need:
+        need = wire.CTRL_HDR_SIZE + wire.RESP_STATS_SIZE + len(payload)
+        if out.capacity < need:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
                                f"GET_STATS needs {need} writable bytes, the chain has "
-                               f"{chain.writable_len}", info0=need)
-        return Response(wire.RESP_OK_STATS, _STATS.pack(len(payload)) + payload)
+                               f"{out.capacity}", info0=need)
+        return p.OkStats(payload)
 
     def _fault_stats(self) -> dict:
         """GET_STATS `faults`: this session's contexts on this device that took GPU
@@ -304,11 +279,12 @@ class ComputeDevice:
                         {"access": wire.ACCESS_NAMES.get(last.access, str(last.access))})}}
         return out
 
-    def cmd_ctx_create(self, req, body, chain, mem):
-        flags, _name = body
-        if req.ctx_id == 0 or req.ctx_id in self.contexts:
+    @handles(p.CtxCreate)
+    def cmd_ctx_create(self, cmd, _ctx, _out):
+        ctx_id, flags = cmd.hdr.ctx_id, cmd.flags
+        if ctx_id == 0 or ctx_id in self.contexts:
             raise CommandError(wire.RESP_ERR_INVALID_CONTEXT_ID,
-                               f"context id {req.ctx_id} is zero or already in use")
+                               f"context id {ctx_id} is zero or already in use")
         priority = _PRIORITIES.get(flags)  # CMD-CTX-CREATE-1/3: only priority bits
         if priority is None:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
@@ -317,9 +293,8 @@ class ComputeDevice:
         if len(self.contexts) >= self.MAX_CONTEXTS:
             raise CommandError(wire.RESP_ERR_OUT_OF_MEMORY,
                                f"at most {self.MAX_CONTEXTS} contexts per device and session")
-        name = _name.split(b"\0", 1)[0].decode("utf-8", "replace")
         try:
-            kctx = self.kmd.create_context(name, vgpu=self.vgpu, client=self.owner,
+            kctx = self.kmd.create_context(cmd.debug_name, vgpu=self.vgpu, client=self.owner,
                                            priority=priority, limits=GUEST_CONTEXT_LIMITS)
         except KmdError as e:
             raise kmd_to_error(e) from None
@@ -328,10 +303,10 @@ class ComputeDevice:
         except KmdError as e:
             self.kmd.destroy_context(kctx)
             raise kmd_to_error(e) from None
-        self.contexts[req.ctx_id] = ContextState(req.ctx_id, kctx)
+        self.contexts[ctx_id] = ContextState(ctx_id, kctx)
         if self.event_sink is not None:
-            kctx.error_listener = self._context_error_listener(req.ctx_id)
-        return Response()
+            kctx.error_listener = self._context_error_listener(ctx_id)
+        return p.OkNoData()
 
     def _context_error_listener(self, ctx_id: int):
         sink = self.event_sink
@@ -343,18 +318,18 @@ class ComputeDevice:
                 sink(etype, ctx_id, timeline, address, access, vmid, engine, detail)
         return on_error
 
-    def cmd_ctx_destroy(self, req, body, chain, mem):
-        ctx = self._ctx(req)
+    @handles(p.CtxDestroy)
+    def cmd_ctx_destroy(self, cmd, ctx, _out):
         self._destroy(ctx)
-        return Response()
+        return p.OkNoData()
 
-    def cmd_ctx_sync(self, req, body, chain, mem):
-        ctx = self._ctx(req)
+    @handles(p.CtxSync)
+    def cmd_ctx_sync(self, cmd, ctx, _out):
         return self._sync_point([t for _i, t in sorted(ctx.timelines.items())], [])
 
-    def cmd_mem_alloc(self, req, body, chain, mem):
-        resource_id, flags, size = body
-        ctx = self._ctx(req)
+    @handles(p.MemAlloc)
+    def cmd_mem_alloc(self, cmd, ctx, _out):
+        resource_id, flags, size = cmd.resource_id, cmd.flags, cmd.size
         if resource_id == 0 or resource_id in self.resource_owner:
             raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
                                f"resource id {resource_id} is zero or already in use")
@@ -371,11 +346,11 @@ class ComputeDevice:
             raise kmd_to_error(e) from None
         ctx.resources[resource_id] = bo
         self.resource_owner[resource_id] = ctx.ctx_id
-        return Response(wire.RESP_OK_MEM_ALLOC, struct.pack(wire.RESP_MEM_ALLOC_FORMAT, bo.va, bo.size))
+        return p.OkMemAlloc(bo.va, bo.size)
 
-    def cmd_mem_free(self, req, body, chain, mem):
-        (resource_id,) = body
-        ctx = self._ctx(req)
+    @handles(p.MemFree)
+    def cmd_mem_free(self, cmd, ctx, _out):
+        resource_id = cmd.resource_id
         bo = ctx.resource(resource_id)
         mapped = ctx.kmd_ctx.mapped_elsewhere(bo)  # CMD-FREE-3
         if mapped:
@@ -386,84 +361,67 @@ class ComputeDevice:
         del self.resource_owner[resource_id]
         if isinstance(bo, PrimeImport):
             ctx.kmd_ctx.free_import(bo)  # detached once the context's work is done
-            return Response()
+            return p.OkNoData()
         if bo.dmabuf is not None:  # freeing the export stops new imports (§12.2)
             self.resource_exports.withdraw_dmabuf(self.owner, bo.dmabuf)
         ctx.kmd_ctx.free(bo)
-        return Response()
+        return p.OkNoData()
 
-    def cmd_copy_h2d(self, req, body, chain, mem):
-        dst_va, size = body
-        ctx = self._ctx(req)
-        _check_range("dst_va", dst_va, size)
-        off = wire.CTRL_HDR_SIZE + _BODY[req.type].size
-        if chain.readable_len - off < size:
-            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                               f"COPY_H2D of {size} bytes carries only {chain.readable_len - off}")
-        copies, pos = [], dst_va
-        for gpa, n in chain.readable_extents(off, size):
+    @handles(p.CopyH2D)
+    def cmd_copy_h2d(self, cmd, ctx, _out):
+        _check_range("dst_va", cmd.dst_va, cmd.size)
+        copies, pos = [], cmd.dst_va
+        for gpa, n in cmd.data_extents():
             copies.append((wire.GUEST_WINDOW_VA + gpa, pos, n))
             pos += n
-        idx = self.timeline_index(req)
-        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_copies(
+        idx = self.timeline_index(cmd.hdr)
+        return self._submit(ctx, cmd.hdr, lambda wait: ctx.kmd_ctx.submit_copies(
             copies, wait=wait, direction="h2d", timeline=idx), hold=True)
 
-    def cmd_copy_d2h(self, req, body, chain, mem):
-        src_va, size = body
-        ctx = self._ctx(req)
+    @handles(p.CopyD2H)
+    def cmd_copy_d2h(self, cmd, ctx, out):
+        src_va, size = cmd.src_va, cmd.size
         _check_range("src_va", src_va, size)
-        off = wire.CTRL_HDR_SIZE
-        if chain.writable_len - off < size:
+        if out.data_room() < size:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                               f"COPY_D2H of {size} bytes has room for {chain.writable_len - off}")
+                               f"COPY_D2H of {size} bytes has room for {out.data_room()}")
         copies, pos = [], src_va
-        for gpa, n in chain.writable_extents(off, size):
+        for gpa, n in out.data_extents(size):
             copies.append((pos, wire.GUEST_WINDOW_VA + gpa, n))
             pos += n
-        idx = self.timeline_index(req)
-        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_copies(
+        idx = self.timeline_index(cmd.hdr)
+        return self._submit(ctx, cmd.hdr, lambda wait: ctx.kmd_ctx.submit_copies(
             copies, wait=wait, direction="d2h", timeline=idx), hold=True, data_len=size)
 
-    def cmd_copy_d2d(self, req, body, chain, mem):
-        src_va, dst_va, size = body
-        ctx = self._ctx(req)
+    @handles(p.CopyD2D)
+    def cmd_copy_d2d(self, cmd, ctx, _out):
+        src_va, dst_va, size = cmd.src_va, cmd.dst_va, cmd.size
         _check_range("src_va", src_va, size)
         _check_range("dst_va", dst_va, size)
-        idx = self.timeline_index(req)
-        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_copy(
+        idx = self.timeline_index(cmd.hdr)
+        return self._submit(ctx, cmd.hdr, lambda wait: ctx.kmd_ctx.submit_copy(
             src_va, dst_va, size, wait=wait, direction="d2d", timeline=idx))
 
-    def cmd_launch(self, req, body, chain, mem):
-        kernel_id, gx, gy, gz, bx, by, bz, nargs = body
-        ctx = self._ctx(req)
-        sig = wire.BUILTIN_KERNELS.get(kernel_id)
+    @handles(p.Launch)
+    def cmd_launch(self, cmd, ctx, _out):
+        args = cmd.args()  # CMD-LAUNCH-1
+        sig = wire.BUILTIN_KERNELS.get(cmd.kernel_id)
         if sig is None:
-            raise CommandError(wire.RESP_ERR_INVALID_KERNEL, f"no kernel with id {kernel_id}")
-        if nargs != len(sig.args) or nargs > wire.MAX_KERNEL_ARGS:
+            raise CommandError(wire.RESP_ERR_INVALID_KERNEL, f"no kernel with id {cmd.kernel_id}")
+        if cmd.nargs != len(sig.args):
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                               f"kernel {sig.name} takes {len(sig.args)} arguments, got {nargs}")
-        if min(gx, gy, gz) == 0 or max(gx, gy, gz) >= wire.MAX_GRID_DIM:
-            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER, f"bad grid ({gx}, {gy}, {gz})")
-        threads = bx * by * bz
-        if threads == 0 or threads > wire.MAX_BLOCK_THREADS:
-            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                               f"block ({bx}, {by}, {bz}) must have 1..{wire.MAX_BLOCK_THREADS} threads")
-        off = wire.CTRL_HDR_SIZE + _BODY[req.type].size
-        if chain.readable_len - off < nargs * wire.LAUNCH_ARG_SIZE:
-            raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
-                               f"LAUNCH announces {nargs} arguments but carries fewer")
-        raw = chain.read(mem, off, nargs * wire.LAUNCH_ARG_SIZE)
-        args = [_ARG.unpack_from(raw, 8 * i)[0] for i in range(nargs)]
-        grid, block = (gx, gy, gz), (bx, by, bz)
-        idx = self.timeline_index(req)
-        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_launch(
-            kernel_id, grid, block, args, wait=wait, timeline=idx))
+                               f"kernel {sig.name} takes {len(sig.args)} arguments, "
+                               f"got {cmd.nargs}")
+        p.check_geometry(cmd.grid, cmd.block)
+        idx = self.timeline_index(cmd.hdr)
+        return self._submit(ctx, cmd.hdr, lambda wait: ctx.kmd_ctx.submit_launch(
+            cmd.kernel_id, cmd.grid, cmd.block, args, wait=wait, timeline=idx))
 
-    def cmd_launch_code(self, req, body, chain, mem):
-        ctx = self._ctx(req)
-        lc = code_launch.decode(body, chain, mem)  # CMD-LAUNCH-CODE-1 steps 1-3
-        idx = self.timeline_index(req)
-        return self._submit(ctx, req, lambda wait: ctx.kmd_ctx.submit_launch_code(
+    @handles(p.LaunchCode)
+    def cmd_launch_code(self, cmd, ctx, _out):
+        lc = code_launch.check(cmd)  # CMD-LAUNCH-CODE-1 steps 1-3
+        idx = self.timeline_index(cmd.hdr)
+        return self._submit(ctx, cmd.hdr, lambda wait: ctx.kmd_ctx.submit_launch_code(
             lc.object_va, lc.entry_va, lc.grid, lc.block, lc.dyn_shared, lc.params,
             wait=wait, timeline=idx))
 
@@ -492,63 +450,61 @@ class ComputeDevice:
         if event_id == 0:
             raise CommandError(wire.RESP_ERR_INVALID_EVENT, "event id 0 is not valid")
 
-    def cmd_event_record(self, req, body, chain, mem):
-        (event_id,) = body
-        ctx = self._ctx(req)
-        self._check_event_id(event_id)
-        t = ctx.timeline(self.timeline_index(req))
-        self._bind_event(event_id, EventSnapshot(t.unreported + [t.last_fence], t.waits,
-                                                 clock=self.kmd.clock_ns))
-        return Response()
+    @handles(p.EventRecord)
+    def cmd_event_record(self, cmd, ctx, _out):
+        self._check_event_id(cmd.event_id)
+        t = ctx.timeline(self.timeline_index(cmd.hdr))
+        self._bind_event(cmd.event_id, EventSnapshot(t.unreported + [t.last_fence], t.waits,
+                                                     clock=self.kmd.clock_ns))
+        return p.OkNoData()
 
-    def cmd_event_wait(self, req, body, chain, mem):
-        (event_id,) = body
-        ctx = self._ctx(req)
-        ev = self._event(event_id)
-        t = ctx.timeline(self.timeline_index(req))
+    @handles(p.EventWait)
+    def cmd_event_wait(self, cmd, ctx, _out):
+        ev = self._event(cmd.event_id)
+        t = ctx.timeline(self.timeline_index(cmd.hdr))
         t.waits = [f for f in dict.fromkeys(t.waits + ev.snapshot.pending()) if not f.signaled]
-        return Response()
+        return p.OkNoData()
 
-    def cmd_event_query(self, req, body, chain, mem):
-        (event_id,) = body
-        snapshot = self._event(event_id).snapshot
-        finish = lambda: Response(wire.RESP_OK_EVENT, _event_status(snapshot))  # noqa: E731
-        if req.fenced and not snapshot.done:
+    @handles(p.EventQuery)
+    def cmd_event_query(self, cmd, _ctx, _out):
+        snapshot = self._event(cmd.event_id).snapshot
+        finish = lambda: _event_status(snapshot)  # noqa: E731
+        if cmd.hdr.fenced and not snapshot.done:
             return Pending(snapshot.pending(), finish)
         return finish()
 
-    def cmd_event_destroy(self, req, body, chain, mem):
-        (event_id,) = body
-        ev = self._event(event_id)
-        del self.events[event_id]
+    @handles(p.EventDestroy)
+    def cmd_event_destroy(self, cmd, _ctx, _out):
+        ev = self._event(cmd.event_id)
+        del self.events[cmd.event_id]
         self.exports.withdraw(h for h, _t in ev.exports)
-        return Response()
+        return p.OkNoData()
 
-    def cmd_event_export(self, req, body, chain, mem):
-        (event_id,) = body
-        ev = self._event(event_id)
+    @handles(p.EventExport)
+    def cmd_event_export(self, cmd, _ctx, _out):
+        ev = self._event(cmd.event_id)
         ev.exports = [(h, t) for h, t in ev.exports if self.exports.exists(h)]
         for h, t in ev.exports:  # the same snapshot exported again: the same handle
             if self.exports.live(h, ev.snapshot):
-                return Response(wire.RESP_OK_EVENT_HANDLE,
-                                struct.pack(wire.RESP_EVENT_HANDLE_FORMAT, h, t))
+                return p.OkEventHandle(h, t)
         h, t = self.exports.export(self.owner, ev.snapshot)
         ev.exports.append((h, t))
-        return Response(wire.RESP_OK_EVENT_HANDLE, struct.pack(wire.RESP_EVENT_HANDLE_FORMAT, h, t))
+        return p.OkEventHandle(h, t)
 
-    def cmd_event_import(self, req, body, chain, mem):
-        event_id, handle_id, token = body
-        self._check_event_id(event_id)
-        snapshot = self.exports.lookup(handle_id, token)
+    @handles(p.EventImport)
+    def cmd_event_import(self, cmd, _ctx, _out):
+        self._check_event_id(cmd.event_id)
+        snapshot = self.exports.lookup(cmd.handle_id, cmd.token)
         if snapshot is None:
             raise CommandError(wire.RESP_ERR_INVALID_EVENT,
-                               f"no exported event with handle {handle_id} and this token")
-        self._bind_event(event_id, snapshot)
-        return Response()
+                               f"no exported event with handle {cmd.handle_id} and this token")
+        self._bind_event(cmd.event_id, snapshot)
+        return p.OkNoData()
 
     # ------------------------------------------------------------------ shared device memory
-    def cmd_shm_get(self, req, body, chain, mem):
-        key, size, flags = body
+    @handles(p.ShmGet)
+    def cmd_shm_get(self, cmd, _ctx, _out):
+        key, size, flags = cmd.key, cmd.size, cmd.flags
         if flags != 0:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER, f"SHM_GET flags {flags:#x} must be 0")
         try:
@@ -562,12 +518,11 @@ class ComputeDevice:
             if created:
                 self.kmd.shm.remove(seg, self.owner)
             raise
-        return Response(wire.RESP_OK_SHM, struct.pack(
-            wire.RESP_SHM_FORMAT, shm_id, wire.SHM_FLAG_CREATED if created else 0, seg.size))
+        return p.OkShm(shm_id, wire.SHM_FLAG_CREATED if created else 0, seg.size)
 
-    def cmd_shm_attach(self, req, body, chain, mem):
-        shm_id, flags = body
-        ctx = self._ctx(req)
+    @handles(p.ShmAttach)
+    def cmd_shm_attach(self, cmd, ctx, _out):
+        shm_id, flags = cmd.shm_id, cmd.flags
         if flags & ~wire.SHM_ATTACH_RDONLY:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
                                f"SHM_ATTACH flags {flags:#x}: only SHM_ATTACH_RDONLY is defined")
@@ -576,20 +531,20 @@ class ComputeDevice:
             va = ctx.kmd_ctx.attach_shared(seg, readonly=bool(flags & wire.SHM_ATTACH_RDONLY))
         except KmdError as e:
             raise kmd_to_error(e) from None
-        return Response(wire.RESP_OK_SHM_ATTACH, struct.pack(wire.RESP_SHM_ATTACH_FORMAT, va, seg.size))
+        return p.OkShmAttach(va, seg.size)
 
-    def cmd_shm_detach(self, req, body, chain, mem):
-        (shm_id,) = body
-        ctx = self._ctx(req)
-        seg = self.shm.lookup(shm_id)
+    @handles(p.ShmDetach)
+    def cmd_shm_detach(self, cmd, ctx, _out):
+        seg = self.shm.lookup(cmd.shm_id)
         try:
             ctx.kmd_ctx.detach_shared(seg)
         except KmdError as e:
             raise kmd_to_error(e) from None
-        return Response()
+        return p.OkNoData()
 
-    def cmd_shm_control(self, req, body, chain, mem):
-        shm_id, op = body
+    @handles(p.ShmControl)
+    def cmd_shm_control(self, cmd, _ctx, _out):
+        shm_id, op = cmd.shm_id, cmd.op
         if op not in (wire.SHM_CTL_RMID, wire.SHM_CTL_STAT):
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
                                f"SHM_CONTROL cmd {op}: only RMID (0) and STAT (1) are defined")
@@ -600,37 +555,35 @@ class ComputeDevice:
             except KmdError as e:
                 raise kmd_to_error(e) from None
             self.shm.purge()
-            return Response()
-        ctx = self.contexts.get(req.ctx_id)
+            return p.OkNoData()
+        ctx = self.contexts.get(cmd.hdr.ctx_id)
         va = (ctx.kmd_ctx.shared_va(seg) or 0) if ctx is not None else 0
         flags = ((wire.SHM_STAT_REMOVED if seg.removed else 0)
                  | (wire.SHM_STAT_CREATOR if seg.owner is self.owner else 0))
-        return Response(wire.RESP_OK_SHM_STAT, struct.pack(
-            wire.RESP_SHM_STAT_FORMAT, seg.size, va, seg.nattach, flags))
+        return p.OkShmStat(seg.size, va, seg.nattach, flags)
 
-    def cmd_shm_export(self, req, body, chain, mem):
-        (shm_id,) = body
-        seg = self.shm.lookup(shm_id)
+    @handles(p.ShmExport)
+    def cmd_shm_export(self, cmd, _ctx, _out):
+        seg = self.shm.lookup(cmd.shm_id)
         try:
             handle, token = self.kmd.shm.export(seg, self.owner)
         except KmdError as e:
             raise kmd_to_error(e) from None
-        return Response(wire.RESP_OK_SHM_HANDLE, struct.pack(wire.RESP_SHM_HANDLE_FORMAT, handle, token))
+        return p.OkShmHandle(handle, token)
 
-    def cmd_shm_import(self, req, body, chain, mem):
-        handle, token = body
+    @handles(p.ShmImport)
+    def cmd_shm_import(self, cmd, _ctx, _out):
         try:
-            seg = self.kmd.shm.import_(handle, token, self.owner)
+            seg = self.kmd.shm.import_(cmd.handle_id, cmd.token, self.owner)
         except KmdError as e:
             raise kmd_to_error(e) from None
         shm_id = self.shm.bind(seg)
-        return Response(wire.RESP_OK_SHM, struct.pack(wire.RESP_SHM_FORMAT, shm_id, 0, seg.size))
+        return p.OkShm(shm_id, 0, seg.size)
 
     # ------------------------------------------------------------------ buffer sharing (§12)
-    def cmd_resource_export(self, req, body, chain, mem):
-        (resource_id,) = body
-        ctx = self._ctx(req)
-        obj = ctx.resource(resource_id)
+    @handles(p.ResourceExport)
+    def cmd_resource_export(self, cmd, ctx, _out):
+        obj = ctx.resource(cmd.resource_id)
         try:
             # an import re-exports the original dma-buf (PRIME)
             dmabuf = obj.dmabuf.get() if isinstance(obj, PrimeImport) \
@@ -638,12 +591,11 @@ class ComputeDevice:
         except KmdError as e:
             raise kmd_to_error(e) from None
         handle, token = self.resource_exports.export(self.owner, dmabuf)
-        return Response(wire.RESP_OK_EXPORT, struct.pack(wire.RESP_EXPORT_FORMAT, handle, token,
-                                                         dmabuf.size))
+        return p.OkExport(handle, token, dmabuf.size)
 
-    def cmd_resource_import(self, req, body, chain, mem):
-        handle, token, resource_id, flags = body
-        ctx = self._ctx(req)
+    @handles(p.ResourceImport)
+    def cmd_resource_import(self, cmd, ctx, _out):
+        handle, token, resource_id, flags = cmd.handle_id, cmd.token, cmd.resource_id, cmd.flags
         if resource_id == 0 or resource_id in self.resource_owner:
             raise CommandError(wire.RESP_ERR_INVALID_RESOURCE_ID,
                                f"resource id {resource_id} is zero or already in use")
@@ -663,15 +615,14 @@ class ComputeDevice:
         self.resource_owner[resource_id] = ctx.ctx_id
         placement = {"local": wire.IMPORT_PLACEMENT_LOCAL, "peer": wire.IMPORT_PLACEMENT_PEER,
                      "system": wire.IMPORT_PLACEMENT_SYSTEM}[imp.kind]
-        return Response(wire.RESP_OK_IMPORT, struct.pack(wire.RESP_IMPORT_FORMAT, imp.va, imp.size,
-                                                         placement))
+        return p.OkImport(imp.va, imp.size, placement)
 
-    def cmd_resource_revoke(self, req, body, chain, mem):
-        (handle,) = body
-        if not self.resource_exports.revoke(self.owner, handle):
+    @handles(p.ResourceRevoke)
+    def cmd_resource_revoke(self, cmd, _ctx, _out):
+        if not self.resource_exports.revoke(self.owner, cmd.handle_id):
             raise CommandError(wire.RESP_ERR_PERMISSION,
-                               f"this session has no live export with handle {handle}")
-        return Response()
+                               f"this session has no live export with handle {cmd.handle_id}")
+        return p.OkNoData()
 
     # ------------------------------------------------------------------ explicit VA management
     @staticmethod
@@ -680,9 +631,9 @@ class ComputeDevice:
             return CommandError(wire.RESP_ERR_INVALID_ADDRESS, str(e))
         return kmd_to_error(e)
 
-    def cmd_va_reserve(self, req, body, chain, mem):
-        size, alignment = body
-        ctx = self._ctx(req)
+    @handles(p.VaReserve)
+    def cmd_va_reserve(self, cmd, ctx, _out):
+        size, alignment = cmd.size, cmd.alignment
         if size == 0 or size > wire.VA_USER_LIMIT - wire.VA_USER_BASE:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER, f"bad VA_RESERVE size {size:#x}")
         if alignment and (alignment < wire.PAGE_SIZE or alignment & (alignment - 1)
@@ -695,20 +646,20 @@ class ComputeDevice:
         except KmdError as e:
             raise self._va_error(e) from None
         psize = -(-size // wire.PAGE_SIZE) * wire.PAGE_SIZE
-        return Response(wire.RESP_OK_VA, struct.pack(wire.RESP_VA_FORMAT, va, psize))
+        return p.OkVa(va, psize)
 
-    def cmd_va_release(self, req, body, chain, mem):
-        (va,) = body
-        ctx = self._ctx(req)
+    @handles(p.VaRelease)
+    def cmd_va_release(self, cmd, ctx, _out):
         try:
-            ctx.kmd_ctx.release_va(va)
+            ctx.kmd_ctx.release_va(cmd.va)
         except KmdError as e:
             raise self._va_error(e) from None
-        return Response()
+        return p.OkNoData()
 
-    def cmd_mem_map(self, req, body, chain, mem):
-        va, offset, size, resource_id, flags = body
-        ctx = self._ctx(req)
+    @handles(p.MemMap)
+    def cmd_mem_map(self, cmd, ctx, _out):
+        va, offset, size, resource_id, flags = (cmd.va, cmd.offset, cmd.size, cmd.resource_id,
+                                                cmd.flags)
         bo = ctx.resource(resource_id)
         if isinstance(bo, PrimeImport):
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
@@ -728,20 +679,19 @@ class ComputeDevice:
                                   writable=bool(flags & wire.MEM_MAP_ACCESS_WRITE))
         except KmdError as e:
             raise self._va_error(e) from None
-        return Response()
+        return p.OkNoData()
 
-    def cmd_mem_unmap(self, req, body, chain, mem):
-        (va,) = body
-        ctx = self._ctx(req)
+    @handles(p.MemUnmap)
+    def cmd_mem_unmap(self, cmd, ctx, _out):
         try:
-            ctx.kmd_ctx.unmap_at(va)
+            ctx.kmd_ctx.unmap_at(cmd.va)
         except KmdError as e:
             raise self._va_error(e) from None
-        return Response()
+        return p.OkNoData()
 
     # ------------------------------------------------------------------ timelines
-    def _submit(self, ctx: ContextState, req: Request, submit, *, hold=False, data_len=0):
-        t = ctx.timeline(self.timeline_index(req))
+    def _submit(self, ctx: ContextState, hdr: p.Header, submit, *, hold=False, data_len=0):
+        t = ctx.timeline(self.timeline_index(hdr))
         # the previous job of the timeline and the events it was told to wait for
         wait = [f for f in dict.fromkeys([t.last_fence, *t.waits])
                 if f is not None and not f.signaled]
@@ -751,10 +701,10 @@ class ComputeDevice:
             raise kmd_to_error(e) from None  # not submitted: the waits stay for the next job
         t.last_fence = fence
         t.waits = []
-        if not (hold or req.fenced):
+        if not (hold or hdr.fenced):
             t.unreported.append(fence)
             t.prune()
-            return Response()
+            return p.OkNoData()
         return self._sync_point([t], [fence], data_len=data_len)
 
     def _sync_point(self, timelines: list, own: list, data_len: int = 0):
@@ -774,7 +724,7 @@ class ComputeDevice:
             for f in earlier + own:
                 if f.error is not None:
                     raise fault_to_error(f.error)
-            return Response(data_len=data_len)
+            return p.OkNoData(copied=data_len)
 
         if all(f.signaled for f in fences):
             return finish()
@@ -820,16 +770,17 @@ class ComputeDevice:
         return pending
 
 
-def _event_status(snapshot: EventSnapshot) -> bytes:
-    """The RESP_OK_EVENT body describing `snapshot` now."""
+def _event_status(snapshot: EventSnapshot) -> p.OkEvent:
+    """The RESP_OK_EVENT describing `snapshot` now."""
     if not snapshot.done:
-        return _EVENT.pack(wire.EVENT_STATUS_PENDING, 0, 0, 0, 0)
+        return p.OkEvent(wire.EVENT_STATUS_PENDING, 0, 0, 0, 0)
     ts = snapshot.timestamp_ns()
     err = snapshot.error()
     if err is None:
-        return _EVENT.pack(wire.EVENT_STATUS_COMPLETE, 0, ts, 0, 0)
+        return p.OkEvent(wire.EVENT_STATUS_COMPLETE, 0, ts, 0, 0)
     e = fault_to_error(err)
-    return _EVENT.pack(wire.EVENT_STATUS_ERROR, e.resp, ts, e.info0 & (2**64 - 1), e.info1 & 0xFFFFFFFF)
+    return p.OkEvent(wire.EVENT_STATUS_ERROR, e.resp, ts, e.info0 & (2**64 - 1),
+                     e.info1 & 0xFFFFFFFF)
 
 
 def _msgpack_plain(obj):
@@ -851,38 +802,4 @@ def _check_range(name: str, va: int, size: int) -> None:
         raise CommandError(wire.RESP_ERR_INVALID_PARAMETER, f"bad {name} range {va:#x}+{size}")
 
 
-_HANDLERS = {
-    wire.CMD_NOP: ComputeDevice.cmd_nop,
-    wire.CMD_GET_DEVICE_INFO: ComputeDevice.cmd_get_device_info,
-    wire.CMD_GET_STATS: ComputeDevice.cmd_get_stats,
-    wire.CMD_CTX_CREATE: ComputeDevice.cmd_ctx_create,
-    wire.CMD_CTX_DESTROY: ComputeDevice.cmd_ctx_destroy,
-    wire.CMD_CTX_SYNC: ComputeDevice.cmd_ctx_sync,
-    wire.CMD_MEM_ALLOC: ComputeDevice.cmd_mem_alloc,
-    wire.CMD_MEM_FREE: ComputeDevice.cmd_mem_free,
-    wire.CMD_COPY_H2D: ComputeDevice.cmd_copy_h2d,
-    wire.CMD_COPY_D2H: ComputeDevice.cmd_copy_d2h,
-    wire.CMD_COPY_D2D: ComputeDevice.cmd_copy_d2d,
-    wire.CMD_LAUNCH: ComputeDevice.cmd_launch,
-    wire.CMD_LAUNCH_CODE: ComputeDevice.cmd_launch_code,
-    wire.CMD_EVENT_RECORD: ComputeDevice.cmd_event_record,
-    wire.CMD_EVENT_WAIT: ComputeDevice.cmd_event_wait,
-    wire.CMD_EVENT_QUERY: ComputeDevice.cmd_event_query,
-    wire.CMD_EVENT_DESTROY: ComputeDevice.cmd_event_destroy,
-    wire.CMD_EVENT_EXPORT: ComputeDevice.cmd_event_export,
-    wire.CMD_EVENT_IMPORT: ComputeDevice.cmd_event_import,
-    wire.CMD_SHM_GET: ComputeDevice.cmd_shm_get,
-    wire.CMD_SHM_ATTACH: ComputeDevice.cmd_shm_attach,
-    wire.CMD_SHM_DETACH: ComputeDevice.cmd_shm_detach,
-    wire.CMD_SHM_CONTROL: ComputeDevice.cmd_shm_control,
-    wire.CMD_SHM_EXPORT: ComputeDevice.cmd_shm_export,
-    wire.CMD_SHM_IMPORT: ComputeDevice.cmd_shm_import,
-    wire.CMD_VA_RESERVE: ComputeDevice.cmd_va_reserve,
-    wire.CMD_VA_RELEASE: ComputeDevice.cmd_va_release,
-    wire.CMD_MEM_MAP: ComputeDevice.cmd_mem_map,
-    wire.CMD_MEM_UNMAP: ComputeDevice.cmd_mem_unmap,
-    wire.CMD_RESOURCE_EXPORT: ComputeDevice.cmd_resource_export,
-    wire.CMD_RESOURCE_IMPORT: ComputeDevice.cmd_resource_import,
-    wire.CMD_RESOURCE_REVOKE: ComputeDevice.cmd_resource_revoke,
-}
-assert set(_HANDLERS) == set(wire.CMD_BODY_FORMATS)
+assert not handles.missing(), f"commands without a handler: {handles.missing()}"

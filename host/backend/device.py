@@ -2,9 +2,9 @@
 
 Owns what virtio says a device owns: the status byte and its state machine (virtio
 §2.1, §3.1), feature negotiation, the queue configuration and the device side of the
-control virtqueue. Chains popped from the queue are decoded here (the 24-byte ctrl
-header) and handed to `ComputeDevice`; responses are written back into the chain's
-writable part and the chain is returned on the used ring.
+control virtqueue. Chains popped from the queue are decoded into typed commands
+(host/backend/protocol.py) and handed to `ComputeDevice`; responses are encoded into the
+chain's writable part and the chain is returned on the used ring.
 
 A malformed chain (a VirtqError with its spec clause) puts this device of this session
 into DEVICE_NEEDS_RESET: held chains are dropped, the queue stops until the driver
@@ -24,7 +24,9 @@ import logging
 import struct
 
 from spec import wire
-from host.backend.commands import ComputeDevice, Pending, Request, Response
+from host.backend import protocol
+from host.backend.commands import ComputeDevice
+from host.backend.protocol import Header, Pending, Response
 from host.backend.errors import CommandError, ControlError
 from transport.errors import VirtqError, VirtqLayoutError
 from transport.virtqueue import DeviceQueue, VirtqLayout
@@ -33,7 +35,6 @@ log = logging.getLogger("pvgpu.backend")
 
 _HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
 _EVTQ_BODY = struct.Struct(wire.EVTQ_BODY_FORMAT)
-_ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
 _ADDABLE = (wire.STATUS_ACKNOWLEDGE | wire.STATUS_DRIVER | wire.STATUS_FEATURES_OK
             | wire.STATUS_DRIVER_OK | wire.STATUS_FAILED)
 
@@ -240,28 +241,18 @@ class VirtioGpuDevice:
             self.stats["unanswerable"] += 1
             self.queue.add_used(chain.head, 0)
             return True
-        if chain.readable_len < wire.CTRL_HDR_SIZE:
-            req = Request(0, 0, 0, 0, 0)
-            return self._complete(chain, req, error=CommandError(
-                wire.RESP_ERR_SHORT_COMMAND,
-                f"request of {chain.readable_len} bytes is shorter than the 24-byte header"))
-        req = Request(*_HDR.unpack(chain.read(mem, 0, wire.CTRL_HDR_SIZE)))
         try:
-            size = wire.CMD_BODY_SIZES.get(req.type)
-            if size is None:
-                raise CommandError(wire.RESP_ERR_UNKNOWN_COMMAND, f"unknown command type {req.type:#06x}")
-            if chain.readable_len < wire.CTRL_HDR_SIZE + size:
-                raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
-                                   f"{wire.CMD_NAMES[req.type]} needs {size} body bytes, "
-                                   f"got {chain.readable_len - wire.CTRL_HDR_SIZE}")
-            body = chain.read(mem, wire.CTRL_HDR_SIZE, size) if size else b""
-            result = self.compute.execute(req, body, chain, mem)
+            cmd = self.compute.decode(protocol.Reader(chain, mem))
+        except protocol.MalformedCommand as e:
+            return self._complete(chain, e.hdr, error=e)
+        try:
+            result = self.compute.execute(cmd, protocol.Writer(chain, mem))
         except CommandError as e:
-            return self._complete(chain, req, error=e)
+            return self._complete(chain, cmd.hdr, error=e)
         if isinstance(result, Pending):
-            self._hold(chain, req, result)
+            self._hold(chain, cmd.hdr, result)
             return False
-        return self._complete(chain, req, response=result)
+        return self._complete(chain, cmd.hdr, response=result)
 
     # ------------------------------------------------------------------ event queue (§5.7)
     def _event_sink(self):
@@ -355,7 +346,7 @@ class VirtioGpuDevice:
             return False
         return self.process_queue()
 
-    def _hold(self, chain, req: Request, pending: Pending) -> None:
+    def _hold(self, chain, hdr: Header, pending: Pending) -> None:
         self.held += 1
         generation = self.generation
         remaining = [len(pending.fences)]
@@ -366,12 +357,13 @@ class VirtioGpuDevice:
                 remaining[0] -= 1
                 done = remaining[0] == 0
             if done:
-                self.session.post_completion(self, self._finish_held, generation, chain, req, pending)
+                self.session.post_completion(self, self._finish_held, generation, chain, hdr,
+                                             pending)
 
         for f in pending.fences:
             f.add_done_callback(on_signal)
 
-    def _finish_held(self, generation: int, chain, req: Request, pending: Pending) -> bool:
+    def _finish_held(self, generation: int, chain, hdr: Header, pending: Pending) -> bool:
         """On the backend thread, after the fences of a held chain signalled."""
         if generation != self.generation:
             return False  # the device was reset meanwhile: the chain is dropped
@@ -379,28 +371,19 @@ class VirtioGpuDevice:
         try:
             resp = pending.finish()
         except CommandError as e:
-            return self._complete(chain, req, error=e)
-        return self._complete(chain, req, response=resp)
+            return self._complete(chain, hdr, error=e)
+        return self._complete(chain, hdr, response=resp)
 
-    def _complete(self, chain, req: Request, response: Response | None = None,
+    def _complete(self, chain, hdr: Header, response: Response | None = None,
                   error: CommandError | None = None) -> bool:
         if self.incoming_events:
             self._take_events()
-        flags = req.flags & (wire.FLAG_FENCE | wire.FLAG_INFO_RING_IDX)
-        fence_id = req.fence_id if req.flags & wire.FLAG_FENCE else 0
         if error is not None:
-            msg = error.message.encode("utf-8", "replace")[:wire.MAX_ERROR_MESSAGE]
-            out = (_HDR.pack(error.resp, flags, fence_id, req.ctx_id, req.ring_idx)
-                   + _ERR.pack(error.info0 & (2**64 - 1), error.info1 & 0xFFFFFFFF, len(msg)) + msg)
-            data_len = 0
-        else:
-            out = _HDR.pack(response.type, flags, fence_id, req.ctx_id, req.ring_idx) + response.body
-            data_len = response.data_len
+            response = protocol.ErrorResponse.of(error)
         mem = self.session.mem
-        chain.write(mem, 0, out)
-        used = len(out) + data_len
-        if data_len and self.session.tracks_dirty:
-            for gpa, n in chain.writable_extents(len(out), data_len):
+        used = response.encode(protocol.Writer(chain, mem), hdr)
+        if response.data_len and self.session.tracks_dirty:
+            for gpa, n in chain.writable_extents(used - response.data_len, response.data_len):
                 mem.mark_dirty(gpa, n)
         self.queue.add_used(chain.head, used)
         return True

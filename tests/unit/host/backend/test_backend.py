@@ -150,6 +150,27 @@ def test_launch_without_compute_feature_is_an_unknown_command(backend):
     assert hdr[0] == wire.RESP_ERR_UNKNOWN_COMMAND
 
 
+def test_without_compute_launches_are_unknown_before_the_body_and_ring_checks(backend):
+    """[CMD-CHECK-1]: step 2 (unknown command, which LAUNCH and LAUNCH_CODE are without
+    PVGPU_F_COMPUTE) comes before step 3 (short body) and step 4 (ring_idx)."""
+    g = Guest(backend)
+    g.init(features=1 << wire.VIRTIO_F_VERSION_1)
+    for type_ in (wire.CMD_LAUNCH, wire.CMD_LAUNCH_CODE):
+        hdr, _ = g.call(HDR.pack(type_, 0, 0, 1, 0) + bytes(8))  # body cut short
+        assert hdr[0] == wire.RESP_ERR_UNKNOWN_COMMAND, wire.CMD_NAMES[type_]
+        hdr, _ = g.call(HDR.pack(type_, 0, 0, 1, wire.MAX_RING_IDX + 1)
+                        + bytes(wire.CMD_BODY_SIZES[type_]))
+        assert hdr[0] == wire.RESP_ERR_UNKNOWN_COMMAND, wire.CMD_NAMES[type_]
+    # with the feature, the same requests fail the later checks
+    g = Guest(backend, name=b"g2")
+    g.init()
+    hdr, _ = g.call(HDR.pack(wire.CMD_LAUNCH, 0, 0, 1, 0) + bytes(8))
+    assert hdr[0] == wire.RESP_ERR_SHORT_COMMAND
+    hdr, _ = g.call(HDR.pack(wire.CMD_LAUNCH, 0, 0, 1, wire.MAX_RING_IDX + 1)
+                    + bytes(wire.CMD_BODY_SIZES[wire.CMD_LAUNCH]))
+    assert hdr[0] == wire.RESP_ERR_INVALID_PARAMETER
+
+
 def test_response_echoes_ring_idx_and_fence(backend):
     g = Guest(backend)
     g.init(features=wire.DEVICE_FEATURES & ~(1 << wire.PVGPU_F_CONTEXT_INIT))

@@ -10,8 +10,9 @@ import struct
 import msgpack
 import pytest
 
-from host.backend import commands
-from host.backend.commands import ComputeDevice, Pending, Request, Response
+from host.backend import commands, protocol
+from host.backend.commands import ComputeDevice
+from host.backend.protocol import Pending, Response
 from host.backend.errors import CommandError
 from host.backend.events import EventExports
 from host.kmd.bo import GpuFault
@@ -108,6 +109,9 @@ class FakeChain:
     def read(self, mem, off, n):
         return self.raw[off:off + n]
 
+    def readable_extents(self, off, n):
+        return [(off, n)]
+
 
 def _dev(kmd=None, exports=None, owner=None):
     return ComputeDevice(kmd or FakeKmd(), None, 1 << 20, FEATURES, exports=exports, owner=owner)
@@ -115,10 +119,10 @@ def _dev(kmd=None, exports=None, owner=None):
 
 def run(dev, type_, body=(), *, ctx=0, ring=0, fenced=False, extra=b"", writable=wire.MIN_RESPONSE_SIZE):
     """Execute one command; -> Response | Pending; raises CommandError."""
-    raw = struct.pack(wire.CMD_BODY_FORMATS[type_], *body)
-    req = Request(type_, wire.FLAG_FENCE if fenced else 0, 7 if fenced else 0, ctx, ring)
-    chain = FakeChain(bytes(wire.CTRL_HDR_SIZE) + raw + extra, writable)
-    return dev.execute(req, raw, chain, None)
+    hdr = wire.pack_ctrl_hdr(type_, wire.FLAG_FENCE if fenced else 0, 7 if fenced else 0, ctx, ring)
+    chain = FakeChain(hdr + struct.pack(wire.CMD_BODY_FORMATS[type_], *body) + extra, writable)
+    cmd = dev.decode(protocol.Reader(chain, None))
+    return dev.execute(cmd, protocol.Writer(chain, None))
 
 
 def create(dev, ctx):
