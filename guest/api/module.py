@@ -39,7 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from guest.api import errors, params
-from guest.api.core import Context, DeviceArray, Stream, _api, _cmd
+from guest.api.array import DeviceArray
+from guest.api.commands import ring_command
+from guest.api.locking import api
 from guest.frontend.driver import SLOT_CMD
 from spec import isa, wire
 
@@ -175,7 +177,7 @@ def compile_cuda(source: str, name: str = "kernel.cu", options=()) -> str:
 class Module:
     """A code object loaded into a context (Context.load_module)."""
 
-    def __init__(self, ctx: Context, cobj: CodeObject):
+    def __init__(self, ctx: "Context", cobj: CodeObject):
         self.context = ctx
         self._conn_lock = ctx._conn_lock
         self._releases = ctx._releases
@@ -234,7 +236,7 @@ class Module:
     def global_names(self) -> list:
         return sorted(self._cobj.symbols)
 
-    @_api
+    @api
     def get_function(self, name: str) -> "Function":
         """The kernel (`.entry`) called `name` (the PTX name: mangled for C++ kernels,
         plain for `extern "C"` ones); NotFoundError lists the module's kernels."""
@@ -249,7 +251,7 @@ class Module:
             self._functions[name] = fn
         return fn
 
-    @_api
+    @api
     def get_global(self, name: str, dtype=np.uint8, shape=None) -> "ModuleGlobal":
         """A DeviceArray over module variable `name` (`.global`/__device__ or
         `.const`/__constant__), of `dtype` and `shape` (default: as many elements as fit);
@@ -272,7 +274,7 @@ class Module:
         self._globals.add(arr)
         return arr
 
-    @_api
+    @api
     def unload(self) -> None:
         """Free the module's memory (work submitted before still completes). Its Functions
         and global arrays are unusable afterwards; unload() twice does nothing."""
@@ -301,7 +303,7 @@ class ModuleGlobal(DeviceArray):
         self.module = module
         self.name = name
 
-    @_api
+    @api
     def free(self) -> None:
         """The module's memory goes with Module.unload(); nothing to free here."""
 
@@ -349,9 +351,9 @@ class Function:
     def param_size(self) -> int:
         return self._entry.param_size
 
-    @_api
+    @api
     def launch(self, grid, block, args=(), shared_mem: int = 0,
-               stream: Stream | None = None) -> None:
+               stream: "Stream | None" = None) -> None:
         """Launch asynchronously on `stream` (default: the context's default stream);
         grid and block are an int or a 1- to 3-tuple, shared_mem the bytes of dynamic
         shared memory per block. Errors of the run surface at the next synchronizing call."""
@@ -375,8 +377,9 @@ class Function:
         raw = params.marshal(self, ctx, args)
         s._raise_async_error()
         entry_va = self.module.va + self.module._cobj.entry_offset(self._entry)
-        head = _cmd(wire.CMD_LAUNCH_CODE, (self.module.va, entry_va, *g, *b, int(shared_mem),
-                                           len(raw)), ctx_id=ctx.ctx_id, ring_idx=s.ring_idx)
+        head = ring_command(wire.CMD_LAUNCH_CODE,
+                            (self.module.va, entry_va, *g, *b, int(shared_mem), len(raw)),
+                            ctx_id=ctx.ctx_id, ring_idx=s.ring_idx)
         if len(head) + len(raw) <= SLOT_CMD:  # small parameters travel in the command
             req = ctx._driver.submit(head + raw)
             req.on_done = s._async_done
@@ -448,7 +451,7 @@ def _launch_dims(v, what: str) -> tuple:
     return dims
 
 
-def load(ctx: Context, src) -> Module:
+def load(ctx: "Context", src) -> Module:
     """Context.load_module: compile (if needed), allocate, initialise and upload."""
     ctx._check_live()
     return Module(ctx, CodeObject(code_object_of(src)))

@@ -2,7 +2,7 @@
 
 The API's objects share one connection whose frontend (rings, request slots, guest memory
 heap, bounce chunks) is not thread-safe, so each public method must hold the connection
-lock (`conn._conn_lock`, an RLock) whenever it reaches the frontend; `core._api` takes it
+lock (`conn._conn_lock`, an RLock) whenever it reaches the frontend; `locking.api` takes it
 and translates frontend errors into the API's exceptions.
 
 Static half: every public method and property of the API's classes is wrapped by `_api`,
@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 
 import guest
-from guest.api import core, module, pinned, prime, shm
+from guest.api import array, connection, context, device, event, module, pinned, prime, shm
+from guest.api import stream
 from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
 from guest.frontend.driver import VirtioGpuDriver, command
 from guest.frontend.heap import GuestHeap
@@ -64,8 +65,8 @@ UNLOCKED = {
     ("Function", "param_size"): "read from the code object, fixed at load",
 }
 
-CLASSES = (core.Connection, core.Device, core.Context, core.Stream, core.Event,
-           core.DeviceArray, core.MappedArray, core.VaRange, shm.SharedSegment,
+CLASSES = (connection.Connection, device.Device, context.Context, stream.Stream, event.Event,
+           array.DeviceArray, array.MappedArray, array.VaRange, shm.SharedSegment,
            shm.SharedArray, prime.ImportedArray, pinned.PinnedArray, module.Module,
            module.Function, module.ModuleGlobal)
 N = 4096  # float32 elements of the arrays the dynamic test uses
@@ -135,7 +136,7 @@ def test_every_public_method_is_wrapped_or_justified():
         if not ok:
             unwrapped.append(f"{cls}.{name}")
     assert not unwrapped, ("public API methods that run without the connection lock "
-                           f"(wrap them with core._api or justify them in UNLOCKED): {unwrapped}")
+                           f"(wrap them with locking.api or justify them in UNLOCKED): {unwrapped}")
 
 
 def test_the_allowlist_is_not_stale():
@@ -155,7 +156,7 @@ def test_the_classes_cover_the_exported_api():
 
 
 def test_the_check_sees_a_new_unwrapped_method():
-    probe = type("Probe", (core.DeviceArray,), {"new_method": lambda self: None,
+    probe = type("Probe", (array.DeviceArray,), {"new_method": lambda self: None,
                                                 "__module__": "guest.api.probe"})
     members = public_members(probe)
     assert not locked(members["new_method"][1]) and locked(members["to_host"][1])
@@ -183,13 +184,13 @@ class LockProbe:
 
     def _instrument_frontend(self, monkeypatch):
         probe = self
-        init = core.Connection.__init__
+        init = connection.Connection.__init__
 
         def connection_init(conn, session):
             init(conn, session)
             for obj in (session, session.heap, *session.devices):
                 probe.locks[obj] = conn._conn_lock
-        monkeypatch.setattr(core.Connection, "__init__", connection_init)
+        monkeypatch.setattr(connection.Connection, "__init__", connection_init)
         for cls, name in ENTRY_POINTS:
             monkeypatch.setattr(cls, name, self._checked(cls, name, getattr(cls, name)))
 
@@ -323,7 +324,7 @@ def exercise(conn) -> None:
     r.release()
     ctx.release_va(ctx.reserve_va(4096))
     rid, _va, _size = ctx.alloc(4096)
-    core.DeviceArray(ctx, rid, _va, (1024,), np.float32).free()
+    array.DeviceArray(ctx, rid, _va, (1024,), np.float32).free()
 
     # shared device memory
     seg = d0.shm_get("locking", 4 * N)

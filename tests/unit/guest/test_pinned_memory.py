@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from guest.api import lifetime, pinned
-from guest.api.core import Device
+from guest.api.device import Device
 from guest.api.pinned import PinnedArray, PinnedMemoryError
 from guest.frontend.heap import GuestHeap, OutOfGuestMemory
 from transport.memory import GuestMemory, InlineGuestMemory

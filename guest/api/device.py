@@ -1,0 +1,312 @@
+"""A device of a connection (one virtio-gpu device the host emulates): its properties and
+statistics, the contexts this connection created on it, its event queue (page faults and
+lost contexts, spec §5.7), events imported onto it, shared device memory, exports and
+peer access, and its reset after DEVICE_NEEDS_RESET.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import struct
+
+import msgpack
+import numpy as np
+
+from guest.api import errors, prime, shm
+from guest.api import pinned as _pinned
+from guest.api.context import FAULT_EVENTS, Context
+from guest.api.event import Event, EventHandle
+from guest.api.locking import api
+from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
+from guest.frontend.driver import DeviceResponseError, command
+from spec import wire
+
+STAGING_CHUNK = 8 << 20
+STAGING_DEPTH = 4  # bounce chunks per device: in flight at once for one copy, and the pool size
+SMALL_H2D_MAX = 216  # an H2D copy this small travels in its command's descriptor (spec [CMD-H2D-1])
+_STATS = struct.Struct(wire.RESP_STATS_FORMAT)
+_MAX_STATS_BUFFER = 16 << 20
+
+
+class Device:
+    def __init__(self, conn: "Connection", driver):
+        self.connection = conn
+        self._conn_lock = conn._conn_lock
+        self._releases = conn._releases
+        self.driver = driver
+        self.index = driver.index
+        self._ctx_ids = itertools.count(1)
+        self._resource_ids = itertools.count(1)
+        self._event_ids = itertools.count(1)
+        self._contexts = {}  # ctx_id -> live Context created through this connection
+        self._staging = []  # free bounce chunks (gpa)
+        self._staging_count = 0  # chunks taken from the heap and not given back to it
+        self._async_held = set()  # chunks of asynchronous copies still on the device
+        self._quarantine = []  # chunks of failed requests, reusable after reset()
+        # Every device may hold STAGING_DEPTH chunks; keep them to half of the heap.
+        heap = conn.session.heap
+        share = heap.size // (2 * STAGING_DEPTH * max(1, len(conn.session.devices)))
+        self._staging_chunk = max(64 << 10, min(STAGING_CHUNK, share // 4096 * 4096))
+        self.staging_depth = STAGING_DEPTH  # chunks in flight for one synchronous copy
+        self.small_h2d_max = SMALL_H2D_MAX  # 0: every H2D goes through a bounce chunk
+        self._stale = set()  # lent chunks of an earlier staging_chunk size
+        _pinned.init_device(self)  # pinned_request, pinned_depth, copy_stats
+        self._unclaimed_faults = collections.deque(maxlen=256)  # fault events not yet raised
+        driver.event_handler = self._on_device_event
+
+    def _on_device_event(self, event) -> None:
+        """An event-queue entry (spec §5.7), from the driver's reap."""
+        ctx = self._contexts.get(event.ctx_id)
+        if ctx is not None:
+            ctx._device_events.append(event)
+        if event.type in FAULT_EVENTS:
+            self._unclaimed_faults.append(event)
+
+    def _fault_scope(self) -> tuple:
+        return self, None  # a fault outside any context: claimed by its address
+
+    def _claim_faults(self, match) -> list:
+        """-> the unclaimed fault events that `match`, oldest first (now claimed)."""
+        claimed = [ev for ev in self._unclaimed_faults if match(ev)]
+        for ev in claimed:
+            self._unclaimed_faults.remove(ev)
+        return claimed
+
+    @property
+    @api
+    def events(self) -> list:
+        """The latest events the device reported on its event queue (DeviceEvent: page
+        faults and lost contexts, of every context of this connection on the device)."""
+        return list(self.driver.events)
+
+    @property
+    def staging_chunk(self) -> int:
+        """Bytes per bounce chunk of pageable copies. Settable (a multiple of 4 KiB): idle
+        chunks of the old size go back to the heap at once, lent ones when they return."""
+        return self._staging_chunk
+
+    @staging_chunk.setter
+    @api
+    def staging_chunk(self, size: int) -> None:
+        size = int(size)
+        if size < 4096 or size % 4096:
+            raise ValueError(f"staging_chunk must be a positive multiple of 4096, not {size}")
+        heap = self.connection.session.heap
+        for gpa in self._staging:
+            heap.free(gpa)
+        self._staging_count -= len(self._staging)
+        self._staging = []
+        self._stale |= self._async_held
+        self._staging_chunk = size
+
+    @api
+    def pinned_empty(self, shape, dtype=np.float32) -> "PinnedArray":
+        """`Connection.pinned_empty`: pinned memory serves every device of the connection."""
+        return self.connection.pinned_empty(shape, dtype)
+
+    @api
+    def pinned_zeros(self, shape, dtype=np.float32) -> "PinnedArray":
+        return self.connection.pinned_zeros(shape, dtype)
+
+    @api
+    def pinned_array(self, data, dtype=None) -> "PinnedArray":
+        return self.connection.pinned_array(data, dtype)
+
+    @property
+    def name(self) -> str:
+        return self.driver.name
+
+    @property
+    def vram_size(self) -> int:
+        return self.driver.vram_size
+
+    @property
+    def features(self) -> list:
+        return [n for bit, n in sorted(wire.FEATURE_NAMES.items()) if self.driver.has(bit)]
+
+    @property
+    def memory_model(self) -> str:
+        return self.connection.memory_model
+
+    @property
+    @api
+    def contexts(self) -> list:
+        """The live contexts this connection created on the device."""
+        return list(self._contexts.values())
+
+    def can_access_peer(self, peer: "Device") -> bool:
+        """Whether this device and `peer` reach each other peer-to-peer on the host's PCIe
+        fabric (cuDeviceCanAccessPeer)."""
+        return bool(self.peer_info(peer)["p2p"])
+
+    def peer_info(self, peer: "Device") -> dict:
+        """{dev, p2p, link, distance}: the host's PCIe route between this device and peer
+        (hello `peers`)."""
+        if not isinstance(peer, Device):
+            raise TypeError(f"peer must be a Device, not {type(peer).__name__}")
+        if peer.index == self.index:
+            return {"dev": self.index, "p2p": True, "link": "local", "distance": 0}
+        for p in self.driver.info.get("peers", ()):
+            if p.get("dev") == peer.index:
+                return dict(p)
+        return {"dev": peer.index, "p2p": False, "link": "unknown", "distance": -1}
+
+    @api
+    def revoke(self, handle) -> None:
+        """Withdraw an export made on this device (DeviceArray.export): no new imports."""
+        prime.revoke(self, handle)
+
+    @api
+    def info(self) -> dict:
+        _t, body = self.driver.call(command(wire.CMD_GET_DEVICE_INFO))
+        vram, free, max_alloc, nctx, name = struct.unpack_from(wire.RESP_DEVICE_INFO_FORMAT, body)
+        return {"vram_size": vram, "vram_free": free, "max_alloc": max_alloc,
+                "contexts": nctx, "name": name.split(b"\0", 1)[0].decode()}
+
+    @api
+    def stats(self) -> dict:
+        """The host's scheduling statistics for this device (GET_STATS): a dict decoded from
+        the host's msgpack map — per engine and per vGPU utilisation, credits, policy, ...
+        (host-defined keys) and `device`, this device's index."""
+        heap = self.connection.session.heap
+        size = wire.STATS_BUFFER_SIZE
+        while True:
+            gpa = heap.alloc(size)
+            try:
+                req = self.driver.submit(command(wire.CMD_GET_STATS), writable=[(gpa, size)])
+                self.connection.session.wait_for(lambda: req.done)
+                try:
+                    _t, body = req.response()
+                except DeviceResponseError as e:
+                    # too small: the device says how many writable bytes it needs
+                    need = e.info0 - wire.CTRL_HDR_SIZE
+                    if e.resp == wire.RESP_ERR_INVALID_PARAMETER and size < need <= _MAX_STATS_BUFFER:
+                        size = need
+                        continue
+                    raise
+                (length,) = _STATS.unpack_from(body)
+                data = self.driver.mem.read(gpa + _STATS.size, length)
+            finally:
+                heap.free(gpa)
+            return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+    @api
+    def create_context(self, name: str = "", priority: str = "normal") -> "Context":
+        """A new context; `priority` ("low", "normal" or "high") orders its jobs against
+        other waiting jobs on each engine (spec CMD-CTX-CREATE-3)."""
+        flags = {v: k for k, v in wire.CTX_PRIORITY_NAMES.items()}.get(priority)
+        if flags is None:
+            raise ValueError(f"priority must be one of {sorted(wire.CTX_PRIORITY_NAMES.values())}, "
+                             f"not {priority!r}")
+        ctx_id = next(self._ctx_ids)
+        self.driver.call(command(wire.CMD_CTX_CREATE, (flags, name.encode()[:32]), ctx_id=ctx_id))
+        ctx = Context(self, ctx_id)
+        self._contexts[ctx_id] = ctx
+        return ctx
+
+    @api
+    def synchronize(self) -> None:
+        """Wait for the work of every live context this connection created on the device;
+        raises the first error (after synchronizing all of them)."""
+        first = None
+        for ctx in list(self._contexts.values()):
+            try:
+                ctx.synchronize()
+            except errors.DeviceError as e:
+                first = first or e
+        if first is not None:
+            raise first
+
+    @api
+    def import_event(self, handle) -> "Event":
+        """Bind a new event of this device to an exported event (`EventHandle` or its
+        string form). The event has no default stream: pass one to `record`."""
+        return self._import_event(handle, None)
+
+    def _import_event(self, handle, ctx) -> "Event":
+        handle = EventHandle.parse(handle)
+        event_id = next(self._event_ids)
+        self.driver.call(command(wire.CMD_EVENT_IMPORT, (event_id, handle.handle_id, handle.token)))
+        return Event(self, event_id, ctx, recorded=True)
+
+    @api
+    def shm_get(self, key, nbytes: int = 0):
+        """Shared device memory (guest/api/shm.py): the segment of `key` (an int or a str,
+        private to this guest) on this device, allocated by the first call; nbytes 0 only
+        looks it up. -> SharedSegment."""
+        return shm.get(self, key, nbytes)
+
+    @api
+    def shm_import(self, handle):
+        """A segment of this device that another guest exported (`ShmHandle` or its string
+        form). -> SharedSegment."""
+        return shm.import_(self, handle)
+
+    @api
+    def nop(self) -> None:
+        """One synchronous no-op round trip through the virtqueue (for measurements)."""
+        self.driver.call(command(wire.CMD_NOP))
+
+    @api
+    def call_raw(self, command_bytes: bytes, readable=(), writable=()) -> tuple:
+        """Send an already-encoded device command and wait: -> (resp_type, body). For tools
+        and conformance tests that need to speak the wire directly."""
+        return self.driver.call(command_bytes, readable, writable)
+
+    @api
+    def reset(self) -> None:
+        """Reset the device after DEVICE_NEEDS_RESET; every context, stream and event on it
+        is gone (their objects report errors if used)."""
+        # requests still outstanding are lost to the reset: fail them (their callbacks
+        # give their chunks back), so that nobody waits for them
+        self.driver.fail_all(FrontendNeedsReset(f"device {self.index} was reset"))
+        self.driver.initialize()  # its set_status 0 returns once no DMA is in flight
+        heap = self.connection.session.heap
+        for gpa in self._staging + self._quarantine + sorted(self._async_held):
+            heap.free(gpa)
+        self._staging, self._quarantine, self._async_held = [], [], set()
+        self._staging_count = 0
+        self._stale = set()
+        for ctx in self._contexts.values():
+            ctx._lost()
+        self._contexts.clear()
+
+    # bounce chunks of guest memory for copies
+    def _take_staging(self) -> int:
+        if not self._staging and self._staging_count >= self.staging_depth and self._async_held:
+            # the pool is lent out to asynchronous copies: they come back as they complete
+            self.connection.session.wait_for(lambda: self._staging or not self._async_held)
+        self.copy_stats["staging_chunks"] += 1
+        if self._staging:
+            return self._staging.pop()
+        gpa = self.connection.session.heap.alloc(self.staging_chunk)
+        self._staging_count += 1
+        return gpa
+
+    def _give_staging(self, gpa: int) -> None:
+        self._staging.append(gpa)
+
+    def _lend_staging(self) -> int:
+        """A chunk for an asynchronous copy; it comes back with _return_staging."""
+        gpa = self._take_staging()
+        self._async_held.add(gpa)
+        return gpa
+
+    def _return_staging(self, gpa: int) -> None:
+        if gpa in self._async_held:  # (not after a reset freed it)
+            self._async_held.discard(gpa)
+            if gpa in self._stale:  # staging_chunk changed while it was lent
+                self._stale.discard(gpa)
+                self._staging_count -= 1
+                self.connection.session.heap.free(gpa)
+            else:
+                self._staging.append(gpa)
+
+    def _quarantine_staging(self, gpas) -> None:
+        """Bounce chunks of requests that failed without coming back: the device may still
+        DMA into them until it is reset, so they are reused only after reset()."""
+        self._quarantine.extend(gpas)
+
+    def __repr__(self):
+        return f"<pvgpu.Device {self.index} {self.name!r} {self.vram_size >> 20} MiB>"
