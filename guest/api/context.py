@@ -1,5 +1,5 @@
 """A context (spec §6): one device address space and its work — its streams, events,
-memory (allocations, explicit VA management, spec §6.7), copies,
+memory (allocations, explicit VA management, spec §6.7), copies (guest/api/copy.py),
 launches (guest/api/launch.py, guest/api/module.py), sharing (guest/api/prime.py,
 guest/api/shm.py) and the faults its jobs raised.
 
@@ -12,15 +12,13 @@ through a read-only mapping raises PageFaultError (address, access "write").
 
 from __future__ import annotations
 
-import collections
-import functools
 import struct
 
 import numpy as np
 
 from guest.api import errors, launch, module, operands, prime, shm
-from guest.api import pinned as _pinned
 from guest.api.array import DeviceArray, MappedArray, VaRange
+from guest.api.copy import D2H, H2D, CopyPipeline
 from guest.api.event import Event
 from guest.api.lifetime import DestroyedOnExit
 from guest.api.locking import api
@@ -306,113 +304,16 @@ class Context(DestroyedOnExit):
         """Copy a host array to device address `va` and wait for it (in `stream`'s order).
         Pinned memory goes in one DMA per request (no bounce); any other array through
         bounce chunks, `dev.staging_depth` in flight (one at a time with pipeline=False)."""
-        s = self._stream(stream)
-        pin = _pinned.extent(src, self.device.connection)
-        if pin is not None:
-            return _pinned.copy(self, s, "h2d", va, pin, pipeline=pipeline)
-        src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
-        n = src.nbytes
-        if n == 0:
-            return
-        dev, drv = self.device, self._driver
-        if n <= dev.small_h2d_max:  # header, body and data in one descriptor, no bounce
-            dev.copy_stats["small_copies"] += 1
-            drv.call(ring_command(wire.CMD_COPY_H2D, (va, n), ctx_id=self.ctx_id, ring_idx=s.ring_idx,
-                                  extra=src.tobytes()))
-            s._raise_async_error()
-            return
-        depth = max(1, dev.staging_depth) if pipeline else 1
-        inflight = collections.deque()
-        first_error = None
-
-        def settle(req):
-            nonlocal first_error
-            dev._give_staging(req.bounce)
-            try:
-                req.response()
-            except Exception as e:
-                first_error = first_error or e
-
-        chunk = dev.staging_chunk
-        try:
-            for off in range(0, n, chunk):
-                size = min(chunk, n - off)
-                if len(inflight) >= depth:
-                    old = inflight[0]
-                    drv.session.wait_for(lambda: old.done)
-                    settle(inflight.popleft())
-                gpa = dev._take_staging()
-                try:
-                    req = self._stage_h2d(s, va + off, src[off:off + size], gpa)
-                except BaseException:
-                    dev._give_staging(gpa)  # never reached the device
-                    raise
-                inflight.append(req)
-            while inflight:
-                old = inflight[0]
-                drv.session.wait_for(lambda: old.done)
-                settle(inflight.popleft())
-        except BaseException:
-            dev._quarantine_staging(r.bounce for r in inflight)
-            raise
-        if first_error is not None:
-            raise first_error
-        s._raise_async_error()
-
-    def _stage_h2d(self, s: "Stream", va: int, chunk: np.ndarray, gpa: int):
-        """Copy one chunk into the bounce buffer at `gpa` and submit its COPY_H2D."""
-        mem, drv = self._driver.mem, self._driver
-        mem.view(gpa, chunk.nbytes)[:] = chunk
-        if drv.session.inline:
-            mem.mark_dirty(gpa, chunk.nbytes)
-        req = drv.submit(ring_command(wire.CMD_COPY_H2D, (va, chunk.nbytes), ctx_id=self.ctx_id,
-                                      ring_idx=s.ring_idx), readable=[(gpa, chunk.nbytes)])
-        req.bounce = gpa
-        return req
+        CopyPipeline(self, self._stream(stream), H2D, True, pipeline=pipeline).run(va, src)
 
     @api
     def copy_h2d_async(self, va: int, src: np.ndarray, stream: Stream | None = None) -> None:
         """Start copying a host array to device address `va` on `stream` and return without
         waiting for the device. `src` is staged into bounce chunks before this returns (it
         may be reused at once); when every chunk of the device's pool is in flight, the call
-        waits for the oldest to complete. Errors surface at the stream's next synchronize."""
-        s = self._stream(stream)
-        pin = _pinned.extent(src, self.device.connection)
-        if pin is not None:  # one DMA per request; `src` must stay unchanged until synchronized
-            return _pinned.copy_async(self, s, "h2d", va, pin)
-        src = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
-        n = src.nbytes
-        dev = self.device
-        if 0 < n <= dev.small_h2d_max:  # the data travels in the command's descriptor
-            dev.copy_stats["small_copies"] += 1
-            req = self._driver.submit(ring_command(wire.CMD_COPY_H2D, (va, n), ctx_id=self.ctx_id,
-                                                   ring_idx=s.ring_idx, extra=src.tobytes()))
-            req.on_done = s._async_done
-            s._track(req)
-            return
-        chunk = dev.staging_chunk
-        for off in range(0, n, chunk):
-            size = min(chunk, n - off)
-            gpa = dev._lend_staging()
-            try:
-                req = self._stage_h2d(s, va + off, src[off:off + size], gpa)
-            except BaseException:
-                dev._return_staging(gpa)  # never reached the device
-                raise
-            req.on_done = functools.partial(self._async_copy_done, s, None, 0, 0)
-            s._track(req)
-
-    def _async_copy_done(self, s: Stream, out, off: int, size: int, req) -> None:
-        """An asynchronous copy chunk came back: D2H data lands in `out`, the chunk goes
-        back to the pool, an error is kept for the stream's next synchronize."""
-        try:
-            req.response()
-            if out is not None:
-                out[off:off + size] = self._driver.mem.view(req.bounce, size)
-        except Exception as e:
-            s._keep_error(e)
-        finally:
-            self.device._return_staging(req.bounce)
+        waits for the oldest to complete. Errors surface at the stream's next synchronize.
+        Pinned memory goes in one DMA per request: it must stay unchanged until synchronized."""
+        CopyPipeline(self, self._stream(stream), H2D, False).run(va, src)
 
     @api
     def copy_d2h(self, va: int, dst: np.ndarray, stream: Stream | None = None, *,
@@ -421,67 +322,8 @@ class Context(DestroyedOnExit):
         order); -> dst. Pinned memory is written in place by the device (no bounce); any
         other array through bounce chunks, `dev.staging_depth` in flight (one at a time
         with pipeline=False)."""
-        s = self._stream(stream)
-        pin = _pinned.extent(dst, self.device.connection)
-        if pin is not None:
-            _pinned.copy(self, s, "d2h", va, pin, pipeline=pipeline)
-            return dst
-        if not dst.flags.c_contiguous or not dst.flags.writeable:
-            raise ValueError("dst must be a writable C-contiguous array")
-        out = dst.reshape(-1).view(np.uint8)
-        n = out.nbytes
-        if n == 0:
-            return dst
-        dev, drv, mem = self.device, self._driver, self._driver.mem
-        pending = collections.deque()
-        chunk = dev.staging_chunk
-        offsets = iter(range(0, n, chunk))
-        first_error = None
-
-        def submit_next() -> bool:
-            off = next(offsets, None)
-            if off is None:
-                return False
-            size = min(chunk, n - off)
-            req = self._stage_d2h(s, va + off, size, dev._take_staging, dev._give_staging)
-            pending.append((req, off, size))
-            return True
-
-        try:
-            for _ in range(max(1, dev.staging_depth) if pipeline else 1):
-                if not submit_next():
-                    break
-            while pending:
-                req, off, size = pending[0]
-                drv.session.wait_for(lambda: req.done)
-                pending.popleft()
-                try:
-                    req.response()
-                    out[off:off + size] = mem.view(req.bounce, size)
-                except Exception as e:
-                    first_error = first_error or e
-                dev._give_staging(req.bounce)
-                submit_next()
-        except BaseException:
-            dev._quarantine_staging(r.bounce for r, _o, _s in pending)
-            raise
-        if first_error is not None:
-            raise first_error
-        s._raise_async_error()
+        CopyPipeline(self, self._stream(stream), D2H, True, pipeline=pipeline).run(va, dst)
         return dst
-
-    def _stage_d2h(self, s: "Stream", va: int, size: int, take, give):
-        """Submit COPY_D2H of `size` bytes at va into a bounce chunk from take() (given
-        back with give() if the request never reaches the device); -> the request."""
-        gpa = take()
-        try:
-            req = self._driver.submit(ring_command(wire.CMD_COPY_D2H, (va, size), ctx_id=self.ctx_id,
-                                                   ring_idx=s.ring_idx), writable=[(gpa, size)])
-        except BaseException:
-            give(gpa)
-            raise
-        req.bounce = gpa
-        return req
 
     @api
     def copy_d2h_async(self, va: int, dst: np.ndarray, stream: Stream | None = None) -> np.ndarray:
@@ -489,22 +331,7 @@ class Context(DestroyedOnExit):
         -> dst, whose contents are valid after the stream's next synchronize (or after an
         event recorded behind the copy completes). When every chunk of the device's pool is
         in flight, the call waits for the oldest to complete."""
-        s = self._stream(stream)
-        pin = _pinned.extent(dst, self.device.connection)
-        if pin is not None:  # the device writes into `dst` itself
-            _pinned.copy_async(self, s, "d2h", va, pin)
-            return dst
-        if not dst.flags.c_contiguous or not dst.flags.writeable:
-            raise ValueError("dst must be a writable C-contiguous array")
-        out = dst.reshape(-1).view(np.uint8)
-        n = out.nbytes
-        dev = self.device
-        chunk = dev.staging_chunk
-        for off in range(0, n, chunk):
-            size = min(chunk, n - off)
-            req = self._stage_d2h(s, va + off, size, dev._lend_staging, dev._return_staging)
-            req.on_done = functools.partial(self._async_copy_done, s, out, off, size)
-            s._track(req)
+        CopyPipeline(self, self._stream(stream), D2H, False).run(va, dst)
         return dst
 
     @api

@@ -13,8 +13,7 @@ import struct
 import msgpack
 import numpy as np
 
-from guest.api import errors, prime, shm
-from guest.api import pinned as _pinned
+from guest.api import copy, errors, prime, shm
 from guest.api.context import FAULT_EVENTS, Context
 from guest.api.event import Event, EventHandle
 from guest.api.locking import api
@@ -22,9 +21,6 @@ from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
 from guest.frontend.driver import DeviceResponseError, command
 from spec import wire
 
-STAGING_CHUNK = 8 << 20
-STAGING_DEPTH = 4  # bounce chunks per device: in flight at once for one copy, and the pool size
-SMALL_H2D_MAX = 216  # an H2D copy this small travels in its command's descriptor (spec [CMD-H2D-1])
 _STATS = struct.Struct(wire.RESP_STATS_FORMAT)
 _MAX_STATS_BUFFER = 16 << 20
 
@@ -40,18 +36,9 @@ class Device:
         self._resource_ids = itertools.count(1)
         self._event_ids = itertools.count(1)
         self._contexts = {}  # ctx_id -> live Context created through this connection
-        self._staging = []  # free bounce chunks (gpa)
-        self._staging_count = 0  # chunks taken from the heap and not given back to it
-        self._async_held = set()  # chunks of asynchronous copies still on the device
-        self._quarantine = []  # chunks of failed requests, reusable after reset()
-        # Every device may hold STAGING_DEPTH chunks; keep them to half of the heap.
-        heap = conn.session.heap
-        share = heap.size // (2 * STAGING_DEPTH * max(1, len(conn.session.devices)))
-        self._staging_chunk = max(64 << 10, min(STAGING_CHUNK, share // 4096 * 4096))
-        self.staging_depth = STAGING_DEPTH  # chunks in flight for one synchronous copy
-        self.small_h2d_max = SMALL_H2D_MAX  # 0: every H2D goes through a bounce chunk
-        self._stale = set()  # lent chunks of an earlier staging_chunk size
-        _pinned.init_device(self)  # pinned_request, pinned_depth, copy_stats
+        # staging_depth, small_h2d_max, pinned_request, pinned_depth, copy_stats and the
+        # staging pool (_staging) of bounce chunks
+        copy.init_device(self)
         self._unclaimed_faults = collections.deque(maxlen=256)  # fault events not yet raised
         driver.event_handler = self._on_device_event
 
@@ -84,7 +71,7 @@ class Device:
     def staging_chunk(self) -> int:
         """Bytes per bounce chunk of pageable copies. Settable (a multiple of 4 KiB): idle
         chunks of the old size go back to the heap at once, lent ones when they return."""
-        return self._staging_chunk
+        return self._staging.chunk
 
     @staging_chunk.setter
     @api
@@ -92,13 +79,7 @@ class Device:
         size = int(size)
         if size < 4096 or size % 4096:
             raise ValueError(f"staging_chunk must be a positive multiple of 4096, not {size}")
-        heap = self.connection.session.heap
-        for gpa in self._staging:
-            heap.free(gpa)
-        self._staging_count -= len(self._staging)
-        self._staging = []
-        self._stale |= self._async_held
-        self._staging_chunk = size
+        self._staging.resize(size)
 
     @api
     def pinned_empty(self, shape, dtype=np.float32) -> "PinnedArray":
@@ -262,51 +243,10 @@ class Device:
         # give their chunks back), so that nobody waits for them
         self.driver.fail_all(FrontendNeedsReset(f"device {self.index} was reset"))
         self.driver.initialize()  # its set_status 0 returns once no DMA is in flight
-        heap = self.connection.session.heap
-        for gpa in self._staging + self._quarantine + sorted(self._async_held):
-            heap.free(gpa)
-        self._staging, self._quarantine, self._async_held = [], [], set()
-        self._staging_count = 0
-        self._stale = set()
+        self._staging.reset()
         for ctx in self._contexts.values():
             ctx._lost()
         self._contexts.clear()
-
-    # bounce chunks of guest memory for copies
-    def _take_staging(self) -> int:
-        if not self._staging and self._staging_count >= self.staging_depth and self._async_held:
-            # the pool is lent out to asynchronous copies: they come back as they complete
-            self.connection.session.wait_for(lambda: self._staging or not self._async_held)
-        self.copy_stats["staging_chunks"] += 1
-        if self._staging:
-            return self._staging.pop()
-        gpa = self.connection.session.heap.alloc(self.staging_chunk)
-        self._staging_count += 1
-        return gpa
-
-    def _give_staging(self, gpa: int) -> None:
-        self._staging.append(gpa)
-
-    def _lend_staging(self) -> int:
-        """A chunk for an asynchronous copy; it comes back with _return_staging."""
-        gpa = self._take_staging()
-        self._async_held.add(gpa)
-        return gpa
-
-    def _return_staging(self, gpa: int) -> None:
-        if gpa in self._async_held:  # (not after a reset freed it)
-            self._async_held.discard(gpa)
-            if gpa in self._stale:  # staging_chunk changed while it was lent
-                self._stale.discard(gpa)
-                self._staging_count -= 1
-                self.connection.session.heap.free(gpa)
-            else:
-                self._staging.append(gpa)
-
-    def _quarantine_staging(self, gpas) -> None:
-        """Bounce chunks of requests that failed without coming back: the device may still
-        DMA into them until it is reset, so they are reused only after reset()."""
-        self._quarantine.extend(gpas)
 
     def __repr__(self):
         return f"<pvgpu.Device {self.index} {self.name!r} {self.vram_size >> 20} MiB>"

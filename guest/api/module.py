@@ -400,7 +400,7 @@ class Function:
             if r.failed is None:
                 heap.free(gpa)
             else:  # never answered: the device may read it until reset (Device.reset)
-                device._quarantine_staging([gpa])
+                device._staging.quarantine([gpa])
             s._async_done(r)
         req.on_done = done
 
