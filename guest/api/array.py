@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from guest.api import errors, operands
-from guest.api.locking import api
+from guest.api.locking import ApiObject, unlocked
 from spec import wire
 
 
-class DeviceArray:
+class DeviceArray(ApiObject):
     """A buffer in device memory that knows its shape, dtype and device VA (`ptr`). Copies
     to and from it and launches taking it check the dtype (guest/api/operands.py).
 
@@ -46,21 +46,23 @@ class DeviceArray:
         self.context._check_live()
 
     @property
+    @unlocked("a field fixed at creation")
     def va(self) -> int:
         return self.ptr
 
     @property
+    @unlocked("computed from the shape")
     def size(self) -> int:
         return math.prod(self.shape)
 
     @property
+    @unlocked("computed from the shape and dtype")
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
     def __len__(self):
         return self.shape[0] if self.shape else 1
 
-    @api
     def to_host(self, out: np.ndarray | None = None, stream: "Stream | None" = None, *,
                 pipeline: bool = True) -> np.ndarray:
         """-> the contents as a numpy array (`out` if given: an ndarray of this array's
@@ -70,14 +72,12 @@ class DeviceArray:
         return self.context.copy_d2h(self.ptr, operands.host_destination(self, out), stream,
                                      pipeline=pipeline)
 
-    @api
     def to_host_async(self, out: np.ndarray | None = None,
                       stream: "Stream | None" = None) -> np.ndarray:
         """-> the array the data will land in (valid after `stream`'s next synchronize)."""
         self._check_usable()
         return self.context.copy_d2h_async(self.ptr, operands.host_destination(self, out), stream)
 
-    @api
     def copy_from_host(self, array, stream: "Stream | None" = None, *,
                        pipeline: bool = True) -> None:
         """Copy `array` (an ndarray of this array's dtype and shape: nothing is cast or
@@ -85,18 +85,15 @@ class DeviceArray:
         self._check_usable()
         self.context.copy_h2d(self.ptr, operands.host_source(self, array), stream, pipeline=pipeline)
 
-    @api
     def copy_from_host_async(self, array, stream: "Stream | None" = None) -> None:
         self._check_usable()
         self.context.copy_h2d_async(self.ptr, operands.host_source(self, array), stream)
 
-    @api
     def export(self):
         """Publish this buffer for other contexts, devices and guests -> BufferHandle (a
         capability: keep it private). Importers keep the memory alive after free()."""
         return self.context._export(self)
 
-    @api
     def free(self) -> None:
         """Give the memory back now (MEM_FREE; work submitted before still completes).
         Refused (InvalidParameterError, the array stays live) while the buffer is still
@@ -118,7 +115,7 @@ class DeviceArray:
 
 
 @dataclass
-class VaRange:
+class VaRange(ApiObject):
     """A reserved range of a context's device address space (Context.reserve_va): `va`,
     `size` (page rounded). Nothing is mapped in it until Context.map."""
 
@@ -128,6 +125,7 @@ class VaRange:
     released: bool = False
 
     @property
+    @unlocked("computed from fields fixed at creation")
     def end(self) -> int:
         return self.va + self.size
 
@@ -142,7 +140,6 @@ class VaRange:
     def _releases(self):
         return self.context._releases
 
-    @api
     def release(self) -> None:
         if not self.released:
             self.context.release_va(self)
@@ -166,12 +163,10 @@ class MappedArray(DeviceArray):
         self.readonly = readonly
         self.mapped_bytes = nbytes
 
-    @api
     def unmap(self) -> None:
         if not self.freed:
             self.context.unmap(self)
 
-    @api
     def free(self) -> None:
         self.unmap()
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from guest.api import errors, lifetime, pinned
 from guest.api.device import Device
-from guest.api.locking import api
+from guest.api.locking import ApiObject, unlocked
 from guest.frontend.session import FrontendSession
 from spec import wire
 
@@ -46,7 +46,7 @@ def connect(endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
         raise mapped from None
 
 
-class Connection:
+class Connection(ApiObject):
     def __init__(self, session: FrontendSession):
         self.session = session
         self._conn_lock = threading.RLock()
@@ -54,20 +54,17 @@ class Connection:
         self._pinned = pinned.PinnedAllocator(self)
         self.devices = [Device(self, drv) for drv in session.devices]
 
-    @api
     def pinned_empty(self, shape, dtype=np.float32) -> "pinned.PinnedArray":
         """A numpy array in pinned memory (inside guest memory, from the session heap):
         copies between it and a DeviceArray are one DMA, no bounce (guest/api/pinned.py).
         Give it back with `free()` or a `with` block."""
         return self._pinned.empty(shape, dtype)
 
-    @api
     def pinned_zeros(self, shape, dtype=np.float32) -> "pinned.PinnedArray":
         arr = self._pinned.empty(shape, dtype)
         arr.fill(0)
         return arr
 
-    @api
     def pinned_array(self, data, dtype=None) -> "pinned.PinnedArray":
         """A pinned copy of `data`."""
         data = np.asarray(data, dtype=dtype)
@@ -76,19 +73,23 @@ class Connection:
         return arr
 
     @property
+    @unlocked("a session field fixed at connect")
     def memory_model(self) -> str:
         return self.session.memory
 
     @property
+    @unlocked("a session field fixed at connect")
     def vgpu(self) -> dict | None:
         """The vGPU the host bound this session to ({name, compute, copy, mem} shares in
         percent), or None when the host has no vGPUs configured."""
         return self.session.vgpu
 
     @property
+    @unlocked("a session field fixed at connect")
     def endpoint(self) -> str:
         return self.session.endpoint
 
+    @unlocked("takes the connection lock itself")
     def close(self) -> None:
         with self._conn_lock:
             self.session.close()

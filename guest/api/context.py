@@ -18,19 +18,19 @@ import numpy as np
 
 from guest.api import errors, launch, module, operands, prime, shm
 from guest.api.array import DeviceArray, MappedArray, VaRange
+from guest.api.commands import ring_command
 from guest.api.copy import D2H, H2D, CopyPipeline
 from guest.api.event import Event
 from guest.api.lifetime import DestroyedOnExit
-from guest.api.locking import api
+from guest.api.locking import ApiObject, api
 from guest.api.stream import Stream, raise_first
-from guest.api.commands import ring_command
 from guest.frontend.driver import DeviceResponseError, command
 from spec import wire
 
 FAULT_EVENTS = (wire.EVTQ_PAGE_FAULT, wire.EVTQ_CODE_FAULT)  # a faulted context keeps working
 
 
-class Context(DestroyedOnExit):
+class Context(DestroyedOnExit, ApiObject):
     def __init__(self, device: "Device", ctx_id: int):
         self.device = device
         self._conn_lock = device._conn_lock
@@ -46,7 +46,6 @@ class Context(DestroyedOnExit):
         self._mapped_frees = []  # ids of dropped arrays whose MEM_FREE waits for an unmap
 
     @property
-    @api
     def faults(self) -> list:
         """The GPU page faults and code faults of this context's jobs, as the device
         reported them on its event queue (DeviceEvent: type, address, access or detail,
@@ -55,28 +54,23 @@ class Context(DestroyedOnExit):
         return [e for e in self._device_events if e.type in FAULT_EVENTS]
 
     @property
-    @api
     def faulted(self) -> bool:
         return bool(self.faults)
 
     # ------------------------------------------------------------------ sharing (§12)
-    @api
     def enable_peer_access(self, peer: "Device") -> None:
         """Let buffers of device `peer` imported into this context be mapped peer-to-peer
         (cuCtxEnablePeerAccess); PvgpuError if the host's fabric cannot route it."""
         prime.enable_peer_access(self, peer)
 
-    @api
     def disable_peer_access(self, peer: "Device") -> None:
         prime.disable_peer_access(self, peer)
 
-    @api
     def import_array(self, handle, shape=None, dtype=np.float32, *, peer2peer=None):
         """Import a buffer another context, device or guest exported (DeviceArray.export)
         -> ImportedArray (guest/api/prime.py)."""
         return prime.import_(self, handle, shape, dtype, peer2peer=peer2peer)
 
-    @api
     def memcpy_peer(self, dst: "DeviceArray", src: "DeviceArray", nbytes: int | None = None,
                     **kw) -> str:
         """Copy from `src` (any context or device of this connection) into `dst` (of this
@@ -85,7 +79,6 @@ class Context(DestroyedOnExit):
         return prime.memcpy_peer(self, dst, src, nbytes, **kw)
 
     # ------------------------------------------------------------------ streams
-    @api
     def create_stream(self) -> Stream:
         """A new stream: the lowest free ring_idx in 1..MAX_RING_IDX."""
         self._check_live()
@@ -97,7 +90,6 @@ class Context(DestroyedOnExit):
                                 "in use; destroy one first")
 
     @property
-    @api
     def streams(self) -> list:
         return [self._streams[i] for i in sorted(self._streams)]
 
@@ -121,41 +113,34 @@ class Context(DestroyedOnExit):
                                              code=wire.RESP_ERR_INVALID_CONTEXT_ID)
 
     # ------------------------------------------------------------------ events
-    @api
     def create_event(self) -> Event:
         """A new event of this context's device; it exists on the device once recorded."""
         return Event(self.device, next(self.device._event_ids), self)
 
-    @api
     def import_event(self, handle) -> Event:
         """An event bound to an exported one (`EventHandle` or its string form), from
         another guest, another context or the other device."""
         return self.device._import_event(handle, self)
 
     # ------------------------------------------------------------------ shared device memory
-    @api
     def shm_get(self, key, nbytes: int = 0):
         """The shared segment of `key` on this context's device (Device.shm_get)."""
         return self.device.shm_get(key, nbytes)
 
-    @api
     def shm_import(self, handle):
         """Import an exported segment on this context's device (Device.shm_import)."""
         return self.device.shm_import(handle)
 
-    @api
     def shm_attach(self, seg, shape=None, dtype=np.float32, *, readonly: bool = False):
         """Map shared segment `seg` into this context; -> a SharedArray (a DeviceArray of
         `shape`, default the whole segment) at the attachment's VA (guest/api/shm.py)."""
         return shm.attach(self, seg, shape, dtype, readonly)
 
-    @api
     def shm_detach(self, seg) -> None:
         """End this context's attachment of `seg` (a SharedSegment or SharedArray)."""
         shm.detach(self, seg)
 
     # ------------------------------------------------------------------ explicit VA management
-    @api
     def reserve_va(self, nbytes: int, alignment: int = 0) -> "VaRange":
         """Reserve `nbytes` (page rounded) of this context's device address space,
         `alignment`-aligned (0: a page; else a power of two up to 1 GiB), with nothing
@@ -176,7 +161,6 @@ class Context(DestroyedOnExit):
         va, size = struct.unpack_from(wire.RESP_VA_FORMAT, body)
         return VaRange(self, va, size)
 
-    @api
     def release_va(self, va_range) -> None:
         """Give a reservation back (VA_RELEASE, like cuMemAddressFree): `va_range` is the
         VaRange or its start VA. Everything mapped in it must be unmapped first
@@ -187,7 +171,6 @@ class Context(DestroyedOnExit):
         if isinstance(va_range, VaRange):
             va_range.released = True
 
-    @api
     def map(self, array, va, access: str = "rw", *, offset: int = 0, nbytes: int | None = None,
             shape=None, dtype=None) -> "MappedArray":
         """Map (part of) a buffer of this context a second time, at `va` inside a
@@ -234,7 +217,6 @@ class Context(DestroyedOnExit):
         shape, dtype, _n = operands.allocation(shape, dtype)
         return MappedArray(self, int(va), shape, dtype, readonly=access == "r", nbytes=int(nbytes))
 
-    @api
     def unmap(self, va) -> None:
         """End a `map` (MEM_UNMAP, like cuMemUnmap): `va` is the MappedArray or its VA. Work
         submitted before still sees the mapping; later work faults at that address."""
@@ -248,7 +230,6 @@ class Context(DestroyedOnExit):
             self._releases.retry_mapped(self)
 
     # ------------------------------------------------------------------ memory
-    @api
     def alloc(self, nbytes: int, *, executable: bool = False) -> tuple:
         """Raw device memory (MEM_ALLOC of 1 <= nbytes < 2**64; `executable`: with
         MEM_ALLOC_FLAG_EXEC, for a code object); -> (resource_id, va, size).
@@ -272,7 +253,6 @@ class Context(DestroyedOnExit):
         va, size = struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, body)
         return rid, va, size
 
-    @api
     def empty(self, shape, dtype=np.float32) -> "DeviceArray":
         """A DeviceArray of `shape` and `dtype`, contents unspecified. Its memory is freed by
         `free()`, or when the array becomes garbage (guest/api/lifetime.py)."""
@@ -280,25 +260,22 @@ class Context(DestroyedOnExit):
         rid, va, _size = self.alloc(max(nbytes, 1))
         return DeviceArray(self, rid, va, shape, dtype)
 
-    @api
     def zeros(self, shape, dtype=np.float32) -> "DeviceArray":
         arr = self.empty(shape, dtype)
         arr.copy_from_host(np.zeros(arr.shape, arr.dtype))
         return arr
 
-    @api
     def to_device(self, array) -> "DeviceArray":
         array = np.ascontiguousarray(array)
         out = self.empty(array.shape, array.dtype)
         out.copy_from_host(array)
         return out
 
-    @api
+    @api  # private, but a call of its own (DeviceArray.free, tools): it locks as one
     def _free(self, rid: int) -> None:
         self._driver.call(command(wire.CMD_MEM_FREE, (rid,), ctx_id=self.ctx_id))
 
     # ------------------------------------------------------------------ copies
-    @api
     def copy_h2d(self, va: int, src: np.ndarray, stream: Stream | None = None, *,
                  pipeline: bool = True) -> None:
         """Copy a host array to device address `va` and wait for it (in `stream`'s order).
@@ -306,7 +283,6 @@ class Context(DestroyedOnExit):
         bounce chunks, `dev.staging_depth` in flight (one at a time with pipeline=False)."""
         CopyPipeline(self, self._stream(stream), H2D, True, pipeline=pipeline).run(va, src)
 
-    @api
     def copy_h2d_async(self, va: int, src: np.ndarray, stream: Stream | None = None) -> None:
         """Start copying a host array to device address `va` on `stream` and return without
         waiting for the device. `src` is staged into bounce chunks before this returns (it
@@ -315,7 +291,6 @@ class Context(DestroyedOnExit):
         Pinned memory goes in one DMA per request: it must stay unchanged until synchronized."""
         CopyPipeline(self, self._stream(stream), H2D, False).run(va, src)
 
-    @api
     def copy_d2h(self, va: int, dst: np.ndarray, stream: Stream | None = None, *,
                  pipeline: bool = True) -> np.ndarray:
         """Copy from device address `va` into the host array `dst` and wait (in `stream`'s
@@ -325,7 +300,6 @@ class Context(DestroyedOnExit):
         CopyPipeline(self, self._stream(stream), D2H, True, pipeline=pipeline).run(va, dst)
         return dst
 
-    @api
     def copy_d2h_async(self, va: int, dst: np.ndarray, stream: Stream | None = None) -> np.ndarray:
         """Start copying from device address `va` into the host array `dst` on `stream`;
         -> dst, whose contents are valid after the stream's next synchronize (or after an
@@ -334,26 +308,22 @@ class Context(DestroyedOnExit):
         CopyPipeline(self, self._stream(stream), D2H, False).run(va, dst)
         return dst
 
-    @api
     def copy_d2d(self, dst_va: int, src_va: int, nbytes: int, stream: Stream | None = None) -> None:
         s = self._stream(stream)
         self._driver.call(ring_command(wire.CMD_COPY_D2D, (src_va, dst_va, nbytes),
                                        ctx_id=self.ctx_id, ring_idx=s.ring_idx))
 
     # ------------------------------------------------------------------ launches
-    @api
     def load_module(self, src):
         """Load kernels of one's own (guest/api/module.py): PTX text or bytes, a path to a
         .ptx or .cu file, CUDA C source (with NVRTC: pip install 'pvgpu[cuda]'), or a code
         object. -> Module (get_function, get_global, unload)."""
         return module.load(self, src)
 
-    @api
     def launch(self, kernel: str, grid, block, args, stream: Stream | None = None) -> None:
         """Launch a built-in kernel asynchronously on `stream` (default: the default stream)."""
         launch.builtin(self, self._stream(stream), kernel, grid, block, args)
 
-    @api
     def synchronize(self) -> None:
         """Wait for all work of this context, on every stream (CTX_SYNC); raises the first
         error of earlier asynchronous work on any of them."""
@@ -379,7 +349,6 @@ class Context(DestroyedOnExit):
             e.event = ev
             raise e
 
-    @api
     def destroy(self) -> None:
         if not self.destroyed:
             self._lost()

@@ -16,7 +16,7 @@ import numpy as np
 from guest.api import copy, errors, prime, shm
 from guest.api.context import FAULT_EVENTS, Context
 from guest.api.event import Event, EventHandle
-from guest.api.locking import api
+from guest.api.locking import ApiObject, unlocked
 from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
 from guest.frontend.driver import DeviceResponseError, command
 from spec import wire
@@ -25,7 +25,7 @@ _STATS = struct.Struct(wire.RESP_STATS_FORMAT)
 _MAX_STATS_BUFFER = 16 << 20
 
 
-class Device:
+class Device(ApiObject):
     def __init__(self, conn: "Connection", driver):
         self.connection = conn
         self._conn_lock = conn._conn_lock
@@ -61,66 +61,67 @@ class Device:
         return claimed
 
     @property
-    @api
     def events(self) -> list:
         """The latest events the device reported on its event queue (DeviceEvent: page
         faults and lost contexts, of every context of this connection on the device)."""
         return list(self.driver.events)
 
     @property
+    @unlocked("the getter reads an int (the setter takes the lock)")
     def staging_chunk(self) -> int:
         """Bytes per bounce chunk of pageable copies. Settable (a multiple of 4 KiB): idle
         chunks of the old size go back to the heap at once, lent ones when they return."""
         return self._staging.chunk
 
     @staging_chunk.setter
-    @api
     def staging_chunk(self, size: int) -> None:
         size = int(size)
         if size < 4096 or size % 4096:
             raise ValueError(f"staging_chunk must be a positive multiple of 4096, not {size}")
         self._staging.resize(size)
 
-    @api
     def pinned_empty(self, shape, dtype=np.float32) -> "PinnedArray":
         """`Connection.pinned_empty`: pinned memory serves every device of the connection."""
         return self.connection.pinned_empty(shape, dtype)
 
-    @api
     def pinned_zeros(self, shape, dtype=np.float32) -> "PinnedArray":
         return self.connection.pinned_zeros(shape, dtype)
 
-    @api
     def pinned_array(self, data, dtype=None) -> "PinnedArray":
         return self.connection.pinned_array(data, dtype)
 
     @property
+    @unlocked("device config, read at initialisation")
     def name(self) -> str:
         return self.driver.name
 
     @property
+    @unlocked("device config, read at initialisation")
     def vram_size(self) -> int:
         return self.driver.vram_size
 
     @property
+    @unlocked("the negotiated feature bits (an int)")
     def features(self) -> list:
         return [n for bit, n in sorted(wire.FEATURE_NAMES.items()) if self.driver.has(bit)]
 
     @property
+    @unlocked("a session field fixed at connect")
     def memory_model(self) -> str:
         return self.connection.memory_model
 
     @property
-    @api
     def contexts(self) -> list:
         """The live contexts this connection created on the device."""
         return list(self._contexts.values())
 
+    @unlocked("reads the host's hello answer only")
     def can_access_peer(self, peer: "Device") -> bool:
         """Whether this device and `peer` reach each other peer-to-peer on the host's PCIe
         fabric (cuDeviceCanAccessPeer)."""
         return bool(self.peer_info(peer)["p2p"])
 
+    @unlocked("reads the host's hello answer only")
     def peer_info(self, peer: "Device") -> dict:
         """{dev, p2p, link, distance}: the host's PCIe route between this device and peer
         (hello `peers`)."""
@@ -133,19 +134,16 @@ class Device:
                 return dict(p)
         return {"dev": peer.index, "p2p": False, "link": "unknown", "distance": -1}
 
-    @api
     def revoke(self, handle) -> None:
         """Withdraw an export made on this device (DeviceArray.export): no new imports."""
         prime.revoke(self, handle)
 
-    @api
     def info(self) -> dict:
         _t, body = self.driver.call(command(wire.CMD_GET_DEVICE_INFO))
         vram, free, max_alloc, nctx, name = struct.unpack_from(wire.RESP_DEVICE_INFO_FORMAT, body)
         return {"vram_size": vram, "vram_free": free, "max_alloc": max_alloc,
                 "contexts": nctx, "name": name.split(b"\0", 1)[0].decode()}
 
-    @api
     def stats(self) -> dict:
         """The host's scheduling statistics for this device (GET_STATS): a dict decoded from
         the host's msgpack map — per engine and per vGPU utilisation, credits, policy, ...
@@ -172,7 +170,6 @@ class Device:
                 heap.free(gpa)
             return msgpack.unpackb(data, raw=False, strict_map_key=False)
 
-    @api
     def create_context(self, name: str = "", priority: str = "normal") -> "Context":
         """A new context; `priority` ("low", "normal" or "high") orders its jobs against
         other waiting jobs on each engine (spec CMD-CTX-CREATE-3)."""
@@ -186,7 +183,6 @@ class Device:
         self._contexts[ctx_id] = ctx
         return ctx
 
-    @api
     def synchronize(self) -> None:
         """Wait for the work of every live context this connection created on the device;
         raises the first error (after synchronizing all of them)."""
@@ -199,7 +195,6 @@ class Device:
         if first is not None:
             raise first
 
-    @api
     def import_event(self, handle) -> "Event":
         """Bind a new event of this device to an exported event (`EventHandle` or its
         string form). The event has no default stream: pass one to `record`."""
@@ -211,31 +206,26 @@ class Device:
         self.driver.call(command(wire.CMD_EVENT_IMPORT, (event_id, handle.handle_id, handle.token)))
         return Event(self, event_id, ctx, recorded=True)
 
-    @api
     def shm_get(self, key, nbytes: int = 0):
         """Shared device memory (guest/api/shm.py): the segment of `key` (an int or a str,
         private to this guest) on this device, allocated by the first call; nbytes 0 only
         looks it up. -> SharedSegment."""
         return shm.get(self, key, nbytes)
 
-    @api
     def shm_import(self, handle):
         """A segment of this device that another guest exported (`ShmHandle` or its string
         form). -> SharedSegment."""
         return shm.import_(self, handle)
 
-    @api
     def nop(self) -> None:
         """One synchronous no-op round trip through the virtqueue (for measurements)."""
         self.driver.call(command(wire.CMD_NOP))
 
-    @api
     def call_raw(self, command_bytes: bytes, readable=(), writable=()) -> tuple:
         """Send an already-encoded device command and wait: -> (resp_type, body). For tools
         and conformance tests that need to speak the wire directly."""
         return self.driver.call(command_bytes, readable, writable)
 
-    @api
     def reset(self) -> None:
         """Reset the device after DEVICE_NEEDS_RESET; every context, stream and event on it
         is gone (their objects report errors if used)."""

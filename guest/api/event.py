@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from guest.api import errors
 from guest.api.commands import ring_command
 from guest.api.lifetime import DestroyedOnExit
-from guest.api.locking import api
+from guest.api.locking import ApiObject
 from spec import wire
 
 _EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
@@ -45,7 +45,7 @@ class EventHandle:
         return cls(int(m.group(1)), int(m.group(2), 16))
 
 
-class Event(DestroyedOnExit):
+class Event(DestroyedOnExit, ApiObject):
     """A marker in a stream (spec §7.5): `record(stream)` captures the work submitted to the
     stream so far; the event completes when that work has. Event ids belong to a device."""
 
@@ -67,7 +67,6 @@ class Event(DestroyedOnExit):
             raise errors.InvalidEventError(f"event {self.event_id} was destroyed",
                                            code=wire.RESP_ERR_INVALID_EVENT)
 
-    @api
     def record(self, stream: "Stream | None" = None) -> None:
         """Capture the work submitted to `stream` (default: the default stream of the
         event's context) so far, including the events it was told to wait for."""
@@ -107,7 +106,6 @@ class Event(DestroyedOnExit):
             raise errors.error_for(code, f"event {self.event_id}: the work it captured failed: {what}",
                                    info0, info1)
 
-    @api
     def query(self) -> bool:
         """True once the captured work has completed (raises its error if it failed)."""
         self._check()
@@ -117,7 +115,6 @@ class Event(DestroyedOnExit):
         self._raise_for(status, code, info0, info1)
         return status != wire.EVENT_STATUS_PENDING
 
-    @api
     def synchronize(self) -> None:
         """Wait until the captured work has completed (raises its error if it failed)."""
         self._check()
@@ -127,7 +124,6 @@ class Event(DestroyedOnExit):
         self._raise_for(status, code, info0, info1)
 
     @property
-    @api
     def timestamp_ns(self) -> int | None:
         """Device time (ns) when the captured work completed; None while pending or if never
         recorded. An event recorded on an idle stream completes at its record time."""
@@ -135,7 +131,6 @@ class Event(DestroyedOnExit):
             self._query(wait=False)
         return self._timestamp
 
-    @api
     def elapsed_time(self, end: "Event") -> float:
         """Milliseconds of device time from this event to `end` (both must be complete)."""
         for ev in (self, end):
@@ -147,7 +142,6 @@ class Event(DestroyedOnExit):
                 raise errors.NotReadyError(f"event {ev.event_id} has not completed yet")
         return (end._timestamp - self._timestamp) / 1e6
 
-    @api
     def export(self) -> EventHandle:
         """Publish the event as it is now (a snapshot: recording it again later does not
         change the export; export again to share the new recording)."""
@@ -158,7 +152,6 @@ class Event(DestroyedOnExit):
         _t, body = self._driver.call(ring_command(wire.CMD_EVENT_EXPORT, (self.event_id,)))
         return EventHandle(*_HANDLE.unpack_from(body))
 
-    @api
     def destroy(self) -> None:
         if self.destroyed:
             return

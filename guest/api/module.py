@@ -41,7 +41,7 @@ import numpy as np
 from guest.api import errors, params
 from guest.api.array import DeviceArray
 from guest.api.commands import ring_command
-from guest.api.locking import api
+from guest.api.locking import ApiObject, unlocked
 from guest.frontend.driver import SLOT_CMD
 from spec import isa, wire
 
@@ -174,7 +174,7 @@ def compile_cuda(source: str, name: str = "kernel.cu", options=()) -> str:
 
 
 # ---------------------------------------------------------------------- the API
-class Module:
+class Module(ApiObject):
     """A code object loaded into a context (Context.load_module)."""
 
     def __init__(self, ctx: "Context", cobj: CodeObject):
@@ -224,19 +224,21 @@ class Module:
         self.context._check_live()
 
     @property
+    @unlocked("a field fixed at load")
     def va(self) -> int:
         """The device address of the code object (its header)."""
         return self._object.ptr
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def function_names(self) -> list:
         return sorted(self._cobj.entries)
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def global_names(self) -> list:
         return sorted(self._cobj.symbols)
 
-    @api
     def get_function(self, name: str) -> "Function":
         """The kernel (`.entry`) called `name` (the PTX name: mangled for C++ kernels,
         plain for `extern "C"` ones); NotFoundError lists the module's kernels."""
@@ -251,7 +253,6 @@ class Module:
             self._functions[name] = fn
         return fn
 
-    @api
     def get_global(self, name: str, dtype=np.uint8, shape=None) -> "ModuleGlobal":
         """A DeviceArray over module variable `name` (`.global`/__device__ or
         `.const`/__constant__), of `dtype` and `shape` (default: as many elements as fit);
@@ -274,7 +275,6 @@ class Module:
         self._globals.add(arr)
         return arr
 
-    @api
     def unload(self) -> None:
         """Free the module's memory (work submitted before still completes). Its Functions
         and global arrays are unusable afterwards; unload() twice does nothing."""
@@ -303,7 +303,6 @@ class ModuleGlobal(DeviceArray):
         self.module = module
         self.name = name
 
-    @api
     def free(self) -> None:
         """The module's memory goes with Module.unload(); nothing to free here."""
 
@@ -312,7 +311,7 @@ class ModuleGlobal(DeviceArray):
                 f"ptr={self.ptr:#x}>")
 
 
-class Function:
+class Function(ApiObject):
     """A kernel of a loaded module (Module.get_function): its attributes (cuFuncGetAttribute)
     and its launches."""
 
@@ -324,34 +323,39 @@ class Function:
         self.name = entry.name
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def num_regs(self) -> int:
         """32-bit registers per thread (a 64-bit register counts as two)."""
         return self._entry.n_r32 + 2 * self._entry.n_r64
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def shared_size_bytes(self) -> int:
         """Static shared memory per block."""
         return self._entry.shared_size
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def local_size_bytes(self) -> int:
         """Local memory per thread."""
         return self._entry.local_size
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def max_threads_per_block(self) -> int:
         return self._entry.max_threads or isa.MAX_BLOCK_THREADS
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def params(self) -> tuple:
         """The parameter table: ParamInfo(offset, size, align, type), in declaration order."""
         return self._entry.params
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def param_size(self) -> int:
         return self._entry.param_size
 
-    @api
     def launch(self, grid, block, args=(), shared_mem: int = 0,
                stream: "Stream | None" = None) -> None:
         """Launch asynchronously on `stream` (default: the context's default stream);

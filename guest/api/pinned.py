@@ -47,6 +47,7 @@ import numpy as np
 
 from spec import wire
 from guest.api import errors, operands
+from guest.api.locking import ApiObject, unlocked
 from guest.frontend.heap import OutOfGuestMemory
 
 _BASE_WALK = 16  # how far up an ndarray's .base chain to look for a pinned array
@@ -173,7 +174,7 @@ class PinnedAllocator:
             self._release(block)
 
 
-class PinnedArray(np.ndarray):
+class PinnedArray(np.ndarray, ApiObject):
     """A numpy array in pinned (guest-DMA-able) memory; see the module docstring.
 
     `gpa`: the guest-physical address of its first byte; `pinned`: True while it is
@@ -198,20 +199,24 @@ class PinnedArray(np.ndarray):
         return self.view(np.ndarray).__reduce__()  # pickles as an ordinary array
 
     @property
+    @unlocked("reads its block's flag")
     def pinned(self) -> bool:
         return self._pin is not None and not self._pin.freed
 
     @property
+    @unlocked("reads its block's flag")
     def freed(self) -> bool:
         return self._pin is not None and self._pin.freed
 
     @property
+    @unlocked("computed from its block and address")
     def gpa(self) -> int:
         pin = self._pin
         if pin is None:
             raise PinnedMemoryError("this array is not in pinned memory")
         return pin.gpa + (_address(self) - pin.addr)
 
+    @unlocked("takes the connection lock itself (PinnedAllocator.free)")
     def free(self) -> None:
         """Give the whole pinned allocation back (every view of it). Returns at once; the
         heap gets it back when the asynchronous copies still using it complete."""

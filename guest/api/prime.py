@@ -40,7 +40,6 @@ import numpy as np
 from guest.api import errors, operands
 from guest.api.array import DeviceArray
 from guest.api.commands import ring_command
-from guest.api.locking import api
 from spec import wire
 
 _EXPORT = struct.Struct(wire.RESP_EXPORT_FORMAT)
@@ -107,11 +106,6 @@ def disable_peer_access(ctx: "Context", peer: "Device") -> None:
 # ---------------------------------------------------------------------- export / import
 def export(arr: DeviceArray) -> BufferHandle:
     ctx = arr.context
-    return _export(ctx, arr)
-
-
-@api
-def _export(ctx: "Context", arr: DeviceArray) -> BufferHandle:
     arr._check_usable()
     _t, body = ctx._driver.call(ring_command(wire.CMD_RESOURCE_EXPORT, (arr.resource_id,),
                                              ctx_id=ctx.ctx_id))
@@ -119,7 +113,6 @@ def _export(ctx: "Context", arr: DeviceArray) -> BufferHandle:
     return BufferHandle(ctx.device.index, handle_id, token, size)
 
 
-@api
 def import_(ctx: "Context", handle, shape=None, dtype=np.float32, *,
             peer2peer: bool | None = None) -> ImportedArray:
     """RESOURCE_IMPORT into ctx. `peer2peer` (default: whether ctx has peer access to the
@@ -144,7 +137,6 @@ def import_(ctx: "Context", handle, shape=None, dtype=np.float32, *,
                          wire.IMPORT_PLACEMENT_NAMES.get(placement, str(placement)))
 
 
-@api
 def revoke(dev: "Device", handle) -> None:
     handle = BufferHandle.parse(handle)
     if handle.device != dev.index:
@@ -182,7 +174,6 @@ def memcpy_peer(ctx: "Context", dst: DeviceArray, src: DeviceArray, nbytes: int 
     return "staged"
 
 
-@api
 def _copy_d2d_sync(ctx: "Context", dst_va: int, src_va: int, n: int) -> None:
     """One fenced COPY_D2D on the default stream: answered once the copy is done."""
     ctx._check_live()

@@ -33,7 +33,7 @@ import numpy as np
 from guest.api import operands
 from guest.api.array import DeviceArray
 from guest.api.commands import ring_command
-from guest.api.locking import api
+from guest.api.locking import ApiObject, unlocked
 from spec import wire
 
 _SHM = struct.Struct(wire.RESP_SHM_FORMAT)
@@ -83,7 +83,7 @@ class ShmHandle:
         return cls(int(m.group(1)), int(m.group(2), 16))
 
 
-class SharedSegment:
+class SharedSegment(ApiObject):
     """A segment of shared device memory on one device, as this guest names it."""
 
     def __init__(self, device, shm_id: int, nbytes: int, *, key: int | None = None,
@@ -100,18 +100,17 @@ class SharedSegment:
         self._attached = {}  # ctx_id -> SharedArray of this connection's attachments
 
     @property
+    @unlocked("a field fixed at creation")
     def size(self) -> int:
         return self.nbytes
 
     # -------------------------------------------------------------- attach / detach
-    @api
     def attach(self, ctx: "Context", shape=None, dtype=np.float32, *,
                readonly: bool = False) -> "SharedArray":
         """Map the segment into `ctx` (SHM_ATTACH); -> a SharedArray of `shape` and
         `dtype` (default: the whole segment as a 1-D array of dtype)."""
         return ctx.shm_attach(self, shape, dtype, readonly=readonly)
 
-    @api
     def detach(self, ctx_or_array) -> None:
         """End the attachment in a context (or of a SharedArray) (SHM_DETACH)."""
         if isinstance(ctx_or_array, SharedArray):
@@ -119,20 +118,17 @@ class SharedSegment:
         else:
             ctx_or_array.shm_detach(self)
 
-    @api
     def remove(self) -> None:
         """Mark the segment for removal (SHM_CONTROL RMID; its creator only): no new
         attachments; the memory is freed once every context of every guest has detached."""
         self._driver.call(ring_command(wire.CMD_SHM_CONTROL, (self.shm_id, wire.SHM_CTL_RMID)))
 
-    @api
     def export(self) -> ShmHandle:
         """A capability another guest imports with `ctx.shm_import(handle)` (creator only;
         the same handle each time)."""
         _t, body = self._driver.call(ring_command(wire.CMD_SHM_EXPORT, (self.shm_id,)))
         return ShmHandle(*_HANDLE.unpack_from(body))
 
-    @api
     def info(self, ctx: "Context | None" = None) -> dict:
         """SHM_CONTROL STAT: {size, nattach (contexts of all guests), removed, creator,
         va (of the attachment in `ctx`, or 0)}."""
@@ -164,12 +160,10 @@ class SharedArray(DeviceArray):
         self.segment = segment
         self.readonly = readonly
 
-    @api
     def detach(self) -> None:
         if not self.freed:
             self.context.shm_detach(self.segment)
 
-    @api
     def free(self) -> None:
         self.detach()
 

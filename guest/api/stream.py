@@ -9,11 +9,11 @@ from __future__ import annotations
 from guest.api import errors
 from guest.api.commands import ring_command
 from guest.api.event import Event
-from guest.api.locking import api
+from guest.api.locking import ApiObject, unlocked
 from spec import wire
 
 
-class Stream:
+class Stream(ApiObject):
     """One timeline (ctx_id, ring_idx) of a context (spec §7.1). Work submitted to a stream
     runs in submission order; different streams of a context (and other contexts) may run
     concurrently. Errors of its asynchronous work are raised by its next synchronizing call.
@@ -33,19 +33,19 @@ class Stream:
         self.destroyed = False
 
     @property
+    @unlocked("a field fixed at creation")
     def device(self) -> "Device":
         return self.context.device
 
     @property
+    @unlocked("a field fixed at creation")
     def is_default(self) -> bool:
         return self.ring_idx == 0
 
-    @api
     def launch(self, kernel, grid, block, args) -> None:
         """Launch a built-in kernel on this stream (asynchronous)."""
         self.context.launch(kernel, grid, block, args, stream=self)
 
-    @api
     def record_event(self, event: "Event | None" = None) -> "Event":
         """Record `event` (a new one if None) on this stream; -> the event."""
         if event is None:
@@ -53,7 +53,6 @@ class Stream:
         event.record(self)
         return event
 
-    @api
     def wait_event(self, event: "Event") -> None:
         """Make this stream's later work wait until `event` has completed. Returns at once:
         the host holds the stream's next job back (the guest never blocks). The event may
@@ -82,7 +81,6 @@ class Stream:
         self._driver.call(ring_command(wire.CMD_EVENT_WAIT, (event.event_id,),
                                        ctx_id=self.context.ctx_id, ring_idx=self.ring_idx))
 
-    @api
     def synchronize(self) -> None:
         """Wait for all work submitted to this stream (and the events it waits for); raises
         the first error of its earlier asynchronous work."""
@@ -129,7 +127,6 @@ class Stream:
         if err is not None:
             raise err
 
-    @api
     def destroy(self) -> None:
         """Synchronize, then give the ring_idx back (the default stream lives as long as its
         context: destroying it only synchronizes)."""
