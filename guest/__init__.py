@@ -6,8 +6,12 @@
         ...
 """
 
-from guest.api.core import (Connection, Context, Device, DeviceArray, Event, EventHandle,
-                            MappedArray, Stream, VaRange, connect)
+from guest.api.array import DeviceArray, MappedArray, VaRange
+from guest.api.connection import Connection, connect
+from guest.api.context import Context
+from guest.api.device import Device
+from guest.api.event import Event, EventHandle
+from guest.api.stream import Stream
 from guest.api.errors import (ContextLostError, ControlError, DeviceError, DeviceNeedsReset,
                               HostLost, InvalidAddressError, InvalidContextError,
                               InvalidEventError, InvalidKernelError, InvalidParameterError,

@@ -23,6 +23,9 @@ that closed are dropped because that already freed everything; one the device re
 because the buffer is still mapped (spec [CMD-FREE-3]) is retried after the context's
 next `unmap`. An allocation that runs out of device memory collects garbage (gc.collect,
 for arrays in reference cycles), frees what that released and tries once more.
+
+Objects with a device-side life of their own (contexts, events) end explicitly: `destroy()`,
+or a `with` block (DestroyedOnExit).
 """
 
 from __future__ import annotations
@@ -100,3 +103,15 @@ class Releases:
         except (DeviceNeedsReset, HostLost):
             return  # the reset, or the session's end, frees it
         self.freed += 1
+
+
+class DestroyedOnExit:
+    """`with obj:` destroys it at the end, unless it is gone already or its device must
+    be reset first (then destroying would only raise DeviceNeedsReset)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if not self.destroyed and not self._driver.needs_reset:
+            self.destroy()

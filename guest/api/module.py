@@ -39,7 +39,9 @@ from pathlib import Path
 import numpy as np
 
 from guest.api import errors, params
-from guest.api.core import Context, DeviceArray, Stream, _api, _cmd
+from guest.api.array import DeviceArray
+from guest.api.commands import ring_command
+from guest.api.locking import ApiObject, unlocked
 from guest.frontend.driver import SLOT_CMD
 from spec import isa, wire
 
@@ -172,10 +174,10 @@ def compile_cuda(source: str, name: str = "kernel.cu", options=()) -> str:
 
 
 # ---------------------------------------------------------------------- the API
-class Module:
+class Module(ApiObject):
     """A code object loaded into a context (Context.load_module)."""
 
-    def __init__(self, ctx: Context, cobj: CodeObject):
+    def __init__(self, ctx: "Context", cobj: CodeObject):
         self.context = ctx
         self._conn_lock = ctx._conn_lock
         self._releases = ctx._releases
@@ -222,19 +224,21 @@ class Module:
         self.context._check_live()
 
     @property
+    @unlocked("a field fixed at load")
     def va(self) -> int:
         """The device address of the code object (its header)."""
         return self._object.ptr
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def function_names(self) -> list:
         return sorted(self._cobj.entries)
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def global_names(self) -> list:
         return sorted(self._cobj.symbols)
 
-    @_api
     def get_function(self, name: str) -> "Function":
         """The kernel (`.entry`) called `name` (the PTX name: mangled for C++ kernels,
         plain for `extern "C"` ones); NotFoundError lists the module's kernels."""
@@ -249,7 +253,6 @@ class Module:
             self._functions[name] = fn
         return fn
 
-    @_api
     def get_global(self, name: str, dtype=np.uint8, shape=None) -> "ModuleGlobal":
         """A DeviceArray over module variable `name` (`.global`/__device__ or
         `.const`/__constant__), of `dtype` and `shape` (default: as many elements as fit);
@@ -272,7 +275,6 @@ class Module:
         self._globals.add(arr)
         return arr
 
-    @_api
     def unload(self) -> None:
         """Free the module's memory (work submitted before still completes). Its Functions
         and global arrays are unusable afterwards; unload() twice does nothing."""
@@ -301,7 +303,6 @@ class ModuleGlobal(DeviceArray):
         self.module = module
         self.name = name
 
-    @_api
     def free(self) -> None:
         """The module's memory goes with Module.unload(); nothing to free here."""
 
@@ -310,7 +311,7 @@ class ModuleGlobal(DeviceArray):
                 f"ptr={self.ptr:#x}>")
 
 
-class Function:
+class Function(ApiObject):
     """A kernel of a loaded module (Module.get_function): its attributes (cuFuncGetAttribute)
     and its launches."""
 
@@ -322,36 +323,41 @@ class Function:
         self.name = entry.name
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def num_regs(self) -> int:
         """32-bit registers per thread (a 64-bit register counts as two)."""
         return self._entry.n_r32 + 2 * self._entry.n_r64
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def shared_size_bytes(self) -> int:
         """Static shared memory per block."""
         return self._entry.shared_size
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def local_size_bytes(self) -> int:
         """Local memory per thread."""
         return self._entry.local_size
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def max_threads_per_block(self) -> int:
         return self._entry.max_threads or isa.MAX_BLOCK_THREADS
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def params(self) -> tuple:
         """The parameter table: ParamInfo(offset, size, align, type), in declaration order."""
         return self._entry.params
 
     @property
+    @unlocked("read from the code object, fixed at load")
     def param_size(self) -> int:
         return self._entry.param_size
 
-    @_api
     def launch(self, grid, block, args=(), shared_mem: int = 0,
-               stream: Stream | None = None) -> None:
+               stream: "Stream | None" = None) -> None:
         """Launch asynchronously on `stream` (default: the context's default stream);
         grid and block are an int or a 1- to 3-tuple, shared_mem the bytes of dynamic
         shared memory per block. Errors of the run surface at the next synchronizing call."""
@@ -375,8 +381,9 @@ class Function:
         raw = params.marshal(self, ctx, args)
         s._raise_async_error()
         entry_va = self.module.va + self.module._cobj.entry_offset(self._entry)
-        head = _cmd(wire.CMD_LAUNCH_CODE, (self.module.va, entry_va, *g, *b, int(shared_mem),
-                                           len(raw)), ctx_id=ctx.ctx_id, ring_idx=s.ring_idx)
+        head = ring_command(wire.CMD_LAUNCH_CODE,
+                            (self.module.va, entry_va, *g, *b, int(shared_mem), len(raw)),
+                            ctx_id=ctx.ctx_id, ring_idx=s.ring_idx)
         if len(head) + len(raw) <= SLOT_CMD:  # small parameters travel in the command
             req = ctx._driver.submit(head + raw)
             req.on_done = s._async_done
@@ -397,7 +404,7 @@ class Function:
             if r.failed is None:
                 heap.free(gpa)
             else:  # never answered: the device may read it until reset (Device.reset)
-                device._quarantine_staging([gpa])
+                device._staging.quarantine([gpa])
             s._async_done(r)
         req.on_done = done
 
@@ -448,7 +455,7 @@ def _launch_dims(v, what: str) -> tuple:
     return dims
 
 
-def load(ctx: Context, src) -> Module:
+def load(ctx: "Context", src) -> Module:
     """Context.load_module: compile (if needed), allocate, initialise and upload."""
     ctx._check_live()
     return Module(ctx, CodeObject(code_object_of(src)))

@@ -1,4 +1,4 @@
-"""What the API accepts as the operands of copies and launches, checked before anything
+"""What the API accepts as the operands of copies and allocations, checked before anything
 reaches the host.
 
 DeviceArray copies are typed, as CuPy's `set()`/`get()`: the host array of
@@ -18,23 +18,15 @@ anything else, ValueError for a negative one) whose byte size a le64 size field 
 (ValueError beyond; a size the wire carries but the device cannot hold is the device's
 OutOfMemoryError); object dtypes cannot live in device memory (TypeError).
 
-A launch checks each argument against the kernel's signature (spec [KRN-ARGS-2]): a
-DeviceArray passed for a pointer argument must have the element type the signature gives
-it (float32 for every built-in kernel) and belong to the launching context; a bare device
-address (an int) carries no type and is passed as is.
+The arguments of launches are checked in guest/api/launch.py and guest/api/params.py.
 """
 
 from __future__ import annotations
 
 import math
-import struct
 
 import numpy as np
 
-from spec import wire
-
-_F32 = struct.Struct("<f")
-_SLOT = struct.Struct("<Q")
 MAX_NBYTES = (1 << 64) - 1  # the largest le64 size field
 
 
@@ -101,34 +93,3 @@ def host_destination(arr, out) -> np.ndarray:
                         f"not {type(out).__name__}")
     _check_like(arr, out, "out")
     return out  # the copy checks that it is writable and C-contiguous (after freed pinned memory)
-
-
-def kernel_argument(ctx, sig: wire.KernelSignature, name: str, kind: str, value) -> bytes:
-    """The le64 slot of argument `name` of a launch of `sig` in `ctx` (spec [KRN-ARGS-1])."""
-    from guest.api.core import DeviceArray
-
-    kernel = sig.name
-    if kind == wire.ARG_PTR:
-        if isinstance(value, DeviceArray):
-            value._check_usable()
-            want = np.dtype(sig.elem_type(name)).newbyteorder("<")
-            if value.dtype != want:
-                raise TypeError(f"{kernel}: argument {name!r} must point at {want.name} elements, "
-                                f"not at the {value.dtype} elements of {value!r}")
-            if value.context is not ctx:
-                raise ValueError(f"{kernel}: argument {name!r} ({value!r}) belongs to context "
-                                 f"{value.context.ctx_id}, the launch runs in context {ctx.ctx_id} "
-                                 "(device addresses are per context)")
-            return _SLOT.pack(value.ptr)
-        if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
-                and 0 <= int(value) < 1 << 64:
-            return _SLOT.pack(int(value))
-        raise TypeError(f"{kernel}: argument {name!r} must be a DeviceArray or a device address")
-    if kind == wire.ARG_U32:
-        if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
-                or not 0 <= int(value) < 1 << 32:
-            raise TypeError(f"{kernel}: argument {name!r} must be an int in [0, 2**32)")
-        return _SLOT.pack(int(value))
-    if kind == wire.ARG_F32:
-        return _F32.pack(float(value)) + b"\0\0\0\0"
-    raise AssertionError(kind)

@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from guest.api.array import DeviceArray
 from spec import isa
 
 _INT_DTYPES = {isa.TYPE_U8: "<u1", isa.TYPE_S8: "<i1", isa.TYPE_B8: "<u1",
@@ -76,8 +77,6 @@ def _one(kernel: str, i: int, p, ctx, value) -> bytes:
     what = f"{kernel}: argument {i} ({type_name(p)})"
     if p.type == isa.TYPE_B8 and p.size > 1:
         return _by_value(what, p.size, value)
-    from guest.api.core import DeviceArray
-
     if isinstance(value, DeviceArray):
         if p.size != 8 or p.type not in isa.INT_TYPES:
             raise TypeError(f"{what} cannot take a DeviceArray: a device address needs a 64-bit "

@@ -13,9 +13,9 @@ session heap, `conn.session.heap`). The copy APIs (`DeviceArray.copy_from_host`,
 `to_host(out)`, `Context.copy_h2d/copy_d2h` and their async forms) recognise one —
 also a contiguous slice or plain-ndarray view of one — and send requests whose data
 descriptors point at the array's guest-physical range, split into requests of at most
-`dev.pinned_request` bytes with `dev.pinned_depth` of them in flight. In the shared
-memory model that is zero copy: the host's copy engine reads and writes the array's
-memory in place. In the inline model it still saves the guest's bounce copy: H2D marks
+`dev.pinned_request` bytes with `dev.pinned_depth` of them in flight (the CopyPipeline of
+guest/api/copy.py, as every copy). In the shared memory model that is zero copy: the
+host's copy engine reads and writes the array's memory in place. In the inline model it still saves the guest's bounce copy: H2D marks
 the range dirty, so the kick carries it; the D2H data comes back in the call's patches,
 which land in the array (it is a view of the guest memory mirror).
 
@@ -41,20 +41,15 @@ its contents are undefined after an error, as a bounce chunk's would be.
 
 from __future__ import annotations
 
-import collections
-import functools
 import weakref
 
 import numpy as np
 
 from spec import wire
 from guest.api import errors, operands
-from guest.frontend.driver import command
+from guest.api.locking import ApiObject, unlocked
 from guest.frontend.heap import OutOfGuestMemory
 
-PINNED_REQUEST_SHARED = 64 << 20  # largest request of a pinned copy, shared memory model
-PINNED_REQUEST_INLINE = 4 << 20  # ... inline model (the data travels in kick/call frames)
-PINNED_DEPTH = 4  # requests of one synchronous pinned copy in flight at once
 _BASE_WALK = 16  # how far up an ndarray's .base chain to look for a pinned array
 
 
@@ -165,7 +160,7 @@ class PinnedAllocator:
         dev = block.tainted
         if dev is not None and dev.driver.needs_reset:
             # the device may still write into it until it is reset: reused only after reset()
-            dev._quarantine_staging([block.gpa])
+            dev._staging.quarantine([block.gpa])
         elif not self.connection.session.closed:
             self._heap.free(block.gpa)
 
@@ -179,18 +174,7 @@ class PinnedAllocator:
             self._release(block)
 
 
-def init_device(dev) -> None:
-    """The pinned-copy settings and copy counters of a Device (called by its __init__)."""
-    inline = dev.connection.session.inline
-    dev.pinned_request = PINNED_REQUEST_INLINE if inline else PINNED_REQUEST_SHARED
-    dev.pinned_depth = PINNED_DEPTH
-    # what the copies did (for tests and measurements): bounce chunks taken from the pool,
-    # pinned requests and bytes, small copies sent as one descriptor
-    dev.copy_stats = {"staging_chunks": 0, "pinned_requests": 0, "pinned_bytes": 0,
-                      "small_copies": 0}
-
-
-class PinnedArray(np.ndarray):
+class PinnedArray(np.ndarray, ApiObject):
     """A numpy array in pinned (guest-DMA-able) memory; see the module docstring.
 
     `gpa`: the guest-physical address of its first byte; `pinned`: True while it is
@@ -215,20 +199,24 @@ class PinnedArray(np.ndarray):
         return self.view(np.ndarray).__reduce__()  # pickles as an ordinary array
 
     @property
+    @unlocked("reads its block's flag")
     def pinned(self) -> bool:
         return self._pin is not None and not self._pin.freed
 
     @property
+    @unlocked("reads its block's flag")
     def freed(self) -> bool:
         return self._pin is not None and self._pin.freed
 
     @property
+    @unlocked("computed from its block and address")
     def gpa(self) -> int:
         pin = self._pin
         if pin is None:
             raise PinnedMemoryError("this array is not in pinned memory")
         return pin.gpa + (_address(self) - pin.addr)
 
+    @unlocked("takes the connection lock itself (PinnedAllocator.free)")
     def free(self) -> None:
         """Give the whole pinned allocation back (every view of it). Returns at once; the
         heap gets it back when the asynchronous copies still using it complete."""
@@ -269,85 +257,3 @@ def extent(arr, conn):
     if not (0 <= off and off + n <= pin.nbytes):
         return None
     return pin, pin.gpa + off, n
-
-
-def _submit(ctx, s, direction: str, va: int, gpa: int, size: int, block):
-    drv = ctx._driver
-    if direction == "h2d":
-        if drv.session.inline:
-            drv.mem.mark_dirty(gpa, size)  # the kick carries the data
-        cmd = command(wire.CMD_COPY_H2D, (va, size), ctx_id=ctx.ctx_id, ring_idx=s.ring_idx,
-                      flags=wire.FLAG_INFO_RING_IDX if s.ring_idx else 0)
-        rd, wr = [(gpa, size)], ()
-    else:
-        cmd = command(wire.CMD_COPY_D2H, (va, size), ctx_id=ctx.ctx_id, ring_idx=s.ring_idx,
-                      flags=wire.FLAG_INFO_RING_IDX if s.ring_idx else 0)
-        rd, wr = (), [(gpa, size)]
-    block.busy += 1
-    try:
-        req = drv.submit(cmd, readable=rd, writable=wr)
-    except BaseException:
-        block.busy -= 1  # never reached the device
-        raise
-    stats = ctx.device.copy_stats
-    stats["pinned_requests"] += 1
-    stats["pinned_bytes"] += size
-    return req
-
-
-def copy(ctx, s, direction: str, va: int, ext, *, pipeline: bool = True) -> None:
-    """A synchronous pinned copy: requests of at most dev.pinned_request bytes, up to
-    dev.pinned_depth in flight (1 without pipeline); waits for all of them."""
-    block, gpa, n = ext
-    if n == 0:
-        return
-    dev = ctx.device
-    session = ctx._driver.session
-    piece = dev.pinned_request
-    depth = max(1, dev.pinned_depth) if pipeline else 1
-    done = functools.partial(block.allocator._done, block, dev)
-    inflight = collections.deque()
-    first_error = None
-
-    def settle():
-        nonlocal first_error
-        req = inflight[0]
-        session.wait_for(lambda: req.done)
-        inflight.popleft()
-        try:
-            req.response()
-        except Exception as e:
-            first_error = first_error or e
-
-    for off in range(0, n, piece):
-        if len(inflight) >= depth:
-            settle()
-        req = _submit(ctx, s, direction, va + off, gpa + off, min(piece, n - off), block)
-        req.on_done = done
-        inflight.append(req)
-    while inflight:
-        settle()
-    if first_error is not None:
-        raise first_error
-    s._raise_async_error()
-
-
-def copy_async(ctx, s, direction: str, va: int, ext) -> None:
-    """An asynchronous pinned copy: submits every request and returns; the block stays
-    in use (not reusable by the heap) until they complete."""
-    block, gpa, n = ext
-    dev = ctx.device
-    done = functools.partial(_async_done, s, block, dev)
-    for off in range(0, n, dev.pinned_request):
-        req = _submit(ctx, s, direction, va + off, gpa + off, min(dev.pinned_request, n - off), block)
-        req.on_done = done
-        s._track(req)
-
-
-def _async_done(s, block, dev, req) -> None:
-    try:
-        req.response()
-    except Exception as e:
-        s._keep_error(e)
-    finally:
-        block.allocator._done(block, dev, req)

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from guest.api import errors, operands
-from guest.api.core import Context, Device, DeviceArray, _api, _cmd
+from guest.api.array import DeviceArray
+from guest.api.commands import ring_command
 from spec import wire
 
 _EXPORT = struct.Struct(wire.RESP_EXPORT_FORMAT)
@@ -89,20 +90,8 @@ class ImportedArray(DeviceArray):
 
 
 # ---------------------------------------------------------------------- peer access
-def peer_info(dev: Device, peer: Device) -> dict:
-    """The host's description of how `dev` and `peer` reach each other (hello `peers`)."""
-    if not isinstance(peer, Device):
-        raise TypeError(f"peer must be a Device, not {type(peer).__name__}")
-    if peer.index == dev.index:
-        return {"dev": dev.index, "p2p": True, "link": "local", "distance": 0}
-    for p in dev.driver.info.get("peers", ()):
-        if p.get("dev") == peer.index:
-            return dict(p)
-    return {"dev": peer.index, "p2p": False, "link": "unknown", "distance": -1}
-
-
-def enable_peer_access(ctx: Context, peer: Device) -> None:
-    info = peer_info(ctx.device, peer)
+def enable_peer_access(ctx: "Context", peer: "Device") -> None:
+    info = ctx.device.peer_info(peer)
     if not info["p2p"]:
         raise errors.PvgpuError(f"device {ctx.device.index} cannot reach device {peer.index} "
                                 f"peer-to-peer (PCIe link: {info['link']}); copies between them "
@@ -110,27 +99,21 @@ def enable_peer_access(ctx: Context, peer: Device) -> None:
     ctx._peer_access.add(peer.index)
 
 
-def disable_peer_access(ctx: Context, peer: Device) -> None:
+def disable_peer_access(ctx: "Context", peer: "Device") -> None:
     ctx._peer_access.discard(peer.index)
 
 
 # ---------------------------------------------------------------------- export / import
 def export(arr: DeviceArray) -> BufferHandle:
     ctx = arr.context
-    return _export(ctx, arr)
-
-
-@_api
-def _export(ctx: Context, arr: DeviceArray) -> BufferHandle:
     arr._check_usable()
-    _t, body = ctx._driver.call(_cmd(wire.CMD_RESOURCE_EXPORT, (arr.resource_id,),
-                                     ctx_id=ctx.ctx_id))
+    _t, body = ctx._driver.call(ring_command(wire.CMD_RESOURCE_EXPORT, (arr.resource_id,),
+                                             ctx_id=ctx.ctx_id))
     handle_id, token, size = _EXPORT.unpack_from(body)
     return BufferHandle(ctx.device.index, handle_id, token, size)
 
 
-@_api
-def import_(ctx: Context, handle, shape=None, dtype=np.float32, *,
+def import_(ctx: "Context", handle, shape=None, dtype=np.float32, *,
             peer2peer: bool | None = None) -> ImportedArray:
     """RESOURCE_IMPORT into ctx. `peer2peer` (default: whether ctx has peer access to the
     exporting device) lets the device map the other device's VRAM directly."""
@@ -146,24 +129,23 @@ def import_(ctx: Context, handle, shape=None, dtype=np.float32, *,
         peer2peer = handle.device in ctx._peer_access
     rid = next(ctx.device._resource_ids)
     flags = wire.IMPORT_FLAG_PEER2PEER if peer2peer else 0
-    _t, body = ctx._driver.call(_cmd(wire.CMD_RESOURCE_IMPORT,
-                                     (handle.handle_id, handle.token, rid, flags),
-                                     ctx_id=ctx.ctx_id))
+    _t, body = ctx._driver.call(ring_command(wire.CMD_RESOURCE_IMPORT,
+                                             (handle.handle_id, handle.token, rid, flags),
+                                             ctx_id=ctx.ctx_id))
     va, _size, placement = _IMPORT.unpack_from(body)
     return ImportedArray(ctx, rid, va, shape, dtype, handle,
                          wire.IMPORT_PLACEMENT_NAMES.get(placement, str(placement)))
 
 
-@_api
-def revoke(dev: Device, handle) -> None:
+def revoke(dev: "Device", handle) -> None:
     handle = BufferHandle.parse(handle)
     if handle.device != dev.index:
         raise ValueError(f"{handle} was exported on device {handle.device}, not {dev.index}")
-    dev.driver.call(_cmd(wire.CMD_RESOURCE_REVOKE, (handle.handle_id,)))
+    dev.driver.call(ring_command(wire.CMD_RESOURCE_REVOKE, (handle.handle_id,)))
 
 
 # ---------------------------------------------------------------------- peer copies
-def memcpy_peer(ctx: Context, dst: DeviceArray, src: DeviceArray, nbytes: int | None = None,
+def memcpy_peer(ctx: "Context", dst: DeviceArray, src: DeviceArray, nbytes: int | None = None,
                 *, stage_chunk: int = STAGE_CHUNK) -> str:
     """Copy `nbytes` (default: all of src) from `src` to `dst` (an array of ctx), across
     contexts and devices; -> how: "d2d", "peer", "local" (through an import on the same
@@ -192,15 +174,15 @@ def memcpy_peer(ctx: Context, dst: DeviceArray, src: DeviceArray, nbytes: int | 
     return "staged"
 
 
-@_api
-def _copy_d2d_sync(ctx: Context, dst_va: int, src_va: int, n: int) -> None:
+def _copy_d2d_sync(ctx: "Context", dst_va: int, src_va: int, n: int) -> None:
     """One fenced COPY_D2D on the default stream: answered once the copy is done."""
     ctx._check_live()
-    ctx._driver.call(_cmd(wire.CMD_COPY_D2D, (src_va, dst_va, n), ctx_id=ctx.ctx_id, fence_id=1))
+    ctx._driver.call(ring_command(wire.CMD_COPY_D2D, (src_va, dst_va, n), ctx_id=ctx.ctx_id,
+                                  fence_id=1))
     ctx.default_stream._raise_async_error()
 
 
-def _imported(ctx: Context, src: DeviceArray) -> ImportedArray:
+def _imported(ctx: "Context", src: DeviceArray) -> ImportedArray:
     """src imported into ctx (once per source array and context)."""
     for key, (ref, imp) in list(ctx._peer_imports.items()):  # sources freed since
         if ref() is None or ref().freed or imp.freed:
@@ -221,7 +203,7 @@ def _imported(ctx: Context, src: DeviceArray) -> ImportedArray:
     return imp
 
 
-def _staged(ctx: Context, dst: DeviceArray, src: DeviceArray, n: int, chunk: int) -> None:
+def _staged(ctx: "Context", dst: DeviceArray, src: DeviceArray, n: int, chunk: int) -> None:
     """Device -> pinned host buffer -> device, two buffers, the two devices overlapping."""
     conn = ctx.device.connection
     chunk = max(4096, min(int(chunk), n))

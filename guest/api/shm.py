@@ -31,7 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from guest.api import operands
-from guest.api.core import Context, DeviceArray, _api, _cmd
+from guest.api.array import DeviceArray
+from guest.api.commands import ring_command
+from guest.api.locking import ApiObject, unlocked
 from spec import wire
 
 _SHM = struct.Struct(wire.RESP_SHM_FORMAT)
@@ -81,7 +83,7 @@ class ShmHandle:
         return cls(int(m.group(1)), int(m.group(2), 16))
 
 
-class SharedSegment:
+class SharedSegment(ApiObject):
     """A segment of shared device memory on one device, as this guest names it."""
 
     def __init__(self, device, shm_id: int, nbytes: int, *, key: int | None = None,
@@ -98,18 +100,17 @@ class SharedSegment:
         self._attached = {}  # ctx_id -> SharedArray of this connection's attachments
 
     @property
+    @unlocked("a field fixed at creation")
     def size(self) -> int:
         return self.nbytes
 
     # -------------------------------------------------------------- attach / detach
-    @_api
-    def attach(self, ctx: Context, shape=None, dtype=np.float32, *,
+    def attach(self, ctx: "Context", shape=None, dtype=np.float32, *,
                readonly: bool = False) -> "SharedArray":
         """Map the segment into `ctx` (SHM_ATTACH); -> a SharedArray of `shape` and
         `dtype` (default: the whole segment as a 1-D array of dtype)."""
         return ctx.shm_attach(self, shape, dtype, readonly=readonly)
 
-    @_api
     def detach(self, ctx_or_array) -> None:
         """End the attachment in a context (or of a SharedArray) (SHM_DETACH)."""
         if isinstance(ctx_or_array, SharedArray):
@@ -117,26 +118,23 @@ class SharedSegment:
         else:
             ctx_or_array.shm_detach(self)
 
-    @_api
     def remove(self) -> None:
         """Mark the segment for removal (SHM_CONTROL RMID; its creator only): no new
         attachments; the memory is freed once every context of every guest has detached."""
-        self._driver.call(_cmd(wire.CMD_SHM_CONTROL, (self.shm_id, wire.SHM_CTL_RMID)))
+        self._driver.call(ring_command(wire.CMD_SHM_CONTROL, (self.shm_id, wire.SHM_CTL_RMID)))
 
-    @_api
     def export(self) -> ShmHandle:
         """A capability another guest imports with `ctx.shm_import(handle)` (creator only;
         the same handle each time)."""
-        _t, body = self._driver.call(_cmd(wire.CMD_SHM_EXPORT, (self.shm_id,)))
+        _t, body = self._driver.call(ring_command(wire.CMD_SHM_EXPORT, (self.shm_id,)))
         return ShmHandle(*_HANDLE.unpack_from(body))
 
-    @_api
-    def info(self, ctx: Context | None = None) -> dict:
+    def info(self, ctx: "Context | None" = None) -> dict:
         """SHM_CONTROL STAT: {size, nattach (contexts of all guests), removed, creator,
         va (of the attachment in `ctx`, or 0)}."""
         ctx_id = ctx.ctx_id if ctx is not None else 0
-        _t, body = self._driver.call(_cmd(wire.CMD_SHM_CONTROL, (self.shm_id, wire.SHM_CTL_STAT),
-                                          ctx_id=ctx_id))
+        _t, body = self._driver.call(ring_command(wire.CMD_SHM_CONTROL,
+                                                  (self.shm_id, wire.SHM_CTL_STAT), ctx_id=ctx_id))
         size, va, nattach, flags = _STAT.unpack_from(body)
         return {"size": size, "va": va, "nattach": nattach,
                 "removed": bool(flags & wire.SHM_STAT_REMOVED),
@@ -156,18 +154,16 @@ class SharedArray(DeviceArray):
 
     _ended = "detached"
 
-    def __init__(self, ctx: Context, segment: SharedSegment, va: int, shape, dtype,
+    def __init__(self, ctx: "Context", segment: SharedSegment, va: int, shape, dtype,
                  readonly: bool = False):
         super().__init__(ctx, 0, va, shape, dtype)
         self.segment = segment
         self.readonly = readonly
 
-    @_api
     def detach(self) -> None:
         if not self.freed:
             self.context.shm_detach(self.segment)
 
-    @_api
     def free(self) -> None:
         self.detach()
 
@@ -202,7 +198,7 @@ def get(device, key, nbytes: int = 0) -> SharedSegment:
     k = key_of(key)
     if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes < 0:
         raise ValueError(f"nbytes must be an int >= 0, not {nbytes!r}")
-    _t, body = device.driver.call(_cmd(wire.CMD_SHM_GET, (k, int(nbytes), 0)))
+    _t, body = device.driver.call(ring_command(wire.CMD_SHM_GET, (k, int(nbytes), 0)))
     shm_id, flags, size = _SHM.unpack_from(body)
     return _segment(device, shm_id, size, key=k, created=bool(flags & wire.SHM_FLAG_CREATED))
 
@@ -210,12 +206,12 @@ def get(device, key, nbytes: int = 0) -> SharedSegment:
 def import_(device, handle) -> SharedSegment:
     """SHM_IMPORT on `device` of an exported segment (ShmHandle or its string form)."""
     h = ShmHandle.parse(handle)
-    _t, body = device.driver.call(_cmd(wire.CMD_SHM_IMPORT, (h.handle_id, h.token)))
+    _t, body = device.driver.call(ring_command(wire.CMD_SHM_IMPORT, (h.handle_id, h.token)))
     shm_id, _flags, size = _SHM.unpack_from(body)
     return _segment(device, shm_id, size, imported=True)
 
 
-def attach(ctx: Context, seg: SharedSegment, shape=None, dtype=np.float32,
+def attach(ctx: "Context", seg: SharedSegment, shape=None, dtype=np.float32,
            readonly: bool = False) -> SharedArray:
     if not isinstance(seg, SharedSegment):
         raise TypeError(f"shm_attach needs a SharedSegment, not {type(seg).__name__}")
@@ -231,20 +227,21 @@ def attach(ctx: Context, seg: SharedSegment, shape=None, dtype=np.float32,
         raise ValueError(f"an array of shape {shape} and dtype {dtype} ({nbytes} bytes) does "
                          f"not fit the segment's {seg.nbytes} bytes")
     flags = wire.SHM_ATTACH_RDONLY if readonly else 0
-    _t, body = ctx._driver.call(_cmd(wire.CMD_SHM_ATTACH, (seg.shm_id, flags), ctx_id=ctx.ctx_id))
+    _t, body = ctx._driver.call(ring_command(wire.CMD_SHM_ATTACH, (seg.shm_id, flags),
+                                             ctx_id=ctx.ctx_id))
     va, _size = _ATTACH.unpack_from(body)
     arr = SharedArray(ctx, seg, va, shape, dtype, readonly)
     seg._attached[ctx.ctx_id] = arr
     return arr
 
 
-def detach(ctx: Context, seg_or_array) -> None:
+def detach(ctx: "Context", seg_or_array) -> None:
     seg = seg_or_array.segment if isinstance(seg_or_array, SharedArray) else seg_or_array
     if not isinstance(seg, SharedSegment):
         raise TypeError(f"shm_detach needs a SharedSegment or SharedArray, not "
                         f"{type(seg_or_array).__name__}")
     ctx._check_live()
-    ctx._driver.call(_cmd(wire.CMD_SHM_DETACH, (seg.shm_id,), ctx_id=ctx.ctx_id))
+    ctx._driver.call(ring_command(wire.CMD_SHM_DETACH, (seg.shm_id,), ctx_id=ctx.ctx_id))
     arr = seg._attached.pop(ctx.ctx_id, None)
     if arr is not None:
         arr.freed = True

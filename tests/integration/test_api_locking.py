@@ -2,18 +2,23 @@
 
 The API's objects share one connection whose frontend (rings, request slots, guest memory
 heap, bounce chunks) is not thread-safe, so each public method must hold the connection
-lock (`conn._conn_lock`, an RLock) whenever it reaches the frontend; `core._api` takes it
-and translates frontend errors into the API's exceptions.
+lock (`conn._conn_lock`, an RLock) whenever it reaches the frontend. The lock is taken by
+construction (guest/api/locking.py): the API's classes derive from `ApiObject`, which wraps
+every public method and property they define with `api`, unless the member is marked
+`@unlocked(reason)`.
 
-Static half: every public method and property of the API's classes is wrapped by `_api`,
-or listed in UNLOCKED with the reason it may run without the lock; a new unwrapped method
-fails. Dynamic half: the driver's entry points and the guest memory heap are instrumented
-to record any use without the lock held by the calling thread, and every public method is
-called from outside the API (not only through another wrapped method) against a real
-host, in both memory models; the test also checks that it called all of them.
+Static half: every public method and property of every API class is wrapped, or marked
+unlocked with its reason; every ApiObject class is checked; a class that adds a method
+gets it wrapped without doing anything, and the check sees a method that bypassed the
+construction. Dynamic half: the driver's entry points and the guest memory heap are
+instrumented to record any use without the lock held by the calling thread, and every
+public method is called from outside the API (not only through another wrapped method)
+against a real host, in both memory models; the test also checks that it called all of
+them.
 """
 
 import inspect
+import sys
 import threading
 import traceback
 import weakref
@@ -22,50 +27,16 @@ import numpy as np
 import pytest
 
 import guest
-from guest.api import core, module, pinned, prime, shm
+from guest.api import array, connection, context, device, event, locking, module, pinned, prime
+from guest.api import shm, stream
 from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
 from guest.frontend.driver import VirtioGpuDriver, command
 from guest.frontend.heap import GuestHeap
 from guest.frontend.session import FrontendSession
 from spec import wire
 
-# (class, attribute) -> why it may run without the lock
-UNLOCKED = {
-    ("Connection", "memory_model"): "a session field fixed at connect",
-    ("Connection", "vgpu"): "a session field fixed at connect",
-    ("Connection", "endpoint"): "a session field fixed at connect",
-    ("Connection", "close"): "takes the connection lock itself",
-    ("Device", "name"): "device config, read at initialisation",
-    ("Device", "vram_size"): "device config, read at initialisation",
-    ("Device", "features"): "the negotiated feature bits (an int)",
-    ("Device", "memory_model"): "a session field fixed at connect",
-    ("Device", "staging_chunk"): "the getter reads an int (the setter is wrapped)",
-    ("Device", "can_access_peer"): "reads the host's hello answer only",
-    ("Device", "peer_info"): "reads the host's hello answer only",
-    ("Stream", "device"): "a field fixed at creation",
-    ("Stream", "is_default"): "a field fixed at creation",
-    ("DeviceArray", "va"): "a field fixed at creation",
-    ("DeviceArray", "size"): "computed from the shape",
-    ("DeviceArray", "nbytes"): "computed from the shape and dtype",
-    ("VaRange", "end"): "computed from fields fixed at creation",
-    ("SharedSegment", "size"): "a field fixed at creation",
-    ("PinnedArray", "pinned"): "reads its block's flag",
-    ("PinnedArray", "freed"): "reads its block's flag",
-    ("PinnedArray", "gpa"): "computed from its block and address",
-    ("PinnedArray", "free"): "takes the connection lock itself (PinnedAllocator.free)",
-    ("Module", "va"): "a field fixed at load",
-    ("Module", "function_names"): "read from the code object, fixed at load",
-    ("Module", "global_names"): "read from the code object, fixed at load",
-    ("Function", "num_regs"): "read from the code object, fixed at load",
-    ("Function", "shared_size_bytes"): "read from the code object, fixed at load",
-    ("Function", "local_size_bytes"): "read from the code object, fixed at load",
-    ("Function", "max_threads_per_block"): "read from the code object, fixed at load",
-    ("Function", "params"): "read from the code object, fixed at load",
-    ("Function", "param_size"): "read from the code object, fixed at load",
-}
-
-CLASSES = (core.Connection, core.Device, core.Context, core.Stream, core.Event,
-           core.DeviceArray, core.MappedArray, core.VaRange, shm.SharedSegment,
+CLASSES = (connection.Connection, device.Device, context.Context, stream.Stream, event.Event,
+           array.DeviceArray, array.MappedArray, array.VaRange, shm.SharedSegment,
            shm.SharedArray, prime.ImportedArray, pinned.PinnedArray, module.Module,
            module.Function, module.ModuleGlobal)
 N = 4096  # float32 elements of the arrays the dynamic test uses
@@ -123,43 +94,92 @@ def locked(fn) -> bool:
     return bool(getattr(fn, "api_locked", False))
 
 
+def covered(fn) -> bool:
+    """Wrapped by `api`, or marked unlocked with a reason."""
+    return locked(fn) or bool(getattr(fn, "unlocked_reason", ""))
+
+
+def uncovered(members: dict) -> list:
+    """-> the members (of all_members' form) that run without the lock and do not say why."""
+    out = []
+    for (cls, name), attr in members.items():
+        accessors = [attr.fget, attr.fset, attr.fdel] if isinstance(attr, property) else [attr]
+        if not all(fn is None or covered(fn) for fn in accessors):
+            out.append(f"{cls}.{name}")
+    return out
+
+
+def api_classes() -> set:
+    """Every ApiObject class the API defines (guest.* modules), however deep."""
+    found, todo = set(), [locking.ApiObject]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            home = sys.modules.get(sub.__module__)  # (not the probes the tests below make)
+            if sub not in found and getattr(home, sub.__name__, None) is sub \
+                    and sub.__module__.startswith("guest."):
+                found.add(sub)
+                todo.append(sub)
+    return found
+
+
 # ------------------------------------------------------------------------ static half
-def test_every_public_method_is_wrapped_or_justified():
-    unwrapped = []
-    for (cls, name), attr in all_members().items():
-        if isinstance(attr, property):  # a listed getter is fine; a setter is always wrapped
-            ok = (locked(attr.fget) or (cls, name) in UNLOCKED) and \
-                (attr.fset is None or locked(attr.fset))
-        else:
-            ok = locked(attr) or (cls, name) in UNLOCKED
-        if not ok:
-            unwrapped.append(f"{cls}.{name}")
-    assert not unwrapped, ("public API methods that run without the connection lock "
-                           f"(wrap them with core._api or justify them in UNLOCKED): {unwrapped}")
+def test_every_public_method_is_wrapped_or_marked_unlocked():
+    bad = uncovered(all_members())
+    assert not bad, ("public API members that run without the connection lock and do not "
+                     f"say why (derive the class from ApiObject, or mark @unlocked): {bad}")
 
 
-def test_the_allowlist_is_not_stale():
-    members = all_members()
-    assert set(UNLOCKED) <= set(members), set(UNLOCKED) - set(members)
-    for key in UNLOCKED:
-        attr = members[key]
+def test_unlocked_members_give_their_reason_and_are_not_wrapped():
+    for key, attr in all_members().items():
         fn = attr.fget if isinstance(attr, property) else attr
-        assert not locked(fn), f"{key} is wrapped: drop it from UNLOCKED"
+        if hasattr(fn, "unlocked_reason"):
+            assert fn.unlocked_reason.strip(), key
+            assert not locked(fn), f"{key} is marked unlocked and wrapped"
+        if isinstance(attr, property) and attr.fset is not None:
+            assert locked(attr.fset), f"{key}: a setter changes state: it takes the lock"
 
 
-def test_the_classes_cover_the_exported_api():
+def test_every_api_class_is_checked_and_built_on_the_lock():
+    assert api_classes() == set(CLASSES), api_classes() ^ set(CLASSES)
     exported = {getattr(guest, n) for n in guest.__all__ if inspect.isclass(getattr(guest, n))}
     with_state = {c for c in exported if not issubclass(c, Exception)
                   and c not in (guest.EventHandle, guest.BufferHandle, guest.ShmHandle)}
     assert with_state <= set(CLASSES), with_state - set(CLASSES)
+    assert all(issubclass(c, locking.ApiObject) for c in CLASSES)
 
 
-def test_the_check_sees_a_new_unwrapped_method():
-    probe = type("Probe", (core.DeviceArray,), {"new_method": lambda self: None,
-                                                "__module__": "guest.api.probe"})
+def test_a_new_method_is_locked_by_construction():
+    def new_method(self):
+        return "new"
+
+    def getter(self):
+        return 1
+
+    probe = type("Probe", (array.DeviceArray,), {"new_method": new_method,
+                                                 "new_property": property(getter),
+                                                 "__module__": "guest.api.probe"})
     members = public_members(probe)
-    assert not locked(members["new_method"][1]) and locked(members["to_host"][1])
+    assert locked(members["new_method"][1]) and locked(members["new_property"][1].fget)
+    assert locked(members["to_host"][1]) and not locked(members["nbytes"][1].fget)
+    assert members["new_method"][1].__wrapped__ is new_method
     assert "view" not in public_members(pinned.PinnedArray)  # numpy's methods are not ours
+
+
+def test_the_check_sees_a_method_that_bypassed_the_construction():
+    probe = type("Probe", (array.DeviceArray,), {"__module__": "guest.api.probe"})
+    probe.late = lambda self: None  # set after the class was made: never wrapped
+    members = {("Probe", n): a for n, (_b, a) in public_members(probe).items()}
+    assert uncovered(members) == ["Probe.late"]
+
+
+def test_a_public_static_or_class_method_must_say_it_is_unlocked():
+    with pytest.raises(TypeError, match="unlocked"):
+        type("Probe", (locking.ApiObject,), {"make": classmethod(lambda cls: cls())})
+    with pytest.raises(ValueError):
+        locking.unlocked("")
+    marked = type("Probe", (locking.ApiObject,),
+                  {"make": staticmethod(locking.unlocked("no state")(lambda: 1))})
+    assert marked.make() == 1
 
 
 # ------------------------------------------------------------------------ dynamic half
@@ -183,13 +203,13 @@ class LockProbe:
 
     def _instrument_frontend(self, monkeypatch):
         probe = self
-        init = core.Connection.__init__
+        init = connection.Connection.__init__
 
         def connection_init(conn, session):
             init(conn, session)
             for obj in (session, session.heap, *session.devices):
                 probe.locks[obj] = conn._conn_lock
-        monkeypatch.setattr(core.Connection, "__init__", connection_init)
+        monkeypatch.setattr(connection.Connection, "__init__", connection_init)
         for cls, name in ENTRY_POINTS:
             monkeypatch.setattr(cls, name, self._checked(cls, name, getattr(cls, name)))
 
@@ -323,7 +343,7 @@ def exercise(conn) -> None:
     r.release()
     ctx.release_va(ctx.reserve_va(4096))
     rid, _va, _size = ctx.alloc(4096)
-    core.DeviceArray(ctx, rid, _va, (1024,), np.float32).free()
+    array.DeviceArray(ctx, rid, _va, (1024,), np.float32).free()
 
     # shared device memory
     seg = d0.shm_get("locking", 4 * N)

@@ -106,7 +106,7 @@ def test_async_copies_land_at_the_next_synchronize(conn):
         ctx.copy_d2h_async(d.ptr, out2, s)
         s.synchronize()
         np.testing.assert_array_equal(out2, out)
-        assert dev._staging_count <= STAGING_DEPTH and not dev._async_held
+        assert dev._staging.count <= STAGING_DEPTH and not dev._staging.lent
 
 
 def test_async_errors_surface_on_their_stream_and_at_ctx_sync(conn):

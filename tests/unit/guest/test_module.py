@@ -186,7 +186,7 @@ def test_device_arrays_only_for_64_bit_parameters():
     class NotAnArray:
         pass
     fn = FakeFn(entry_with((0, 4, 4, isa.TYPE_U32)))
-    from guest.api.core import DeviceArray
+    from guest.api.array import DeviceArray
     arr = DeviceArray.__new__(DeviceArray)  # never touched: refused by its parameter's type
     with pytest.raises(TypeError, match="cannot take a DeviceArray"):
         params.marshal(fn, None, (arr,))

@@ -1,7 +1,7 @@
 """guest.api.pinned without a host: the pinned allocator over a session heap, PinnedArray
 (views, slices, derived arrays, free, garbage collection), recognising pinned memory in
-any view (`extent`), blocks kept while requests use them; and the bounce-chunk pool when
-`Device.staging_chunk` changes."""
+any view (`extent`), blocks kept while requests use them; and the bounce-chunk pool
+(guest/api/copy.py) when `Device.staging_chunk` changes."""
 
 import gc
 import pickle
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from guest.api import lifetime, pinned
-from guest.api.core import Device
+from guest.api import copy, lifetime, pinned
+from guest.api.device import Device
 from guest.api.pinned import PinnedArray, PinnedMemoryError
 from guest.frontend.heap import GuestHeap, OutOfGuestMemory
 from transport.memory import GuestMemory, InlineGuestMemory
@@ -163,7 +163,8 @@ def test_a_block_of_a_request_lost_to_a_reset_waits_for_the_reset(conn):
     p = conn._pinned.empty(8192, np.uint8)
     blk = pinned.extent(p, conn)[0]
     quarantined = []
-    dev = SimpleNamespace(driver=SimpleNamespace(needs_reset=True), _quarantine_staging=quarantined.extend)
+    dev = SimpleNamespace(driver=SimpleNamespace(needs_reset=True),
+                          _staging=SimpleNamespace(quarantine=quarantined.extend))
     blk.busy = 1
     conn._pinned._done(blk, dev, SimpleNamespace(failed=RuntimeError("needs reset")))
     p.free()
@@ -190,15 +191,16 @@ def fake_device():
 def test_staging_chunk_setter_frees_the_idle_pool():
     dev, heap = fake_device()
     free0 = heap.free_bytes
-    a, b = dev._take_staging(), dev._take_staging()
-    dev._give_staging(a)
-    dev._give_staging(b)
+    pool = dev._staging
+    a, b = pool.take(), pool.take()
+    pool.give(a)
+    pool.give(b)
     assert dev.copy_stats["staging_chunks"] == 2 and heap.free_bytes == free0 - 2 * dev.staging_chunk
     dev.staging_chunk = 1 << 20
-    assert dev.staging_chunk == 1 << 20 and heap.free_bytes == free0 and dev._staging_count == 0
-    c = dev._take_staging()
+    assert dev.staging_chunk == 1 << 20 and heap.free_bytes == free0 and pool.count == 0
+    c = pool.take()
     assert heap.free_bytes == free0 - (1 << 20)
-    dev._give_staging(c)
+    pool.give(c)
     for bad in (0, 1000, 4097):
         with pytest.raises(ValueError):
             dev.staging_chunk = bad
@@ -208,22 +210,23 @@ def test_chunks_lent_across_a_size_change_are_freed_when_they_return():
     dev, heap = fake_device()
     free0 = heap.free_bytes
     old = dev.staging_chunk
-    lent = dev._lend_staging()
+    pool = dev._staging
+    lent = pool.lend()
     dev.staging_chunk = 256 << 10
     assert heap.free_bytes == free0 - old  # still on the device
-    dev._return_staging(lent)
-    assert heap.free_bytes == free0 and dev._staging == [] and dev._staging_count == 0
-    fresh = dev._lend_staging()
-    dev._return_staging(fresh)
-    assert dev._staging == [fresh]  # a chunk of the current size goes back to the pool
+    pool.give_back(lent)
+    assert heap.free_bytes == free0 and pool.free == [] and pool.count == 0
+    fresh = pool.lend()
+    pool.give_back(fresh)
+    assert pool.free == [fresh]  # a chunk of the current size goes back to the pool
 
 
 def test_device_defaults():
     dev, _heap = fake_device()
     assert dev.staging_depth == 4 and dev.small_h2d_max == 216
-    assert dev.pinned_request == pinned.PINNED_REQUEST_SHARED and dev.pinned_depth == pinned.PINNED_DEPTH
+    assert dev.pinned_request == copy.PINNED_REQUEST_SHARED and dev.pinned_depth == copy.PINNED_DEPTH
     inline_dev = Device(fake_conn(inline=True), SimpleNamespace(index=0))
-    assert inline_dev.pinned_request == pinned.PINNED_REQUEST_INLINE
+    assert inline_dev.pinned_request == copy.PINNED_REQUEST_INLINE
 
 
 def test_bench_copies_command_line():

@@ -1,0 +1,104 @@
+"""A connection: one guest session with the host (guest/frontend) and its devices, the
+pinned host memory it hands out (guest/api/pinned.py) and the lock every API call on its
+objects takes (guest/api/locking.py).
+
+    import guest
+    with guest.connect() as conn:
+        ctx = conn.devices[0].create_context()
+        a = ctx.to_device(np.arange(n, dtype=np.float32))
+        c = ctx.empty(n, np.float32)
+        ctx.launch("vector_add", grid=..., block=256, args=(a, b, c, n))
+        out = c.to_host()
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from guest.api import errors, lifetime, pinned
+from guest.api.device import Device
+from guest.api.locking import ApiObject, unlocked
+from guest.frontend.session import FrontendSession
+from spec import wire
+
+
+def connect(endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
+            mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
+            heartbeat_ms: int | None = None, timeout: float = 10.0,
+            features: int | None = None, vgpu: str | None = None) -> "Connection":
+    """Open a guest session with the host at `endpoint` (default: the local ipc endpoint).
+
+    memory: "shared" (zero-copy POSIX shared memory, same machine) or "inline" (guest
+    memory mirrored through the messages; works across machines). features: the virtio
+    feature bits the driver accepts (default: all it knows); VIRTIO_F_VERSION_1 is
+    required. vgpu: the name of a host-configured vGPU to join (`pvgpu host --vgpu`);
+    without it the host assigns one (`conn.vgpu` tells which)."""
+    try:
+        return Connection(FrontendSession(endpoint, memory=memory, mem_size=mem_size, name=name,
+                                          heartbeat_ms=heartbeat_ms, timeout=timeout, vgpu=vgpu,
+                                          features=features))
+    except Exception as e:
+        mapped = errors.translate(e)
+        if mapped is e:
+            raise
+        raise mapped from None
+
+
+class Connection(ApiObject):
+    def __init__(self, session: FrontendSession):
+        self.session = session
+        self._conn_lock = threading.RLock()
+        self._releases = lifetime.Releases(self)
+        self._pinned = pinned.PinnedAllocator(self)
+        self.devices = [Device(self, drv) for drv in session.devices]
+
+    def pinned_empty(self, shape, dtype=np.float32) -> "pinned.PinnedArray":
+        """A numpy array in pinned memory (inside guest memory, from the session heap):
+        copies between it and a DeviceArray are one DMA, no bounce (guest/api/pinned.py).
+        Give it back with `free()` or a `with` block."""
+        return self._pinned.empty(shape, dtype)
+
+    def pinned_zeros(self, shape, dtype=np.float32) -> "pinned.PinnedArray":
+        arr = self._pinned.empty(shape, dtype)
+        arr.fill(0)
+        return arr
+
+    def pinned_array(self, data, dtype=None) -> "pinned.PinnedArray":
+        """A pinned copy of `data`."""
+        data = np.asarray(data, dtype=dtype)
+        arr = self._pinned.empty(data.shape, data.dtype)
+        arr[...] = data
+        return arr
+
+    @property
+    @unlocked("a session field fixed at connect")
+    def memory_model(self) -> str:
+        return self.session.memory
+
+    @property
+    @unlocked("a session field fixed at connect")
+    def vgpu(self) -> dict | None:
+        """The vGPU the host bound this session to ({name, compute, copy, mem} shares in
+        percent), or None when the host has no vGPUs configured."""
+        return self.session.vgpu
+
+    @property
+    @unlocked("a session field fixed at connect")
+    def endpoint(self) -> str:
+        return self.session.endpoint
+
+    @unlocked("takes the connection lock itself")
+    def close(self) -> None:
+        with self._conn_lock:
+            self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        return f"<pvgpu.Connection {self.endpoint} {self.memory_model} devices={len(self.devices)}>"
