@@ -30,7 +30,7 @@ import numpy as np
 
 from bench.common import rounds, write_json
 import guest
-from guest.api.core import _cmd
+from guest.api.commands import ring_command
 from pvgpu.procs import HostProcess, private_endpoint
 from spec import wire
 
@@ -84,7 +84,7 @@ def _sizes_table(ctx, dev, sizes, bufs, quick, label) -> list:
           "device's own copy of the same size, VRAM to VRAM (a fenced COPY_D2D)")
     print(f"{'size':>8} {'memcpy':>7} {'D2D':>15} | {'H2D pinned':>15} {'pageable':>15} {'unpiped':>15} "
           f"{'pipe':>5} | {'D2H pinned':>15} {'pageable':>15} {'unpiped':>15} {'pipe':>5}")
-    d2d_cmd = _cmd(wire.CMD_COPY_D2D, (d.ptr, d2.ptr, 0), ctx_id=ctx.ctx_id, fence_id=1)
+    d2d_cmd = ring_command(wire.CMD_COPY_D2D, (d.ptr, d2.ptr, 0), ctx_id=ctx.ctx_id, fence_id=1)
     for n in sizes:
         s, o, ps, po = src[:n], dst[:n], psrc[:n], pdst[:n]
         dv = d.ptr

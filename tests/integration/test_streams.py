@@ -12,7 +12,7 @@ import pytest
 from anymachine import with_longer_burns
 
 import guest
-from guest.api.core import STAGING_DEPTH
+from guest.api.copy import STAGING_DEPTH
 from spec import wire
 
 N = 1 << 16
