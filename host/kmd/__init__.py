@@ -2,7 +2,9 @@
 
 from host.kmd.bo import BufferObject, GpuFault
 from host.kmd.buddy import CONTIGUOUS, RANGE, TOPDOWN, Block, BuddyAllocator
-from host.kmd.device import Context, DmaMapping, KmdDevice
+from host.kmd.context import Context
+from host.kmd.device import KmdDevice
+from host.kmd.dma import DmaMapping
 from host.kmd.errors import (Busy, DeviceLost, InvalidAddress, InvalidArgument, InvalidContext,
                              InvalidSegment, KmdError, NoVmid, OutOfMemory, PermissionDenied,
                              RingFull)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from host.hw import regs
 from host.kmd import (GpuFault, InvalidAddress, InvalidArgument, InvalidContext, KmdError,
                       NoVmid, OutOfMemory)
-from host.kmd.device import IbPool
+from host.kmd.ib_pool import IbPool
 from spec import wire
 
 P = regs.PAGE_SIZE
