@@ -27,11 +27,15 @@ ib_pool.py (the IB pool), dma.py (DMA mappings), evict.py (placement and moves),
 job.py (submission, run_job, completion), tdr.py (timers and recovery), irq.py
 (interrupts); context.py and va.py hold Context.
 
-Locking: one RLock per device guards all driver state. Submissions come from any host
-thread; interrupts from the engine threads take the same lock for a few statements.
-Waiting for ring or IB-pool space happens in a Condition wait that releases the lock, so
-a full ring never blocks the interrupt handler that would drain it. No fence callback is
-ever called with the lock held.
+Locking: one DeviceLock (re-entrant, host/kmd/lock.py) per device guards all driver
+state. Submissions come from any host thread; interrupts from the engine threads take
+the same lock for a few statements. Waiting for ring or IB-pool space happens in a
+Condition wait that releases the lock, so a full ring never blocks the interrupt handler
+that would drain it. No fence callback ever runs with a device lock held: a thread that
+signals a fence, or adds a callback to one that has signalled, while it holds one runs
+the callbacks after releasing it. So a callback that takes another device's lock (a
+scheduler woken by a dependency on a fence of this device) never nests that lock inside
+this one, and two devices with dependencies on each other's fences cannot deadlock.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from host.hw.pcie import P2PDMA_MAP_NAMES
 from host.kmd.ib_pool import DEFAULT_IB_POOL_SIZE, IbPool, IbPoolMixin
 from host.kmd.irq import IrqMixin
 from host.kmd.job import MAX_CLIENT_QUEUED_JOBS, MAX_QUEUED_JOBS, JobMixin
+from host.kmd.lock import DeviceLock
 from host.kmd.prime import PrimeExporter
 from host.kmd.ring import DEFAULT_RING_SIZE, Ring
 from host.kmd.shm import ShmManager
@@ -85,7 +90,7 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         self.vram = gpu.vram
         self.mmio = gpu.mmio
         self.timeout = timeout
-        self.lock = threading.RLock()
+        self.lock = DeviceLock()  # fence callbacks run after its release (lock.py)
         self._cond = threading.Condition(self.lock)
 
         device_id = self.mmio.read(regs.REG_DEVICE_ID)

@@ -1,13 +1,14 @@
 """Job submission, run_job and job completion (drm_sched's backend ops), and flow control.
 
 Submission (Context.submit_*): the job's packets (COPY or LAUNCH, addresses in the
-context's VA space) are written into an indirect buffer taken from the IB pool; then, in
-one ring transaction on the engine for that job type (COPY -> ENGINE_COPY, LAUNCH ->
-ENGINE_COMPUTE): a WAIT packet for each other engine whose fences the job depends on and
-that have not signalled yet (one WAIT per engine on the highest such sequence number —
-same-engine dependencies are already ordered by the ring), INDIRECT_BUFFER(ib, length,
-vmid), and a FENCE with FENCE_IRQ. Dependencies on fences of another device (or software
-fences) are waited for on the CPU before submitting; the GPU scheduler will replace that.
+context's VA space) are queued on the scheduler of the engine for that job type (COPY ->
+a copy engine by direction, LAUNCH -> ENGINE_COMPUTE), on the entity of its timeline.
+The scheduler hands a job over once its dependencies have signalled (one on the same
+ring once it is scheduled: the ring executes in order); it hears of a dependency's
+signal through the fence's callback (wake), which never runs under a device lock
+(lock.py). Then run_job writes the packets into an indirect buffer taken from the IB
+pool and, in one ring transaction, INDIRECT_BUFFER(ib, length, vmid) and a FENCE with
+FENCE_IRQ.
 
 A job's life: Context.submit_* checks its arguments and calls KmdDevice._submit, which
 pushes a SchedJob on the scheduler entity of its timeline (never waiting). The
