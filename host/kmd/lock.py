@@ -21,24 +21,27 @@ from __future__ import annotations
 import collections
 import threading
 
-_tls = threading.local()  # depth: DeviceLock levels held; queue: deferred calls; draining
+
+class _ThreadState(threading.local):
+    depth = 0  # DeviceLock levels the thread holds
+    queue = None  # its deferred calls: deque of (fn, args)
+    draining = False
 
 
-def _depth() -> int:
-    return getattr(_tls, "depth", 0)
+_tls = _ThreadState()
 
 
 def held() -> bool:
     """Whether the calling thread holds a DeviceLock."""
-    return _depth() > 0
+    return _tls.depth > 0
 
 
 def call_soon(fn, *args) -> None:
     """fn(*args) now if the calling thread holds no DeviceLock, else once it holds none."""
-    if _depth() == 0:
+    if not _tls.depth:
         fn(*args)
         return
-    queue = getattr(_tls, "queue", None)
+    queue = _tls.queue
     if queue is None:
         queue = _tls.queue = collections.deque()
     queue.append((fn, args))
@@ -47,12 +50,12 @@ def call_soon(fn, *args) -> None:
 def _drain() -> None:
     """Run the calling thread's deferred calls (it holds no DeviceLock). A call that takes
     a lock and queues more leaves them to this loop, which keeps the order."""
-    queue = getattr(_tls, "queue", None)
-    if not queue or getattr(_tls, "draining", False):
+    if _tls.draining:
         return
+    queue = _tls.queue
     _tls.draining = True
     try:
-        while queue and _depth() == 0:
+        while queue and not _tls.depth:
             fn, args = queue.popleft()
             fn(*args)
     finally:
@@ -63,28 +66,34 @@ class DeviceLock:
     """threading.RLock that counts, per thread, the DeviceLock levels held and runs the
     thread's deferred calls once it holds none. Usable with threading.Condition."""
 
-    __slots__ = ("_lock",)
+    __slots__ = ("_lock", "_acquire", "_release")
 
     def __init__(self):
         self._lock = threading.RLock()
+        self._acquire, self._release = self._lock.acquire, self._lock.release
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
-        if not self._lock.acquire(blocking, timeout):
+        if not self._acquire(blocking, timeout):
             return False
-        _tls.depth = _depth() + 1
+        _tls.depth += 1
         return True
 
     def release(self) -> None:
-        self._lock.release()
-        _tls.depth -= 1
-        if _tls.depth == 0:
+        self._release()
+        depth = _tls.depth = _tls.depth - 1
+        if not depth and _tls.queue:
             _drain()
 
     def __enter__(self) -> bool:
-        return self.acquire()
+        self._acquire()
+        _tls.depth += 1
+        return True
 
     def __exit__(self, *exc) -> None:
-        self.release()
+        self._release()
+        depth = _tls.depth = _tls.depth - 1
+        if not depth and _tls.queue:
+            _drain()
 
     # the protocol threading.Condition uses to release every level around a wait
     def _is_owned(self) -> bool:
@@ -92,14 +101,14 @@ class DeviceLock:
 
     def _release_save(self):
         state = self._lock._release_save()  # (levels, owner)
-        _tls.depth -= state[0]
-        if _tls.depth == 0:
+        depth = _tls.depth = _tls.depth - state[0]
+        if not depth and _tls.queue:
             _drain()
         return state
 
     def _acquire_restore(self, state) -> None:
         self._lock._acquire_restore(state)
-        _tls.depth = _depth() + state[0]
+        _tls.depth += state[0]
 
     def __repr__(self) -> str:
         return f"DeviceLock(owned={self._is_owned()})"
