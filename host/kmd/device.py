@@ -381,6 +381,7 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
     @property
     def deferred_frees(self) -> int:
         return len(self._deferred)
+
     # ------------------------------------------------------------------ vGPUs and statistics
     def add_vgpu(self, shares: VgpuShares) -> VgpuShares:
         """Make a vGPU known to every ring's scheduler (idempotent for equal shares)."""
