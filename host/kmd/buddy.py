@@ -52,7 +52,7 @@ def _is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0
 
 
-def _round_up(x: int, a: int) -> int:
+def round_up(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
@@ -267,7 +267,7 @@ class BuddyAllocator:
             contained = b.offset >= start and b.end <= end
             if not contained:
                 lo, hi = max(b.offset, start), min(b.end, end)
-                if (hi // req) * req <= _round_up(lo, req):
+                if (hi // req) * req <= round_up(lo, req):
                     continue  # the overlap cannot hold an aligned block of this order
             if contained and b.order == order:
                 if b.state == FREE:
@@ -359,7 +359,7 @@ class BuddyAllocator:
                                   f">= the chunk size {chunk}")
         if start % chunk or end % chunk or not 0 <= start < end <= self.size:
             raise InvalidArgument(f"bad range [{start:#x}, {end:#x})")
-        size = _round_up(size, chunk)
+        size = round_up(size, chunk)
         if size > end - start or size > self.avail:
             raise OutOfMemory(f"{size} bytes requested, {self.avail} available")
         use_range = bool(flags & RANGE) or start != 0 or end != self.size
@@ -376,7 +376,7 @@ class BuddyAllocator:
             size = max(1 << (size - 1).bit_length(), min_block_size)
             min_block_size = size
         elif size % min_block_size:
-            size = _round_up(size, min_block_size)
+            size = round_up(size, min_block_size)
         pages = size >> self._chunk_shift
         min_order = (min_block_size >> self._chunk_shift).bit_length() - 1
         order = min(pages.bit_length() - 1, self.max_order)

@@ -11,9 +11,11 @@ interrupt costs nothing.
 
 A Fence signals exactly once. Its error (None, a GpuFault or a string) is set before it
 signals. add_done_callback(fn) calls fn(fence) exactly once: on the signalling thread
-(the engine's interrupt thread) after the fence is marked signalled, or at once on the
-caller's thread if the fence has already signalled. Callbacks never run with the
-driver's lock held. A callback that raises is logged and does not stop the others.
+(the engine's interrupt thread) after the fence is marked signalled, or on the caller's
+thread if the fence has already signalled. Callbacks never run with a device lock held:
+a thread that holds one when it signals a fence (or adds a callback to a signalled one)
+runs the callbacks once it has released it (host/kmd/lock.py); wait() returns at once
+all the same. A callback that raises is logged and does not stop the others.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import logging
 import threading
 
 from host.hw import packets
+from host.kmd import lock as devlock
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +125,10 @@ class Fence:
 
 
 def _run(fence: Fence, callbacks) -> None:
+    devlock.call_soon(_call, fence, callbacks)  # after the thread's device locks go
+
+
+def _call(fence: Fence, callbacks) -> None:
     for fn in callbacks:
         try:
             fn(fence)

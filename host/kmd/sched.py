@@ -286,6 +286,8 @@ class GpuScheduler:
         for dep in job.deps:
             if not dep.signaled:
                 self.stats["dependencies"] += 1
+                # if dep signals meanwhile, the callback runs after the driver's lock
+                # is released, not here (host/kmd/lock.py)
                 dep.add_done_callback(self._dependency_signalled)
         ent.jobs.append(job)
         self._count_queued(ent, 1)

@@ -1,6 +1,6 @@
 """Oversubscription: the KMD evicts other contexts' buffer objects to host memory (Gdev's
 swapping), keeps them reachable through PTE_SYSTEM pages at the same VA, and migrates them
-back when VRAM frees up (host/kmd/device.py, "Oversubscription")."""
+back when VRAM frees up (host/kmd/evict.py)."""
 
 import msgpack
 import numpy as np

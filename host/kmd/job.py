@@ -1,0 +1,358 @@
+"""Job submission, run_job and job completion (drm_sched's backend ops), and flow control.
+
+Submission (Context.submit_*): the job's packets (COPY or LAUNCH, addresses in the
+context's VA space) are queued on the scheduler of the engine for that job type (COPY ->
+a copy engine by direction, LAUNCH -> ENGINE_COMPUTE), on the entity of its timeline.
+The scheduler hands a job over once its dependencies have signalled (one on the same
+ring once it is scheduled: the ring executes in order); it hears of a dependency's
+signal through the fence's callback (wake), which never runs under a device lock
+(lock.py). Then run_job writes the packets into an indirect buffer taken from the IB
+pool and, in one ring transaction, INDIRECT_BUFFER(ib, length, vmid) and a FENCE with
+FENCE_IRQ.
+
+A job's life: Context.submit_* checks its arguments and calls KmdDevice._submit, which
+pushes a SchedJob on the scheduler entity of its timeline (never waiting). The
+scheduler calls run_job (lock held) once the job may run; its hardware fence retires in
+_retire (on the interrupt thread) and _hw_done hands the completion to the scheduler,
+which signals the job's finished fence once the lock is released.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from host.hw import packets, regs
+from host.kmd import fence as fence_mod
+from host.kmd.errors import ContextLost, DeviceLost, InvalidArgument, InvalidContext
+from host.kmd.fence import Fence, FenceDriver
+from host.kmd.kernarg import CodeLaunch, KernargArea
+from host.kmd.prime import ALL_SHARED
+from host.kmd.resv import RESV_LOCK
+from host.kmd.sched import GpuScheduler, SchedJob
+from spec import isa, kernels
+
+if TYPE_CHECKING:
+    from host.kmd.context import Context
+
+log = logging.getLogger("pvgpu.kmd")
+
+# host->device copies on copy engine 0, device->host on copy engine 1, so both directions
+# overlap each other and compute
+ENGINE_FOR_COPY = {"h2d": regs.ENGINE_COPY0, "d2h": regs.ENGINE_COPY1, "d2d": regs.ENGINE_COPY0}
+MAX_QUEUED_JOBS = 8192  # jobs queued in the schedulers of one device
+MAX_CLIENT_QUEUED_JOBS = 1024  # ... of one client (a guest session)
+_U64 = (1 << 64) - 1
+_U32 = (1 << 32) - 1
+
+
+class _Job:
+    __slots__ = ("fence", "context", "kind", "ib", "ib_block", "submitted", "timeline",
+                 "kernarg")
+
+    def __init__(self, fence, context, kind, ib, ib_block, timeline: int = 0, kernarg=None):
+        self.fence = fence
+        self.context = context
+        self.kind = kind  # the engine
+        self.ib = ib
+        self.ib_block = ib_block
+        self.timeline = timeline
+        self.kernarg = kernarg  # the parameter-buffer slot of a code launch (kernarg.py)
+        self.submitted = time.monotonic()
+
+
+class JobMixin:
+    """KmdDevice's submission, scheduler backend ops and job completion."""
+
+    # ------------------------------------------------------------------ flow control
+    def has_headroom(self, client=None) -> bool:
+        """Whether the schedulers take more jobs now: fewer than max_queued_jobs queued on
+        this device and fewer than max_client_queued_jobs of `client` (a context's
+        `client` tag, e.g. a guest session). Callers that must not block (the host's I/O
+        loop) hold back new work until it is true — one client's flood holds back only
+        that client."""
+        with self.lock:
+            if sum(s.n_queued for s in self.schedulers) >= self.max_queued_jobs:
+                return False
+            if client is None:
+                return True
+            return self._client_queued(client) < self.max_client_queued_jobs
+
+    def _client_queued(self, client) -> int:
+        return sum(s.queued(ctx) for ctx in self.contexts.values() if ctx.client is client
+                   for s in self.schedulers)
+
+    def oldest_pending_fence(self, client=None) -> Fence | None:
+        """The finished fence of the oldest unfinished job (of `client`), None when idle."""
+        with self.lock:
+            best = None
+            for s in self.schedulers:
+                cands = list(s.in_flight) + [e.jobs[0] for e in s.entities if e.jobs]
+                for job in cands:
+                    owner = job.entity.owner
+                    if client is not None and (owner is None or owner.client is not client):
+                        continue
+                    if best is None or job.arrival_ns < best.arrival_ns or (
+                            job.arrival_ns == best.arrival_ns and job.seq < best.seq):
+                        best = job
+            return best.finished if best is not None else None
+
+    # ------------------------------------------------------------------ submission
+    def _submit(self, ctx: "Context", engine: int, ib: bytes, wait, timeline: int = 0,
+                touches=()) -> Fence:
+        """Queue a job (its IB's packets) on the scheduler of `engine`, on the entity of
+        timeline `timeline` of ctx; -> the job's finished fence. Never waits: the job runs
+        when its dependencies have signalled and the scheduler picks it. `touches`: the
+        (va, size, write) ranges it accesses, for implicit sync of shared buffers."""
+        deps = []
+        for f in wait or ():
+            if f is None:
+                continue
+            if not isinstance(f, Fence):
+                raise InvalidArgument(f"not a fence: {f!r}")
+            if not f.signaled:
+                deps.append(f)
+        with self.lock:
+            if ctx.device is not self or ctx.destroyed:
+                raise InvalidContext("context was destroyed or belongs to another device")
+            if self.stopped:
+                raise DeviceLost("device stopped")
+            if ctx.lost:
+                raise ContextLost(f"context {ctx.id} was lost after a GPU hang "
+                                  f"({ctx.lost_reason}); destroy it")
+            self._reclaim_locked()
+            sched = self.schedulers[engine]
+            ent = ctx._entity(sched, timeline)
+            now = self.clock_ns()
+            if not (ctx.shared and touches):
+                resvs = ()
+            elif touches is ALL_SHARED:  # a code launch (spec PRIME-SYNC-2)
+                resvs = self.prime.shared_resvs(ctx)
+            else:
+                resvs = self.prime.touched(ctx, touches)
+            if resvs:
+                with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
+                    deps += self.prime.implicit_deps(resvs)
+                    job = sched.push(SchedJob(ent, ib, deps), now)
+                    self.prime.add_job_fence(resvs, job.finished)
+            else:
+                job = sched.push(SchedJob(ent, ib, deps), now)
+            ent.last_finished = job.finished
+            ctx.last_fence = job.finished
+            ctx.last_use_ns = now
+            ctx.stats["jobs_submitted"] += 1
+            self.stats["jobs_submitted"] += 1
+            sched.schedule(now)
+            signals = self._take_signals()
+            self._arm_timer(sched)
+        self._signal(signals)
+        return job.finished
+
+    # ------------------------------------------------------------------ scheduler ops
+    def run_job(self, job: SchedJob) -> Fence:
+        """drm_sched backend op (lock held): write the job's IB, then INDIRECT_BUFFER and
+        a FENCE into its ring; -> the hardware fence."""
+        engine = job.entity.sched.engine
+        ctx = job.entity.owner
+        ib = job.payload
+        ctx.last_use_ns = self.clock_ns()
+        if ctx.evicted_bos and not self._ctx_on_gpu(ctx):
+            self._restore_evicted(ctx)  # only into free VRAM; never waits
+        if ctx.stale_imports:
+            self.prime.remap_stale(ctx)  # the exporter moved a buffer this job may use
+        slot = None
+        if isinstance(ib, CodeLaunch):  # its parameters go into a slot of the kernarg area
+            slot = ctx.kernargs.take(ib.params)
+            if slot is None:  # cannot happen (slots >= hw_limit): the launch faults instead
+                log.error("gpu%d: no parameter buffer free for %r", self.index, job)
+            ib = ib.ib(ctx.kernargs.slot_va(slot) if slot is not None else 0)
+        phys, ib_blocks = self._ib_alloc_nowait(len(ib))
+        self.vram.write(phys, ib)
+        ring = self.rings[engine]
+        ring.alloc(5 + fence_mod.FENCE_DW)  # never waits: hw_limit jobs fit many times over
+        ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
+        fence = self.fences[engine].emit(ring)
+        self._jobs[fence] = _Job(fence, ctx, engine, phys, ib_blocks,
+                                 ctx._timeline_of.get(job.entity, 0), slot)
+        ring.commit()
+        fence.add_done_callback(lambda f, job=job: self._hw_done(job, f))
+        return fence
+
+    def _hw_done(self, job: SchedJob, hw_fence: Fence) -> None:
+        """The hardware fence of a job signalled (on an interrupt thread, no lock held)."""
+        with self.lock:
+            sched = job.entity.sched
+            now = self.clock_ns()
+            end = hw_fence.timestamp if hw_fence.timestamp is not None else now
+            if sched.job_done(job, hw_fence, end, now):
+                sched.schedule(now)
+                self._arm_timer(sched)
+            signals = self._take_signals()
+        self._signal(signals)
+
+    def wake(self, sched: GpuScheduler) -> None:
+        """A dependency of a queued job signalled (any thread, no lock held)."""
+        with self.lock:
+            if self.stopped:
+                return
+            sched.schedule(self.clock_ns())
+            self._arm_timer(sched)
+            signals = self._take_signals()
+        self._signal(signals)
+
+    def _take_signals(self) -> list:
+        out = []
+        for sched in self.schedulers:
+            out += sched.take_signals()
+        return out
+
+    @staticmethod
+    def _signal(signals) -> None:
+        for fence, error in signals:
+            fence.signal(error)
+
+    # ------------------------------------------------------------------ completion
+    def _retire(self, fd: FenceDriver, done: list, error=None, timestamp=None) -> None:
+        """Bookkeeping for completed fences, then signal them (outside the lock)."""
+        if not done:
+            return
+        if timestamp is None:
+            timestamp = self.clock_ns()
+        for f in done:
+            if f.timestamp is None:
+                f.timestamp = timestamp
+        with self.lock:
+            if error is not None:
+                for f in done:
+                    if fd.pending and fd.pending[0] is f:
+                        fd.pending.popleft()
+                    elif f in fd.pending:
+                        fd.pending.remove(f)
+            for f in done:
+                job = self._jobs.pop(f, None)
+                if job is None:
+                    continue
+                self._ib_free(job.ib, job.ib_block)
+                if job.kernarg is not None:
+                    job.context.kernargs.give_back(job.kernarg)
+                job.context.stats["jobs_completed"] += 1
+                if f.error is not None or error is not None:
+                    job.context.stats["jobs_failed"] += 1
+            self._cond.notify_all()
+        fence_mod.signal_all(done, error)
+
+
+class ContextSubmitMixin:
+    """Context's submission entry points: copies, built-in and code launches."""
+
+    @staticmethod
+    def _check_u64(*values) -> None:
+        for v in values:
+            if not isinstance(v, (int, np.integer)) or not 0 <= v <= _U64:
+                raise InvalidArgument(f"bad address or size {v!r}")
+
+    def submit_copy(self, src_va: int, dst_va: int, size: int, wait=(), *,
+                    direction: str = "d2d", timeline: int = 0) -> Fence:
+        """Copy `size` bytes from src_va to dst_va (this context's VAs) on a copy engine."""
+        return self.submit_copies([(src_va, dst_va, size)], wait, direction=direction,
+                                  timeline=timeline)
+
+    def submit_copies(self, copies, wait=(), *, direction: str = "h2d", timeline: int = 0) -> Fence:
+        """Several copies in one job (one IB of COPY packets, one fence)."""
+        copies = list(copies)
+        if not copies:
+            raise InvalidArgument("no copies")
+        parts = []
+        total = 0
+        for item in copies:
+            try:
+                src, dst, size = item
+            except (TypeError, ValueError):
+                raise InvalidArgument(f"bad copy {item!r}") from None
+            self._check_u64(src, dst, size)
+            if size == 0:
+                continue
+            parts.append(packets.copy(int(src), int(dst), int(size)))
+            total += int(size)
+        if not parts:
+            parts.append(packets.nop(1))
+        engine = ENGINE_FOR_COPY.get(direction)
+        if engine is None:
+            raise InvalidArgument(f"bad copy direction {direction!r}")
+        touches = [t for src, dst, size in copies if size
+                   for t in ((int(src), int(size), False), (int(dst), int(size), True))] \
+            if self.shared else ()
+        fence = self.device._submit(self, engine, b"".join(parts), wait, timeline, touches)
+        self.stats["copies"] += len(copies)
+        self.stats["copy_bytes"] += total
+        return fence
+
+    def submit_launch(self, kernel_id: int, grid, block, args, wait=(), *,
+                      timeline: int = 0) -> Fence:
+        """Run built-in kernel `kernel_id` on the compute engine; pointer args are VAs."""
+        grid = self._dim3(grid, "grid")
+        block = self._dim3(block, "block")
+        args = list(args)
+        if len(args) > self.limits.max_kernel_args:
+            raise InvalidArgument(f"{len(args)} kernel arguments "
+                                  f"(max {self.limits.max_kernel_args})")
+        if not isinstance(kernel_id, (int, np.integer)) or not 0 <= kernel_id <= _U32:
+            raise InvalidArgument(f"bad kernel id {kernel_id!r}")
+        for a in args:
+            if not isinstance(a, (int, np.integer)) or not -(1 << 63) <= a <= _U64:
+                raise InvalidArgument(f"bad kernel argument {a!r}")
+        ib = packets.launch(int(kernel_id), grid, block, [int(a) for a in args])
+        touches = ()
+        sig = kernels.BUILTIN_KERNELS.get(int(kernel_id))
+        if self.shared and sig is not None:
+            touches = [(int(a), 1, name in kernels.KERNEL_WRITTEN_ARGS)
+                       for (name, kind), a in zip(sig.args, args) if kind == kernels.ARG_PTR]
+        fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches)
+        self.stats["launches"] += 1
+        return fence
+
+    def submit_launch_code(self, object_va: int, entry_va: int, grid, block, dyn_shared: int,
+                           params: bytes, wait=(), *, timeline: int = 0) -> Fence:
+        """Launch the entry whose record is at `entry_va` of the code object at `object_va`
+        (this context's VAs) on the compute engine, with `params` as its parameter buffer
+        (written into this context's kernarg area when the job runs, kernarg.py). The KMD
+        never reads the object: the SMs validate it (a CodeFault otherwise). The launch
+        may touch any buffer: it waits for, and is waited for by, every job using a
+        shared buffer of this context (spec PRIME-SYNC-2)."""
+        self._check_u64(object_va, entry_va)
+        grid = self._dim3(grid, "grid")
+        block = self._dim3(block, "block")
+        if isinstance(dyn_shared, bool) or not isinstance(dyn_shared, (int, np.integer)) \
+                or not 0 <= dyn_shared <= _U32:
+            raise InvalidArgument(f"bad dynamic shared memory size {dyn_shared!r}")
+        if not isinstance(params, (bytes, bytearray, memoryview)):
+            raise InvalidArgument("parameters must be bytes")
+        params = bytes(params)
+        if len(params) > isa.MAX_PARAM_SIZE:
+            raise InvalidArgument(f"{len(params)} parameter bytes (at most {isa.MAX_PARAM_SIZE})")
+        dev = self.device
+        with dev.lock:
+            self._check()
+            if self.lost:  # before anything is allocated for it (spec CMD-LAUNCH-CODE-1)
+                raise ContextLost(f"context {self.id} was lost after a GPU hang "
+                                  f"({self.lost_reason}); destroy it")
+            if self.kernargs is None:
+                dev._reclaim_locked()
+                self.kernargs = KernargArea(dev, self, dev.schedulers[regs.ENGINE_COMPUTE].hw_limit)
+        job = CodeLaunch(int(object_va), int(entry_va), grid, block, int(dyn_shared), params)
+        fence = dev._submit(self, regs.ENGINE_COMPUTE, job, wait, timeline, ALL_SHARED)
+        self.stats["launches"] += 1
+        self.stats["code_launches"] += 1
+        return fence
+
+    @staticmethod
+    def _dim3(dim, what) -> tuple:
+        if isinstance(dim, (int, np.integer)):
+            dim = (dim,)
+        dim = tuple(int(d) for d in dim)
+        if not 1 <= len(dim) <= 3 or any(not 0 <= d <= _U32 for d in dim):
+            raise InvalidArgument(f"bad {what} {dim!r}")
+        return dim + (1,) * (3 - len(dim))

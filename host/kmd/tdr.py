@@ -1,0 +1,125 @@
+"""Timers and TDR (drm_sched's timeout work): one worker thread per device runs the
+job timeouts and BAND's time-buffer timer of every ring, and recover() resets an engine
+whose job ran past its timeout."""
+
+from __future__ import annotations
+
+import logging
+
+from host.hw import regs
+from host.kmd import errors
+from host.kmd.sched import GpuScheduler, SchedJob
+
+log = logging.getLogger("pvgpu.kmd")
+
+
+class TdrMixin:
+    """KmdDevice's timer worker and engine recovery."""
+
+    TIMER_TICK_NS = 20_000_000  # the timer worker never sleeps longer than this
+
+    def _arm_timer(self, sched: GpuScheduler) -> None:
+        """Wake the timer worker if `sched` now has a deadline before the worker's next
+        wakeup. Job timeouts are far off and wait for the next tick (at most 20 ms late),
+        so an ordinary submission does not wake a thread; time buffers are short and do."""
+        deadline = sched.next_deadline()
+        if deadline is None:
+            return
+        target = self._timer_target
+        if target is None:
+            target = self._timer_idle_since + self.TIMER_TICK_NS
+        if deadline < target:
+            with self._timer_cond:
+                self._timer_target = deadline
+                self._timer_cond.notify()
+
+    def _timer_worker(self) -> None:
+        """drm_sched's timeout work and the BAND time-buffer timer, for every ring."""
+        while True:
+            timed_out = None
+            with self.lock:
+                now = self.clock_ns()
+                deadlines = []
+                for sched in self.schedulers:
+                    job = sched.timed_out(now)
+                    if job is not None:
+                        timed_out = (sched, job)
+                        break
+                    if sched.hold_until is not None and now >= sched.hold_until:
+                        sched.schedule(now)
+                    d = sched.next_deadline()
+                    if d is not None:
+                        deadlines.append(d)
+                signals = self._take_signals()
+            self._signal(signals)
+            if timed_out is not None:
+                try:
+                    self.recover(*timed_out)
+                except Exception:  # noqa: BLE001 - the timer must survive anything
+                    log.exception("gpu%d: recovery failed", self.index)
+                continue
+            with self._timer_cond:
+                if self._timer_stop:
+                    return
+                target = min(deadlines) if deadlines else None
+                if self._timer_target is not None and (target is None or self._timer_target < target):
+                    target = self._timer_target
+                now = self.clock_ns()
+                self._timer_target = target
+                if target is None or target > now + self.TIMER_TICK_NS:
+                    self._timer_target = None  # sleep one tick; _arm_timer knows until when
+                    self._timer_idle_since = now
+                    target = now + self.TIMER_TICK_NS
+                wait = max(0.0, (target - now) / 1e9)
+                if wait > 0:
+                    self._timer_cond.wait(wait)
+                self._timer_target = None
+                if self._timer_stop:
+                    return
+
+    def recover(self, sched: GpuScheduler, job: SchedJob) -> bool:
+        """TDR: `job` ran past its timeout on `sched`'s ring. Stop that ring's scheduler,
+        reset the engine, force-complete its hardware fences, mark the job's context lost
+        (its queued work on every ring fails with ContextLost), hand the innocent jobs
+        that were in the ring to the hardware again, and restart. -> False if the job
+        completed in the meantime."""
+        engine = sched.engine
+        with self.lock:
+            now = self.clock_ns()
+            if sched.timed_out(now) is not job:
+                return False
+            sched.stopped = True
+            for j in sched.in_flight:
+                j.hw_fence = None  # what the reset abandons must not complete the jobs
+            ctx = job.entity.owner
+            ctx.lost = True
+            ctx.lost_reason = (f"a job on {sched.name} ran past the "
+                               f"{sched.timeout_ns / 1e9:g} s timeout")
+            timeline = ctx._timeline_of.get(job.entity, 0)
+            self.stats["timeouts"] += 1
+            self.stats["engine_resets"] += 1
+            log.warning("gpu%d: %s timed out (context %d); resetting %s", self.index, job,
+                        ctx.id, sched.name)
+        try:
+            self.mmio.write(regs.REG_ENGINE(engine, regs.RB_RESET), 1)  # waits for the engine
+        finally:
+            with self.lock:
+                ring = self.rings[engine]
+                ring.after_reset()
+                fd = self.fences[engine]
+                stale = fd.force_completion()
+        self._retire(fd, stale, error="engine reset")
+        with self.lock:
+            now = self.clock_ns()
+            sched.stopped = False
+            sched.recover(job, now, lost_owners=[ctx])
+            for other in self.schedulers:
+                if other is not sched:
+                    other.mark_lost([ctx], now)
+            for s in self.schedulers:
+                s.schedule(now)
+                self._arm_timer(s)
+            signals = self._take_signals()
+        ctx.report_error(errors.JobTimedOut(ctx.lost_reason), timeline, engine)
+        self._signal(signals)
+        return True
