@@ -201,13 +201,14 @@ class ChannelProtocol:
         have passed (the wait ends), then a ``Transmit`` of a ping if one is due."""
         if self.period is None:
             return []
+        # (the same sums as next_deadline, so that a tick at the deadline acts)
         events = []
         for token, start in list(self._waits.items()):
-            silent = self._looked - max(self.last_heard, start)
-            if silent >= self.silence:
+            since = max(self.last_heard, start)
+            if self._looked >= since + self.silence:
                 del self._waits[token]
-                events.append(HostSilent(token, silent))
-        if now - self.last_sent >= self.period:
+                events.append(HostSilent(token, self._looked - since))
+        if now >= self.last_sent + self.period:
             seq = next(self._seq)
             if len(self._pings) >= _MAX_PINGS_IN_FLIGHT:
                 self._pings.clear()
