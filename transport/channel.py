@@ -643,8 +643,8 @@ class GuestChannel:
         except zmq.Again:
             pass
 
-    def _tick(self, now: float) -> None:
-        """Run the protocol's timers; socket lock held."""
+    def _tick(self, now: float):
+        """Run the protocol's timers; socket lock held. -> the protocol's next deadline."""
         with self._cv:
             events = self._proto.tick(now)
             for e in events:
@@ -653,9 +653,11 @@ class GuestChannel:
                                              f"(no message for {int(e.silent * 1000)} ms)")
                     if self._sleepers:
                         self._cv.notify_all()
+            due = self._proto.next_deadline(now)
         for e in events:
             if isinstance(e, Transmit):
                 self._transmit(e.parts)
+        return due
 
     def _wait(self, w: _Waiter, timeout, parts=None, copy=False) -> tuple:
         if getattr(self._local, "in_handler", False):
@@ -671,7 +673,7 @@ class GuestChannel:
                 self._proto.end_wait(w)
 
     def _wait_loop(self, w: _Waiter, timeout, deadline, parts, copy) -> tuple:
-        proto, sock = self._proto, self._sock
+        sock = self._sock
         while True:
             if w.result is not None:
                 return w.result
@@ -687,11 +689,9 @@ class GuestChannel:
                 while not w.done:
                     self._check_open()  # a handler may have closed the channel
                     now = _monotonic()
-                    self._tick(now)
+                    target = self._tick(now)
                     if w.done:
                         break
-                    with self._cv:
-                        target = proto.next_deadline(now)
                     if deadline is not None:
                         target = deadline if target is None else min(target, deadline)
                     slice_ms = None if target is None else max(0, int((target - now) * 1000) + 1)
@@ -725,10 +725,9 @@ class GuestChannel:
                             raise ChannelTimeout(
                                 f"no answer from {self.endpoint} within {timeout} s")
                         self._sleepers += 1
+                        limit = 1.0 if deadline is None else min(1.0, deadline - now)
                         try:
-                            self._cv.wait(min(x for x in (
-                                proto.period, None if deadline is None else deadline - now, 1.0)
-                                if x is not None))
+                            self._cv.wait(limit)
                         finally:
                             self._sleepers -= 1
 
