@@ -363,6 +363,54 @@ def test_a_descheduled_waiter_reads_what_arrived_before_declaring_the_host_lost(
     assert reply["ok"] is True
 
 
+def test_a_waiter_stepped_aside_is_not_told_the_host_is_lost_by_the_clock(
+        endpoint, make_host, make_guest, monkeypatch):
+    """A waiter that stepped aside for a sender does not judge silence by the clock:
+    only a thread that has looked at the socket can find the host silent. Here the
+    host answered, but the sender held the socket past the window before anyone read."""
+    held = []
+
+    def on_message(host, peer, msg, extra):  # the waiter's reply only after the kick
+        if msg["op"] == OP_GET_STATUS:
+            held.append(msg["seq"])
+        elif msg["op"] == OP_KICK and held:
+            host.chan.send_msg(peer, reply_ok(held.pop()))
+
+    host = make_host(endpoint, on_message)
+    g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
+    real, jump = channel_mod._monotonic, [0.0]
+    monkeypatch.setattr(channel_mod, "_monotonic", lambda: real() + jump[0])
+    send = g._send_locked
+
+    def send_then_stall(parts, copy):
+        send(parts, copy)
+        if threading.current_thread().name == "sender":
+            assert g._sock.poll(5000)  # the waiter's reply is there, unread ...
+            jump[0] = 10.0  # ... and the sender keeps the socket for 10 s
+            time.sleep(0.3)  # (while the waiter, stepped aside, wakes and looks at the clock)
+
+    monkeypatch.setattr(g, "_send_locked", send_then_stall)
+    outcome = []
+
+    def wait():
+        try:
+            outcome.append(g.request({"op": OP_GET_STATUS, "dev": 0})[0])
+        except ChannelError as e:
+            outcome.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        assert wait_for(lambda: held)  # the waiter holds the socket, waiting
+        sender = threading.Thread(name="sender", target=g.send,
+                                  args=({"op": OP_KICK, "dev": 0, "queue": 0},))
+        sender.start()
+        sender.join(timeout=10)
+    finally:
+        waiter.join(timeout=30)
+    assert outcome and not isinstance(outcome[0], Exception) and outcome[0]["ok"] is True
+
+
 def test_timeout_is_not_host_lost(endpoint, make_host, make_guest):
     host = make_host(endpoint, on_message=None)  # answers pings only
     g = make_guest(host.endpoint)
