@@ -377,7 +377,7 @@ def test_a_waiter_stepped_aside_is_not_told_the_host_is_lost_by_the_clock(
             host.chan.send_msg(peer, reply_ok(held.pop()))
 
     host = make_host(endpoint, on_message)
-    g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
+    g = make_guest(host.endpoint)  # the default period: the host is never really silent
     real, jump = channel_mod._monotonic, [0.0]
     monkeypatch.setattr(channel_mod, "_monotonic", lambda: real() + jump[0])
     send = g._send_locked
@@ -386,8 +386,10 @@ def test_a_waiter_stepped_aside_is_not_told_the_host_is_lost_by_the_clock(
         send(parts, copy)
         if threading.current_thread().name == "sender":
             assert g._sock.poll(5000)  # the waiter's reply is there, unread ...
-            jump[0] = 10.0  # ... and the sender keeps the socket for 10 s
-            time.sleep(0.3)  # (while the waiter, stepped aside, wakes and looks at the clock)
+            jump[0] = 100.0  # ... and the sender keeps the socket for 100 s
+            # (meanwhile the waiter, stepped aside, wakes at least once: at most a
+            # period, a second, after it went to sleep)
+            time.sleep(1.2)
 
     monkeypatch.setattr(g, "_send_locked", send_then_stall)
     outcome = []
