@@ -752,24 +752,24 @@ class GuestChannel:
 
     def _dispatch(self, raw: list) -> None:
         """Feed one message to the protocol and deliver its events."""
-        handler = None
+        for_handler = []
         with self._cv:
             events = self._proto.receive(raw, _monotonic())
+            handler = self._handler
             for e in events:
                 if isinstance(e, Reply):
                     e.token.result = (e.msg, e.frames)
                 elif isinstance(e, RequestFailed):
                     e.token.error = ChannelError(
                         f"malformed reply from host at {self.endpoint}: {e.error}")
-                elif isinstance(e, Notification):
-                    if self._claim(e):
+                elif isinstance(e, Notification) and not self._claim(e):
+                    if handler is not None:
+                        for_handler.append(e)
                         continue
-                    handler = self._handler
-                    if handler is None:
-                        if len(self._queue) >= self._max_queued:
-                            self._queue.popleft()
-                            self.overflowed += 1
-                        self._queue.append((e.msg, e.frames))
+                    if len(self._queue) >= self._max_queued:
+                        self._queue.popleft()
+                        self.overflowed += 1
+                    self._queue.append((e.msg, e.frames))
                     continue
                 else:
                     continue
@@ -781,14 +781,14 @@ class GuestChannel:
             elif isinstance(e, Malformed):
                 log.warning("dropped a malformed message from host at %s: %s",
                             self.endpoint, e.error)
-            elif isinstance(e, Notification) and handler is not None:
-                self._local.in_handler = True
-                try:
-                    handler(e.msg, e.frames)
-                except Exception:
-                    log.exception("notification handler failed on %r", e.msg.get("op"))
-                finally:
-                    self._local.in_handler = False
+        for e in for_handler:
+            self._local.in_handler = True
+            try:
+                handler(e.msg, e.frames)
+            except Exception:
+                log.exception("notification handler failed on %r", e.msg.get("op"))
+            finally:
+                self._local.in_handler = False
 
     def _claim(self, e: Notification) -> bool:
         """Hand a notification to a recv_until waiter that wants it; _cv held."""
