@@ -29,32 +29,38 @@ HostChannel (host main loop, one thread)
     context).
 
 GuestChannel (any guest thread)
-    The calling thread does its own I/O: ``request`` encodes, sends and polls the
-    DEALER socket directly until the reply with its seq arrives — no helper thread,
-    no queue handoff on the hot path. ``recv_until(predicate, timeout)`` is the one
-    receive loop; every message it receives that is not what the caller waits for is
-    dispatched: a reply to a request another thread waits for goes to that waiter, a
-    ``ping`` from the host is answered, our own heartbeat replies are absorbed, and
-    anything else (``call``, ``config_changed``, stale replies) goes to the handler
-    set with ``set_notification_handler`` or, without one, to a bounded queue that
-    later ``recv_until`` calls look at first.
+    A thin pump around ``transport.channel_protocol.ChannelProtocol``, which holds
+    the protocol state (seq matching, replies, notifications, pings, liveness) and
+    decides everything protocol-wise; this class only moves frames, keeps the time
+    and hands events to threads. The calling thread does its own I/O: ``request``
+    encodes, sends and polls the DEALER socket directly until the reply with its seq
+    arrives — no helper thread, no queue handoff on the hot path.
+    ``recv_until(predicate, timeout)`` is the one receive loop. Of the protocol's
+    events, a reply goes to the thread that waits for it, a ``Transmit`` (ping, or
+    the answer to the host's ping) is sent at once, and a notification (``call``,
+    ``config_changed``, a stale reply) goes to a ``recv_until`` caller whose
+    predicate takes it, else to the handler set with ``set_notification_handler``,
+    else to a bounded queue that later ``recv_until`` calls look at first.
 
     Threads. A re-entrant lock guards the socket (a zmq socket may move between
-    threads given a full memory barrier; the lock is that barrier). A waiting thread
-    holds it while it polls; a thread that wants to send meanwhile bumps ``_want``
-    and signals a ``Waker`` that is in the waiter's poll set, so the waiter steps
-    aside at once instead of at the end of its poll slice. Replies for other waiters
-    are handed over through a condition variable. A handler runs on whichever thread
+    threads given a full memory barrier; the lock is that barrier); a condition
+    variable guards the protocol object and the waiters. A waiting thread holds the
+    socket while it polls; a thread that wants to send meanwhile bumps ``_want`` and
+    signals a ``Waker`` that is in the waiter's poll set, so the waiter steps aside
+    at once instead of at the end of its poll slice. Replies for other waiters are
+    handed over through the condition variable. A handler runs on whichever thread
     received the message (the heartbeat thread included); it may ``send`` but not
     wait (``request``/``recv_until`` raise ChannelError there).
 
-    Heartbeats. A background thread wakes about once per period; if the socket is
-    free it drains pending messages and, when nothing has been sent for one period,
-    sends a ``ping`` (keep-alive for the host, which reaps silent sessions). A thread
-    that waits sends the pings itself. While waiting, if nothing at all has arrived
-    from the host for ``HEARTBEAT_MISSES`` periods (counted from the later of the
-    last message heard and the start of the wait) the wait raises ``HostLost``.
-    ``heartbeat_ms <= 0`` disables both (then only ``timeout`` ends a wait).
+    Heartbeats. Whoever holds the socket runs the protocol's timers: a waiting
+    thread polls until the protocol's ``next_deadline``; a background thread wakes
+    for it when the socket is free, drains pending messages and ticks. A ping goes
+    out when nothing has been sent for one period (keep-alive for the host, which
+    reaps silent sessions). A wait that has heard nothing from the host for
+    ``HEARTBEAT_MISSES`` periods (counted from the later of the last message heard
+    and the start of the wait, and proven by finding the socket empty) raises
+    ``HostLost``. ``heartbeat_ms <= 0`` disables both (then only ``timeout`` ends a
+    wait).
 
 Timeouts: HostChannel takes milliseconds (like zmq); GuestChannel takes seconds.
 Sockets are closed with linger=0. Zero-copy: frames sent with ``copy=False`` (the
@@ -67,7 +73,6 @@ from __future__ import annotations
 
 import collections
 import errno
-import itertools
 import logging
 import os
 import secrets
@@ -79,14 +84,17 @@ import time
 
 import zmq
 
-from spec.wire import (
-    DEFAULT_ENDPOINT_NAME,
-    DEFAULT_HEARTBEAT_MS,
-    HEARTBEAT_MISSES,
-    OP_PING,
-    OP_REPLY,
+from spec.wire import DEFAULT_ENDPOINT_NAME, DEFAULT_HEARTBEAT_MS
+from transport.channel_protocol import (
+    ChannelProtocol,
+    HostSilent,
+    Malformed,
+    Notification,
+    Reply,
+    RequestFailed,
+    Transmit,
 )
-from transport.codec import ZERO_COPY_MIN, CodecError, decode, encode, reply_ok
+from transport.codec import ZERO_COPY_MIN, encode
 from transport.peer import Peer
 
 log = logging.getLogger(__name__)
@@ -422,9 +430,14 @@ class _Waiter:
         self.result = None  # (msg, frames) once satisfied
         self.error = None  # an exception to raise instead
 
+    @property
+    def done(self) -> bool:
+        return self.result is not None or self.error is not None
+
 
 class GuestChannel:
-    """One DEALER socket connected to a host endpoint (one guest session)."""
+    """One DEALER socket connected to a host endpoint (one guest session), pumping a
+    ``ChannelProtocol``."""
 
     def __init__(self, endpoint: str, *, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
                  context=None, max_queued: int = 4096):
@@ -432,10 +445,7 @@ class GuestChannel:
         self._hb_thread = None
         self._closed = False
         self._stop = threading.Event()
-        self._set_heartbeat(heartbeat_ms)
-        self.last_heard = _monotonic()  # monotonic time of the last message from the host
-        self._last_sent = self.last_heard
-        self.malformed = 0  # undecodable messages from the host
+        self._proto = ChannelProtocol(heartbeat_ms, _monotonic())
         self.overflowed = 0  # notifications dropped because the queue was full
         self._ctx = context if context is not None else zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
@@ -448,16 +458,13 @@ class GuestChannel:
             self._sock.close(linger=0)
             raise ChannelError(f"cannot connect to {endpoint}: {e}") from None
         self._sock_lock = threading.RLock()
-        self._cv = threading.Condition(threading.Lock())  # guards everything below
+        self._cv = threading.Condition(threading.Lock())  # guards _proto and everything below
         self._want = 0  # threads blocked waiting for the socket
         self._sleepers = 0  # threads in _cv.wait (notify only if there are any)
-        self._reply_waiters: dict = {}  # seq -> _Waiter
         self._waiters: list = []  # predicate waiters (recv_until)
         self._queue = collections.deque()
         self._max_queued = max_queued
         self._handler = None
-        self._ping_seqs: set = set()
-        self._seq = itertools.count(1)
         self._local = threading.local()
         self._waker = Waker()
         self._poller = zmq.Poller()
@@ -477,15 +484,27 @@ class GuestChannel:
     def heartbeat_ms(self) -> int:
         """The heartbeat period; settable (e.g. to the period the host announces in its
         hello reply). 0 or less disables pings and HostLost detection."""
-        return self._heartbeat_ms
+        return self._proto.heartbeat_ms
 
     @heartbeat_ms.setter
     def heartbeat_ms(self, ms: int) -> None:
-        self._set_heartbeat(ms)
+        with self._cv:
+            self._proto.heartbeat_ms = ms
         self._start_heartbeat()
 
+    @property
+    def last_heard(self) -> float:
+        """time.monotonic() of the last message from the host."""
+        return self._proto.last_heard
+
+    @property
+    def malformed(self) -> int:
+        """Messages from the host that did not decode."""
+        return self._proto.malformed
+
     def next_seq(self) -> int:
-        return next(self._seq)
+        with self._cv:
+            return self._proto.next_seq()
 
     def set_notification_handler(self, fn) -> None:
         """fn(msg, frames) receives every message nobody waits for (call,
@@ -496,7 +515,7 @@ class GuestChannel:
 
     def send(self, msg: dict, frames=(), *, copy: bool = False) -> None:
         """Send a notification (or a request carrying its own seq) without waiting."""
-        parts = encode(msg, frames)
+        parts = self._proto.send(msg, frames)  # pure: encodes
         wanted = self._acquire()
         try:
             self._check_open()
@@ -508,18 +527,15 @@ class GuestChannel:
         """Send msg with a fresh seq and wait for its reply -> (reply, reply_frames).
         A reply with ok=false is returned as it is. timeout in seconds (None: wait
         while the host is alive). Raises ChannelTimeout, HostLost, ChannelError."""
-        seq = next(self._seq)
-        msg = dict(msg)
-        msg["seq"] = seq
-        parts = encode(msg, frames)
         w = _Waiter()
-        self._reply_waiters[seq] = w  # atomic; _dispatch pops it under _cv
+        with self._cv:
+            seq, parts = self._proto.send_request(msg, frames, w)
         try:
             return self._wait(w, timeout, parts, copy)
         finally:
             if w.result is None:
                 with self._cv:
-                    self._reply_waiters.pop(seq, None)
+                    self._proto.cancel_request(seq)
 
     def recv_until(self, predicate, timeout=None) -> tuple:
         """Receive until a message with predicate(msg) true arrives (queued messages
@@ -566,13 +582,8 @@ class GuestChannel:
 
     # ----------------------------------------------------------------- internals
 
-    def _set_heartbeat(self, ms) -> None:
-        self._heartbeat_ms = ms
-        self._period = ms / 1000.0 if ms and ms > 0 else None
-        self._silence = (self._period or DEFAULT_HEARTBEAT_MS / 1000.0) * HEARTBEAT_MISSES
-
     def _start_heartbeat(self) -> None:
-        if self._period is not None and self._hb_thread is None and not self._closed:
+        if self._proto.period is not None and self._hb_thread is None and not self._closed:
             self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True,
                                                name=f"pvgpu-heartbeat {self.endpoint}")
             self._hb_thread.start()
@@ -606,11 +617,14 @@ class GuestChannel:
             self._send_parts(sock, parts, copy)
         except zmq.Again:
             # The send queue is full: the host is not reading. Give it the liveness window.
-            if not sock.poll(int(self._silence * 1000), zmq.POLLOUT):
+            silence_ms = int(self._proto.silence * 1000)
+            if not sock.poll(silence_ms, zmq.POLLOUT):
                 raise HostLost(f"host at {self.endpoint} stopped answering (send queue full "
-                               f"for {int(self._silence * 1000)} ms)") from None
+                               f"for {silence_ms} ms)") from None
             self._send_parts(sock, parts, copy)
-        self._last_sent = _monotonic()
+        now = _monotonic()
+        with self._cv:
+            self._proto.sent(now)
 
     @staticmethod
     def _send_parts(sock, parts: list, copy: bool) -> None:
@@ -621,27 +635,44 @@ class GuestChannel:
         for i, f in enumerate(parts):
             sock.send(f, _NOBLOCK if i == last else _SNDMORE | _NOBLOCK, copy=_copy_flag(f, copy))
 
-    def _send_ping_locked(self) -> None:
-        seq = next(self._seq)
-        if len(self._ping_seqs) > 64:  # a host that never answers pings
-            self._ping_seqs.clear()
-        self._ping_seqs.add(seq)
+    def _transmit(self, parts: list) -> None:
+        """Send a protocol message (ping, ping answer); socket lock held. A full queue
+        drops it: the liveness rules tell whether the host is still there."""
         try:
-            self._sock.send(encode({"op": OP_PING, "seq": seq})[0], _NOBLOCK)
+            self._send_parts(self._sock, parts, True)
         except zmq.Again:
-            pass  # queue full; the liveness check will tell
-        self._last_sent = _monotonic()
+            pass
 
-    def _host_lost(self, silent_since: float) -> HostLost:
-        ms = int((_monotonic() - silent_since) * 1000)
-        return HostLost(f"host at {self.endpoint} stopped answering (no message for {ms} ms)")
+    def _tick(self, now: float):
+        """Run the protocol's timers; socket lock held. -> the protocol's next deadline."""
+        with self._cv:
+            events = self._proto.tick(now)
+            for e in events:
+                if isinstance(e, HostSilent):
+                    e.token.error = HostLost(f"host at {self.endpoint} stopped answering "
+                                             f"(no message for {int(e.silent * 1000)} ms)")
+                    if self._sleepers:
+                        self._cv.notify_all()
+            due = self._proto.next_deadline(now)
+        for e in events:
+            if isinstance(e, Transmit):
+                self._transmit(e.parts)
+        return due
 
     def _wait(self, w: _Waiter, timeout, parts=None, copy=False) -> tuple:
         if getattr(self._local, "in_handler", False):
             raise ChannelError("cannot wait on the channel from inside a notification handler")
         start = _monotonic()
         deadline = None if timeout is None else start + timeout
-        period = self._period
+        with self._cv:
+            self._proto.begin_wait(w, start)
+        try:
+            return self._wait_loop(w, timeout, deadline, parts, copy)
+        finally:
+            with self._cv:
+                self._proto.end_wait(w)
+
+    def _wait_loop(self, w: _Waiter, timeout, deadline, parts, copy) -> tuple:
         sock = self._sock
         while True:
             if w.result is not None:
@@ -655,133 +686,119 @@ class GuestChannel:
                 if parts is not None:
                     self._send_locked(parts, copy)
                     parts = None
-                while w.result is None and w.error is None:
+                while not w.done:
                     self._check_open()  # a handler may have closed the channel
                     now = _monotonic()
-                    target = deadline
-                    if period is not None:
-                        silent_since = max(self.last_heard, start)
-                        if now - silent_since >= self._silence:
-                            # what arrived while this thread was not running counts
-                            self._drain(w)
-                            if w.result is not None or w.error is not None:
-                                break
-                            silent_since = max(self.last_heard, start)
-                            if now - silent_since >= self._silence:
-                                raise self._host_lost(silent_since)
-                        if now - self._last_sent >= period:
-                            self._send_ping_locked()
-                        hb = min(self._last_sent + period, silent_since + self._silence)
-                        target = hb if target is None else min(target, hb)
+                    target = self._tick(now)
+                    if w.done:
+                        break
+                    if deadline is not None:
+                        target = deadline if target is None else min(target, deadline)
                     slice_ms = None if target is None else max(0, int((target - now) * 1000) + 1)
                     if deadline is not None and now >= deadline:
                         slice_ms = 0
                     events = self._poller.poll(slice_ms)
+                    readable = not events  # timed out: look once, so silence is proven
                     for obj, _ in events:
                         if obj is sock:
-                            self._drain(w)
+                            readable = True
                         else:
                             self._waker.clear()
                             self._check_open()
                             with self._cv:
                                 step_aside = self._want > (1 if wanted else 0)
-                    if w.result is not None or w.error is not None or step_aside:
+                    if readable:
+                        self._drain(w)
+                    if w.done or step_aside:
                         break
                     if deadline is not None and _monotonic() >= deadline:
                         raise ChannelTimeout(f"no answer from {self.endpoint} within {timeout} s")
             finally:
                 self._release(wanted)
             if step_aside:
-                # Another thread needs the socket: let it in, unless it hands us our result.
+                # Another thread needs the socket: let it in, unless it hands us our result
+                # (or finds the host lost for us, which only a holder of the socket can).
                 with self._cv:
-                    while self._want and w.result is None and w.error is None \
-                            and not self._closed:
+                    while self._want and not w.done and not self._closed:
                         now = _monotonic()
                         if deadline is not None and now >= deadline:
                             raise ChannelTimeout(
                                 f"no answer from {self.endpoint} within {timeout} s")
-                        silent_since = max(self.last_heard, start)
-                        if period is not None and now - silent_since >= self._silence:
-                            raise self._host_lost(silent_since)
                         self._sleepers += 1
+                        limit = 1.0 if deadline is None else min(1.0, deadline - now)
                         try:
-                            self._cv.wait(min(x for x in (
-                                period, None if deadline is None else deadline - now, 1.0)
-                                if x is not None))
+                            self._cv.wait(limit)
                         finally:
                             self._sleepers -= 1
 
     def _drain(self, w=None) -> None:
-        """Receive every message ready now and dispatch it; stop once w is satisfied."""
+        """Receive every message ready now and dispatch it; stop once w is satisfied.
+        Socket lock held."""
         sock = self._sock
         while not self._closed:
+            looked = _monotonic()
             try:
                 f0 = sock.recv(_NOBLOCK)
             except zmq.Again:
+                with self._cv:
+                    self._proto.input_empty(looked)
                 return
             frames = [f0]
             while sock.getsockopt(_RCVMORE):
                 frames.append(sock.recv(copy=False).buffer)
-            self.last_heard = _monotonic()
             self._dispatch(frames)
-            if w is not None and (w.result is not None or w.error is not None):
+            if w is not None and w.done:
                 return
 
     def _dispatch(self, raw: list) -> None:
-        try:
-            msg, frames = decode(raw)
-        except CodecError as e:
-            self.malformed += 1
-            with self._cv:
-                w = self._reply_waiters.pop(e.seq, None) if e.seq is not None else None
-                if w is not None:
-                    w.error = ChannelError(f"malformed reply from host at {self.endpoint}: {e}")
-                    if self._sleepers:
-                        self._cv.notify_all()
-                    return
-            log.warning("dropped a malformed message from host at %s: %s", self.endpoint, e)
-            return
-        op = msg["op"]
-        if op == OP_REPLY:
-            seq = msg["seq"]
-            if seq in self._ping_seqs:
-                self._ping_seqs.discard(seq)
-                return
-            with self._cv:
-                w = self._reply_waiters.pop(seq, None)
-                if w is not None:
-                    w.result = (msg, frames)
-                    if self._sleepers:
-                        self._cv.notify_all()
-                    return
-        elif op == OP_PING:  # the host checks on us
-            try:
-                self._sock.send(encode(reply_ok(msg["seq"]))[0], _NOBLOCK)
-                self._last_sent = _monotonic()
-            except zmq.Again:
-                pass
-            return
+        """Feed one message to the protocol and deliver its events."""
+        for_handler = []
         with self._cv:
-            for w in self._waiters:
-                if w.result is None and w.error is None and self._matches(w, msg):
-                    w.result = (msg, frames)
-                    if self._sleepers:
-                        self._cv.notify_all()
-                    return
+            events = self._proto.receive(raw, _monotonic())
             handler = self._handler
-            if handler is None:
-                if len(self._queue) >= self._max_queued:
-                    self._queue.popleft()
-                    self.overflowed += 1
-                self._queue.append((msg, frames))
-                return
-        self._local.in_handler = True
-        try:
-            handler(msg, frames)
-        except Exception:
-            log.exception("notification handler failed on %r", msg.get("op"))
-        finally:
-            self._local.in_handler = False
+            for e in events:
+                if isinstance(e, Reply):
+                    e.token.result = (e.msg, e.frames)
+                elif isinstance(e, RequestFailed):
+                    e.token.error = ChannelError(
+                        f"malformed reply from host at {self.endpoint}: {e.error}")
+                elif isinstance(e, Notification) and not self._claim(e):
+                    if handler is not None:
+                        for_handler.append(e)
+                        continue
+                    if len(self._queue) >= self._max_queued:
+                        self._queue.popleft()
+                        self.overflowed += 1
+                    self._queue.append((e.msg, e.frames))
+                    continue
+                else:
+                    continue
+                if self._sleepers:
+                    self._cv.notify_all()
+        for e in events:
+            if isinstance(e, Transmit):
+                self._transmit(e.parts)
+            elif isinstance(e, Malformed):
+                log.warning("dropped a malformed message from host at %s: %s",
+                            self.endpoint, e.error)
+        for e in for_handler:
+            self._local.in_handler = True
+            try:
+                handler(e.msg, e.frames)
+            except Exception:
+                log.exception("notification handler failed on %r", e.msg.get("op"))
+            finally:
+                self._local.in_handler = False
+
+    def _claim(self, e: Notification) -> bool:
+        """Hand a notification to a recv_until waiter that wants it; _cv held."""
+        for w in self._waiters:
+            if not w.done and self._matches(w, e.msg):
+                w.result = (e.msg, e.frames)
+                if self._sleepers:
+                    self._cv.notify_all()
+                return True
+        return False
 
     @staticmethod
     def _matches(w: _Waiter, msg: dict) -> bool:
@@ -792,24 +809,25 @@ class GuestChannel:
             return False
 
     def _heartbeat_loop(self) -> None:
+        """Drain and run the protocol's timers whenever no waiter holds the socket."""
         try:
             while True:
-                period = self._period
+                with self._cv:
+                    period = self._proto.period
+                    due = self._proto.next_deadline(_monotonic())
                 if period is None:  # disabled after start
                     if self._stop.wait(0.5):
                         return
                     continue
-                delay = self._last_sent + period - _monotonic()
-                if self._stop.wait(max(delay, period / 10)):
+                if self._stop.wait(max(due - _monotonic(), period / 10)):
                     return
                 if not self._sock_lock.acquire(blocking=False):
-                    continue  # a waiter holds the socket and pings by itself
+                    continue  # a waiter holds the socket and runs the timers itself
                 try:
                     if self._closed:
                         return
                     self._drain()
-                    if self._period is not None and _monotonic() - self._last_sent >= period:
-                        self._send_ping_locked()
+                    self._tick(_monotonic())
                 finally:
                     self._sock_lock.release()
         except Exception:  # never raise from here; a closed socket ends the thread

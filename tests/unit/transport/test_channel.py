@@ -297,18 +297,18 @@ def test_handler_may_send_but_not_wait(endpoint, make_host, make_guest):
 
 
 # --------------------------------------------------------------------------- liveness
+# The timing rules themselves (when a ping is due, when a wait finds the host lost) are
+# unit-tested on the protocol object with a clock the test advances
+# (test_channel_protocol.py). Here: that the pump carries them out over real sockets,
+# without asserting any timing.
 
 def test_host_lost_when_host_never_answers(endpoint, make_host, make_guest):
     host = make_host(endpoint, on_message=None, answer_pings=False)
     g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
-    t0 = time.monotonic()
     with pytest.raises(HostLost, match="stopped answering") as ei:
         g.request({"op": OP_GET_STATUS, "dev": 0})  # no timeout: only HostLost ends it
-    # not before the silence window
-    assert time.monotonic() - t0 >= HB_MS * HEARTBEAT_MISSES / 1000 * 0.9
     assert host.endpoint in str(ei.value)
-    # the waiter pinged while it waited
-    assert wait_for(lambda: host.pings >= HEARTBEAT_MISSES - 1)
+    assert wait_for(lambda: host.pings >= 1)  # pings went out; the host ignored them
 
 
 def test_host_lost_when_nobody_is_there(tmp_path, make_guest):
@@ -318,19 +318,29 @@ def test_host_lost_when_nobody_is_there(tmp_path, make_guest):
             g.request({"op": OP_GET_STATUS, "dev": 0})  # no timeout: only HostLost ends it
 
 
-def test_pings_keep_a_slow_request_alive(endpoint, make_host, make_guest):
-    """Liveness is 'heard anything', not 'got my reply': a slow reply is not HostLost."""
-    slow = HB_MS * HEARTBEAT_MISSES * 3 / 1000
-
-    def on_message(host, peer, msg, extra):
-        host.later(slow, peer, reply_ok(msg["seq"], slow=True))
-
-    host = make_host(endpoint, on_message)
+def test_host_lost_fails_every_wait(endpoint, make_host, make_guest):
+    """[CTL-HB-4]: every pending operation fails, including waits stepped aside for
+    another thread (the thread that finds the host silent fails them all)."""
+    host = make_host(endpoint, on_message=None, answer_pings=False)
     g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
-    t0 = time.monotonic()
-    reply, _ = g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=5)
-    assert reply["slow"] is True and time.monotonic() - t0 >= slow
-    assert host.pings >= 2
+    outcome = []
+
+    def wait(k):
+        try:
+            if k % 2:
+                g.request({"op": OP_GET_STATUS, "dev": k})
+            else:
+                g.recv_until(lambda m: False)
+        except ChannelError as e:
+            outcome.append(e)
+
+    threads = [threading.Thread(target=wait, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert len(outcome) == 4 and all(isinstance(e, HostLost) for e in outcome)
 
 
 def test_a_descheduled_waiter_reads_what_arrived_before_declaring_the_host_lost(
@@ -353,50 +363,76 @@ def test_a_descheduled_waiter_reads_what_arrived_before_declaring_the_host_lost(
     assert reply["ok"] is True
 
 
+def test_a_waiter_stepped_aside_is_not_told_the_host_is_lost_by_the_clock(
+        endpoint, make_host, make_guest, monkeypatch):
+    """A waiter that stepped aside for a sender does not judge silence by the clock:
+    only a thread that has looked at the socket can find the host silent. Here the
+    host answered, but the sender held the socket past the window before anyone read."""
+    held = []
+
+    def on_message(host, peer, msg, extra):  # the waiter's reply only after the kick
+        if msg["op"] == OP_GET_STATUS:
+            held.append(msg["seq"])
+        elif msg["op"] == OP_KICK and held:
+            host.chan.send_msg(peer, reply_ok(held.pop()))
+
+    host = make_host(endpoint, on_message)
+    g = make_guest(host.endpoint)  # the default period: the host is never really silent
+    real, jump = channel_mod._monotonic, [0.0]
+    monkeypatch.setattr(channel_mod, "_monotonic", lambda: real() + jump[0])
+    send = g._send_locked
+
+    def send_then_stall(parts, copy):
+        send(parts, copy)
+        if threading.current_thread().name == "sender":
+            assert g._sock.poll(5000)  # the waiter's reply is there, unread ...
+            jump[0] = 100.0  # ... and the sender keeps the socket for 100 s
+            # (meanwhile the waiter, stepped aside, wakes at least once: at most a
+            # period, a second, after it went to sleep)
+            time.sleep(1.2)
+
+    monkeypatch.setattr(g, "_send_locked", send_then_stall)
+    outcome = []
+
+    def wait():
+        try:
+            outcome.append(g.request({"op": OP_GET_STATUS, "dev": 0})[0])
+        except ChannelError as e:
+            outcome.append(e)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        assert wait_for(lambda: held)  # the waiter holds the socket, waiting
+        sender = threading.Thread(name="sender", target=g.send,
+                                  args=({"op": OP_KICK, "dev": 0, "queue": 0},))
+        sender.start()
+        sender.join(timeout=10)
+    finally:
+        waiter.join(timeout=30)
+    assert outcome and not isinstance(outcome[0], Exception) and outcome[0]["ok"] is True
+
+
 def test_timeout_is_not_host_lost(endpoint, make_host, make_guest):
     host = make_host(endpoint, on_message=None)  # answers pings only
-    g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
+    g = make_guest(host.endpoint)
     t0 = time.monotonic()
     with pytest.raises(ChannelTimeout):
         g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=0.4)
-    assert time.monotonic() - t0 >= 0.4  # not before the timeout
+    assert time.monotonic() - t0 >= 0.4  # a timeout never ends a wait early
     with pytest.raises(TimeoutError):  # ChannelTimeout is a TimeoutError too
         g.recv_until(lambda m: False, timeout=0.05)
 
 
-def test_heartbeat_pings_while_idle(endpoint, make_host, make_guest):
+def test_heartbeat_thread_pings_an_idle_guest(endpoint, make_host, make_guest):
     host = make_host(endpoint)
-    t0 = time.monotonic()
     g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
     seen = []
     g.set_notification_handler(lambda m, f: seen.append(m))
-    assert wait_for(lambda: host.pings >= 4, timeout=3)
-    assert seen == []  # ping replies are absorbed, not notifications
+    assert wait_for(lambda: host.pings >= 3, timeout=10)
     heard = g.last_heard
-    assert wait_for(lambda: g.last_heard > heard, timeout=3)  # the idle thread drains
-    # an idle guest stays quiet between pings: a ping only after a period without sending,
-    # so at most one per period since it was created (fewer when the machine is busy)
-    time.sleep(0.3)
-    assert host.pings <= (time.monotonic() - t0) * 1000 / HB_MS + 1
-
-
-def test_no_idle_pings_while_busy(endpoint, make_host, make_guest):
-    host = make_host(endpoint)
-    period = 0.2
-    marks = [time.monotonic()]  # around the guest's creation and every send
-    g = make_guest(host.endpoint, heartbeat_ms=int(period * 1000))
-    end = time.monotonic() + 0.5
-    while time.monotonic() < end:
-        g.send({"op": OP_KICK, "dev": 0, "queue": 0})
-        marks.append(time.monotonic())
-        time.sleep(0.01)
-    g.send({"op": OP_KICK, "dev": 0, "queue": 1})
-    assert wait_for(lambda: any(m["op"] == OP_KICK and m["queue"] == 1
-                                for _, m, _ in host.received))  # every earlier ping is in
-    # a ping goes out only after a period without sending: at most one per such gap (a
-    # busy machine may make the test itself pause that long between two sends)
-    gaps = sum(b - a >= period for a, b in zip(marks, marks[1:] + [time.monotonic()]))
-    assert host.pings <= gaps + 1
+    assert wait_for(lambda: g.last_heard > heard, timeout=10)  # the idle thread drains
+    assert seen == []  # ping replies are absorbed, not notifications
 
 
 def test_host_pings_the_guest(endpoint, make_host, make_guest):
@@ -425,7 +461,7 @@ def test_heartbeat_period_can_be_set_later(endpoint, make_host, make_guest):
     assert g.heartbeat_ms == 0 and not heartbeat_threads()
     g.heartbeat_ms = HB_MS
     assert g.heartbeat_ms == HB_MS and len(heartbeat_threads()) == 1
-    assert wait_for(lambda: host.pings >= 3, timeout=3)
+    assert wait_for(lambda: host.pings >= 3, timeout=10)
     g.heartbeat_ms = 0  # disabled again: the thread stays but goes quiet
     # a ping already under way is sent before this request, so answered before it
     assert g.request({"op": OP_GET_STATUS, "dev": 0}, timeout=5)[0]["ok"]
@@ -434,9 +470,7 @@ def test_heartbeat_period_can_be_set_later(endpoint, make_host, make_guest):
     assert host.pings == n
     g.heartbeat_ms = HB_MS
     assert len(heartbeat_threads()) == 1  # not a second thread
-    with pytest.raises(ChannelTimeout):  # not HostLost: the waiter's pings are answered
-        g.recv_until(lambda m: False, timeout=0.3)
-    assert host.pings > n
+    assert wait_for(lambda: host.pings > n, timeout=10)
 
 
 # --------------------------------------------------------------------------- threads
