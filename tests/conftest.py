@@ -5,8 +5,14 @@ import shutil
 import tempfile
 
 import pytest
+from hypothesis import settings
 
 from pvgpu.procs import HostProcess
+
+# Hypothesis's default 200 ms deadline per example is a timing assertion: on a loaded
+# machine a slow example fails a correct test. Every property test runs without one.
+settings.register_profile("pvgpu", deadline=None)
+settings.load_profile("pvgpu")
 
 
 @pytest.fixture
