@@ -498,6 +498,11 @@ class GuestChannel:
         return self._proto.last_heard
 
     @property
+    def proven_silence(self) -> float:
+        """Seconds from the last message to the last time the socket was found empty."""
+        return self._proto.proven_silence
+
+    @property
     def malformed(self) -> int:
         """Messages from the host that did not decode."""
         return self._proto.malformed

@@ -177,6 +177,12 @@ class ChannelProtocol:
         if now > self._looked:
             self._looked = now
 
+    @property
+    def proven_silence(self) -> float:
+        """Seconds from the last message to the last time the input was found empty:
+        silence seen, not merely time passed (0 when nothing was looked at since)."""
+        return max(0.0, self._looked - self.last_heard)
+
     # ----------------------------------------------------------------- time
 
     def begin_wait(self, token, now: float) -> None:

@@ -201,9 +201,14 @@ class FrontendSession:
             self._on_notification(msg, frames)
 
     def _check_host_alive(self) -> None:
-        """The channel measures silence per wait; across our short slices we do it here."""
+        """The channel measures silence per wait; across our short slices we do it here,
+        from the silence the channel has seen (its socket found empty that long after the
+        last message), not from the clock: a thread descheduled, or stepped aside while
+        another read the socket, has not seen the host fall silent."""
+        if self.channel.heartbeat_ms <= 0:
+            return
         limit = wire.HEARTBEAT_MISSES * self.channel.heartbeat_ms / 1000.0
-        silent = time.monotonic() - self.channel.last_heard
+        silent = self.channel.proven_silence
         if silent > limit:
             self.host_lost = True
             raise HostLost(f"host at {self.endpoint} stopped answering "

@@ -221,6 +221,18 @@ def test_silence_counts_from_the_later_of_last_heard_and_the_start_of_the_wait()
     assert [e.token for e in silent(p.tick(1.2 + WINDOW))] == [late]
 
 
+def test_proven_silence_is_silence_seen_not_time_passed():
+    p = proto(now=0.0)
+    p.receive(encode({"op": OP_CALL, "dev": 0, "queue": 0, "notify": True}), 1.0)
+    assert p.proven_silence == 0.0  # nothing looked at since the message
+    p.input_empty(0.5)  # a look from before the message proves nothing
+    assert p.proven_silence == 0.0
+    p.input_empty(1.0 + WINDOW)
+    assert p.proven_silence == pytest.approx(WINDOW)
+    p.receive(encode({"op": OP_CALL, "dev": 0, "queue": 0, "notify": True}), 1.0 + 2 * WINDOW)
+    assert p.proven_silence == 0.0
+
+
 def test_answered_pings_keep_a_slow_request_alive():
     """Liveness is 'heard anything', not 'got my reply'."""
     p = proto(now=0.0)
