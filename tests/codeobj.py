@@ -163,6 +163,27 @@ def spin_code() -> list:
     return [I(isa.OP_NOP), I(isa.OP_BRA, imm=0)]
 
 
+# Parameter (flag: u64 at 0) of wait_flag.
+FLAG = ((0, 8, 8, U64),)
+
+
+def wait_flag_code() -> list:
+    """Spin until the u32 at `flag` is not zero: a job that stays on the hardware until
+    the test writes the flag (host memory mapped into the context), then completes."""
+    return [
+        _ld_param(R64(0), U64, 0),
+        I(isa.OP_LD, U32, mod=space(isa.SPACE_GLOBAL) | isa.MOD_VOLATILE, d=R32(0), a=R64(0)),
+        I(isa.OP_SETP, U32, mod=isa.CMP_EQ << isa.MOD_CMP_SHIFT, d=PRED(0), a=R32(0),
+          b=SIMM(0)),
+        I(isa.OP_BRA, guard=isa.GUARD_ON | 0, imm=1),
+        I(isa.OP_EXIT),
+    ]
+
+
+def wait_flag() -> bytes:
+    return build([Entry("wait_flag", wait_flag_code(), params=FLAG, param_size=8)])
+
+
 def trap_code() -> list:
     return [I(isa.OP_TRAP)]
 

@@ -13,7 +13,11 @@ Every command ends in exactly one of:
   - an immediate `Response`;
   - a `Pending` response: the reply is prepared when the KMD fence signals, and the
     chain is held until then (crosvm holds fenced chains the same way);
-  - a `CommandError`, answered with an error response.
+  - a `CommandError`, answered with an error response;
+  - a KMD `WouldBlock` (host/kmd/wouldblock.py): the KMD would have to wait for the GPU
+    (MEM_ALLOC, SHM_GET, MEM_MAP, RESOURCE_IMPORT, a first LAUNCH_CODE; spec
+    FENCE-HOLD-3). device.py holds the chain and runs the command again when the fence
+    signals, so a handler changes nothing before a KMD call that may raise it.
 
 Timelines (spec §7): `(ctx_id, ring_idx)`; a guest stream is one ring_idx. Jobs of one
 timeline are ordered by passing the previous job's fence as a dependency; an execution

@@ -6,6 +6,14 @@ control virtqueue. Chains popped from the queue are decoded into typed commands
 (host/backend/protocol.py) and handed to `ComputeDevice`; responses are encoded into the
 chain's writable part and the chain is returned on the used ring.
 
+The host's I/O loop never waits inside the KMD: commands run in the KMD's non-blocking
+mode (host/kmd/wouldblock.py). One that would wait for the GPU (MEM_ALLOC or SHM_GET
+while VRAM is held by busy contexts, MEM_MAP of a range still being unmapped, a
+RESOURCE_IMPORT whose buffer must migrate while in use, the first LAUNCH_CODE's
+parameter buffer) is held, the chains behind it stay in the avail ring (spec VQ-ORDER-3),
+and it runs again when the fence it would have waited for signals; after the KMD's
+`timeout` it is answered with the error the wait would have ended in.
+
 A malformed chain (a VirtqError with its spec clause) puts this device of this session
 into DEVICE_NEEDS_RESET: held chains are dropped, the queue stops until the driver
 resets the device, and the session sends `config_changed` (spec VQ-* clauses, DEV-*).
@@ -22,12 +30,15 @@ from __future__ import annotations
 import collections
 import logging
 import struct
+import time
 
 from spec import wire
 from host.backend import protocol
 from host.backend.commands import ComputeDevice
 from host.backend.protocol import Header, Pending, Response
 from host.backend.errors import CommandError, ControlError
+from host.kmd import wouldblock
+from host.kmd.wouldblock import WouldBlock
 from transport.errors import VirtqError, VirtqLayoutError
 from transport.virtqueue import DeviceQueue, VirtqLayout
 
@@ -64,10 +75,11 @@ class VirtioGpuDevice:
         self.held = 0  # chains held for a fence
         self.reset_announced = False  # config_changed sent for the current NEEDS_RESET
         self.stalled = False  # holding back chains until the GPU has room again
+        self.blocked = False  # holding back chains behind one that would wait in the KMD
         self.abandoned = []  # fences of work torn down by DEVICE_NEEDS_RESET
         self.stats = {"chains": 0, "bad_chains": 0, "unanswerable": 0, "ignored_kicks": 0,
-                      "stalls": 0, "events": 0, "events_posted": 0, "events_dropped": 0,
-                      "bad_event_buffers": 0}
+                      "stalls": 0, "blocked": 0, "events": 0, "events_posted": 0,
+                      "events_dropped": 0, "bad_event_buffers": 0}
 
     # ------------------------------------------------------------------ control ops
     def get_config(self) -> bytes:
@@ -193,6 +205,7 @@ class VirtioGpuDevice:
         self.held = 0
         self.reset_announced = False
         self.stalled = False
+        self.blocked = False
         return pending
 
     def live(self) -> bool:
@@ -208,6 +221,7 @@ class VirtioGpuDevice:
             self.session.retire_fences(torn)
         self.generation += 1
         self.held = 0
+        self.blocked = False
         self.reset_announced = False
         self.status |= wire.STATUS_DEVICE_NEEDS_RESET
 
@@ -220,6 +234,8 @@ class VirtioGpuDevice:
         added = False
         mem = self.session.mem
         while True:
+            if self.blocked:
+                return added  # a command waits for the GPU: the chains behind it stay
             if not self.kmd.has_headroom(self.session) and self._stall():
                 # Backpressure: leave the chains in the avail ring (the driver sees its
                 # queue fill up) and resume when the oldest job on the GPU completes, so
@@ -245,14 +261,47 @@ class VirtioGpuDevice:
             cmd = self.compute.decode(protocol.Reader(chain, mem))
         except protocol.MalformedCommand as e:
             return self._complete(chain, e.hdr, error=e)
+        return self._run(chain, cmd, None)
+
+    def _run(self, chain, cmd, deadline: float | None) -> bool:
+        """Execute a decoded command; KMD calls never wait (host/kmd/wouldblock.py): one
+        that would blocks the queue until its fence re-drives the command."""
+        # once it has waited as long as the KMD itself would, the wait's error answers it
+        expired = deadline is not None and time.monotonic() >= deadline
         try:
-            result = self.compute.execute(cmd, protocol.Writer(chain, mem))
+            with wouldblock.nonblocking(expired=expired):
+                result = self.compute.execute(cmd, protocol.Writer(chain, self.session.mem))
         except CommandError as e:
             return self._complete(chain, cmd.hdr, error=e)
+        except WouldBlock as e:
+            if deadline is None:
+                deadline = time.monotonic() + self.kmd.timeout
+            self._block(chain, cmd, e.fence, deadline)
+            return False
         if isinstance(result, Pending):
             self._hold(chain, cmd.hdr, result)
             return False
         return self._complete(chain, cmd.hdr, response=result)
+
+    def _block(self, chain, cmd, fence, deadline: float) -> None:
+        """Hold a command that would wait inside the KMD (VRAM held by busy contexts, a
+        range still being unmapped, a shared buffer in use): take no later chain of this
+        queue (spec VQ-ORDER-3) until it has run, and run it again once `fence` signals."""
+        self.blocked = True
+        self.stats["blocked"] += 1
+        generation = self.generation
+        fence.add_done_callback(lambda _f: self.session.post_completion(
+            self, self._redrive, generation, chain, cmd, deadline))
+
+    def _redrive(self, generation: int, chain, cmd, deadline: float) -> bool:
+        """On the backend thread, once the fence a blocked command waited for signalled."""
+        if generation != self.generation:
+            return False  # the device was reset meanwhile: the chain is dropped
+        self.blocked = False
+        added = self._run(chain, cmd, deadline)
+        if not self.blocked:
+            added |= self.process_queue()  # the chains left behind it, without a kick
+        return added
 
     # ------------------------------------------------------------------ event queue (§5.7)
     def _event_sink(self):

@@ -7,11 +7,12 @@ priority first, then least recently used *context* (Context.last_use_ns, the tim
 last job was submitted or handed to the hardware — LRU is per context, not per BO), then
 its largest BOs first. Only contexts with no job on the hardware (none in a scheduler's
 in_flight; queued jobs touch no memory yet) are victims; when the only candidates are
-busy, the allocation waits for them (Condition wait, lock released, up to `timeout`)
-and then fails with OutOfMemory. Evicting a BO (_evict_bo): copy its VRAM into a numpy
-buffer on the CPU (through the VRAM BAR), dma_map it, rewrite the BO's PTEs at the same
-VA to PTE_SYSTEM pages pointing at that copy, invalidate the VMID's TLB, free the VRAM
-(cleared). The GPU keeps reaching the BO through the SYSTEM PTEs (slower), so kernels
+busy, the allocation waits for them (lock released, up to `timeout`) and then fails
+with OutOfMemory; in non-blocking mode (the backend's I/O thread, host/kmd/wouldblock.py)
+it raises WouldBlock on their jobs' fences instead. Evicting a BO (_evict_bo): copy its
+VRAM into a numpy buffer on the CPU (through the VRAM BAR), dma_map it, rewrite the BO's
+PTEs at the same VA to PTE_SYSTEM pages pointing at that copy, invalidate the VMID's TLB,
+free the VRAM (cleared). The GPU keeps reaching the BO through the SYSTEM PTEs (slower), so kernels
 and copies stay correct. Restoring (_restore_bo) is the reverse, into free VRAM only
 (never evicting): opportunistically after Context.free, destroy_context and reclaim(),
 and in run_job before a job of the owning context runs — only if that context has no
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from host.hw import regs
+from host.kmd import wouldblock
 from host.kmd.bo import BufferObject, blocks_to_extents
 from host.kmd.errors import InvalidArgument, InvalidContext, OutOfMemory
 
@@ -200,10 +202,16 @@ class EvictMixin:
                     done += 1
         return done
 
+    def _busy_fences(self, ctx: "Context") -> list:
+        """Finished fences of ctx's jobs on the hardware: ctx is evictable once they signal."""
+        return [j.finished for s in self.schedulers for j in s.in_flight
+                if j.entity.owner is ctx and j.finished is not None]
+
     def _alloc_vram(self, size: int, requester: "Context | None"):
         """Buddy blocks for a BO of `requester` (None: a shared segment), evicting other
-        contexts' BOs to host memory when VRAM is full; waits (up to `timeout`, lock
-        released) for victims that are busy on the GPU. Raises OutOfMemory."""
+        contexts' BOs to host memory when VRAM is full. When the only victims are busy on
+        the GPU it waits for them (host/kmd/wouldblock.py: up to `timeout`, lock released;
+        in non-blocking mode WouldBlock on their jobs' fences). Raises OutOfMemory."""
         deadline = None
         while True:
             try:
@@ -217,21 +225,21 @@ class EvictMixin:
                 raise OutOfMemory(f"{size} bytes of VRAM requested, {self.mm.avail} free, and "
                                   f"nothing more can be evicted ({self.evicted_bytes} of "
                                   f"{self.max_evicted_bytes} evicted bytes in use): {err}")
-            now = time.monotonic()
             if deadline is None:
-                deadline = now + self.timeout
+                deadline = time.monotonic() + self.timeout
                 self.mem_counters["evict_waits"] += 1
-            if now >= deadline:
-                raise OutOfMemory(f"{size} bytes of VRAM requested, {self.mm.avail} free; "
-                                  f"the contexts that could be evicted stayed busy")
-            self._cond.wait(min(0.05, deadline - now))
+            fences = [f for c in self.contexts.values() if c is not requester
+                      for f in self._busy_fences(c)]
+            wouldblock.wait(self, fences, deadline, OutOfMemory(
+                f"{size} bytes of VRAM requested, {self.mm.avail} free; the contexts that "
+                "could be evicted stayed busy"))
             if requester is not None and requester.destroyed:
                 raise InvalidContext(f"context {requester.id} was destroyed")
             self._reclaim_locked()
 
     def _make_resident(self, bo: BufferObject) -> None:
         """Bring an evicted BO back into VRAM now, evicting other contexts' BOs if needed
-        and waiting (lock released, up to `timeout`) until its own context has no job on
+        and waiting (wouldblock.wait: up to `timeout`) until its own context has no job on
         the hardware. For code that needs bo.extents to be VRAM (e.g. map_bo_at, which
         maps the same pages at another VA). Raises OutOfMemory."""
         deadline = time.monotonic() + self.timeout
@@ -248,11 +256,9 @@ class EvictMixin:
                 if not busy:
                     raise OutOfMemory(f"no room in VRAM for the {bo.size}-byte evicted "
                                       "buffer object")
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise OutOfMemory("the evicted buffer object could not be made resident "
-                                  "(contexts stayed busy)")
-            self._cond.wait(min(0.05, left))
+            fences = [f for c in self.contexts.values() for f in self._busy_fences(c)]
+            wouldblock.wait(self, fences, deadline, OutOfMemory(
+                "the evicted buffer object could not be made resident (contexts stayed busy)"))
             self._reclaim_locked()
 
     def mem_stats(self) -> dict:

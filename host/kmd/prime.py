@@ -45,6 +45,7 @@ import time
 
 from host.hw import regs
 from host.hw.pcie import P2PDMA_MAP_BUS_ADDR, P2PDMA_MAP_THRU_HOST_BRIDGE
+from host.kmd import wouldblock
 from host.kmd.dmabuf import SG_LOCAL, SG_PEER, SG_SYSTEM, DmaBuf, DmaBufCache, SgTable
 from host.kmd.errors import InvalidArgument, InvalidContext, OutOfMemory
 from host.kmd.fence import Fence
@@ -207,7 +208,8 @@ class PrimeExporter:
 
     def _pin_system(self, bo) -> None:
         """Migrate `bo` to system memory (if it is not there) and keep it there while the
-        attachment lives; waits (lock released, up to the device timeout) while it is busy."""
+        attachment lives; while it is busy it waits (host/kmd/wouldblock.py: up to the
+        device timeout, lock released; WouldBlock in non-blocking mode)."""
         dev = self.dev
         deadline = time.monotonic() + dev.timeout
         with dev.lock:
@@ -226,11 +228,12 @@ class PrimeExporter:
                     if not busy and dev._evict_bo(bo):
                         self.stats["migrations"] += 1
                         break
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        raise OutOfMemory("the shared buffer object stayed busy: it could not "
-                                          "be migrated to system memory")
-                    dev._cond.wait(min(0.02, left))
+                    # its context's jobs, or the users of the shared buffer (begin_move)
+                    fences = dev._busy_fences(ctx) if busy else \
+                        (bo.resv.fences() if bo.resv is not None else [])
+                    wouldblock.wait(dev, fences, deadline, OutOfMemory(
+                        "the shared buffer object stayed busy: it could not be migrated to "
+                        "system memory"))
             except BaseException:
                 with self._pins:
                     bo.sys_pins -= 1

@@ -3,9 +3,12 @@ reservations and mappings (cuMemAddressReserve / cuMemMap, spec §6.7)."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from host.hw import regs
+from host.kmd import wouldblock
 from host.kmd.bo import BufferObject
 from host.kmd.buddy import round_up
 from host.kmd.dma import DmaMapping
@@ -155,8 +158,11 @@ class ContextVaMixin:
                   writable: bool = True) -> None:
         """Map [offset, offset + size) of `bo` (this context's) at `va`, inside a
         reservation, READ (+WRITE): the same physical pages become reachable there.
+        While an earlier unmap of the range (or the BO's context, if the BO is evicted)
+        still has work pending, it waits for that work (host/kmd/wouldblock.py).
         Raises InvalidArgument (alignment, range, bo), InvalidAddress (outside a
-        reservation, or overlapping another mapping), OutOfMemory (page tables)."""
+        reservation, overlapping another mapping, or the range still being unmapped after
+        `timeout`), OutOfMemory (page tables)."""
         if size is None:
             size = bo.size - offset if isinstance(bo, BufferObject) else 0
         for what, v in (("va", va), ("offset", offset), ("size", size)):
@@ -167,8 +173,9 @@ class ContextVaMixin:
             raise InvalidArgument(f"mapping va {va:#x}, offset {offset:#x} and size {size:#x} "
                                   "must be page aligned, size > 0")
         dev = self.device
-        for _attempt in range(3):
-            with dev.lock:
+        deadline = None
+        with dev.lock:
+            while True:
                 self._check()
                 dev._reclaim_locked()
                 if not isinstance(bo, BufferObject) or self._bos.get(bo.va) is not bo:
@@ -198,11 +205,12 @@ class ContextVaMixin:
                     self._va_maps[va] = (bo, offset, size, bool(writable))
                     self.stats["va_mapped"] += size
                     return
-                # an earlier unmap of this range (or a restore) waits for this context's work
-                fences = self.pending_fences()
-            for f in fences:
-                f.wait(dev.timeout)
-        raise InvalidAddress(f"[{va:#x}, {va + size:#x}) is still being unmapped")
+                # an earlier unmap of this range (or a restore) waits for this context's
+                # work (host/kmd/wouldblock.py: WouldBlock in non-blocking mode)
+                if deadline is None:
+                    deadline = time.monotonic() + dev.timeout
+                wouldblock.wait(dev, self.pending_fences(), deadline, InvalidAddress(
+                    f"[{va:#x}, {va + size:#x}) is still being unmapped"))
 
     def unmap_at(self, va: int) -> None:
         """Remove the map_bo_at mapping that starts at `va`: at once for new work; the PTEs
