@@ -75,7 +75,8 @@ class Engine:
         self.clock = clock  # () -> device time in ns (Gpu.clock_ns)
         self.name = f"{name}.{ENGINE_NAMES.get(engine, engine)}"
         self.cp = CommandProcessor(engine, vram, mmu, irq, fence_cond, name, cus, clock)
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # the registers; the engine's thread waits on it
+        self._idle = threading.Condition(self._cond._lock)  # a reset waits on it for the executor
         self._wake = threading.Event()  # set on reset/shutdown: cuts sleeps short
         self._base = 0
         self._size = 0
@@ -176,8 +177,8 @@ class Engine:
             self.fence_cond.notify_all()
         me = threading.current_thread()
         if me is not self._thread and me is not self._executor:
-            with self._cond:
-                self._cond.wait_for(
+            with self._idle:
+                self._idle.wait_for(
                     lambda: self._exec_gen is None or self._exec_gen >= target, RESET_TIMEOUT)
 
     # ------------------------------------------------------------- the thread
@@ -254,7 +255,11 @@ class Engine:
                     self._executor = None
                     self._busy_total += max(0, self.clock() - self._busy_since)
                     self._busy_since = None
-                    self._cond.notify_all()
+                    # a reset's wait hears of it; the engine's thread only if work came in
+                    # after a reset (woken for nothing, it could steal the next kick's job)
+                    self._idle.notify_all()
+                    if self._rptr != self._wptr:
+                        self._cond.notify_all()
                     return
                 base, size, rptr, wptr = self._base, self._size, self._rptr, self._wptr
                 ring_ok = self._ring_ok() and rptr < size and wptr < size

@@ -722,3 +722,25 @@ def test_engine_thread_drains_packets_published_while_it_runs(dev):
     assert [i.data for i in dev.irqs if i.source == IRQ_FENCE] == [1, 2, 3, 4, 5]
     poll(lambda: dev.reg(ENGINE_COMPUTE, RB_STATUS) == RB_STATUS_IDLE)
     assert dev.reg(ENGINE_COMPUTE, RB_RPTR) == dev.comp.wptr
+
+
+def test_work_doorbelled_after_a_reset_on_the_kicking_thread_still_runs(dev):
+    """A handler on the kicking thread resets the engine and submits new work with a
+    doorbell while the kick still owns the engine: when the kick returns, the engine's
+    thread runs that work."""
+    gpu = dev.gpu
+    fenced = threading.Event()
+
+    def handler(irq):
+        if irq.source == IRQ_PAGE_FAULT:
+            gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_RESET), 1)
+            dev.copy.wptr = 0
+            dev.copy.submit(P.fence(fence_addr(1), 5))
+        elif irq.source == IRQ_FENCE and irq.data == 5:
+            fenced.set()
+
+    gpu.irq.set_handler(handler)
+    _publish(dev.copy, P.copy(VRAM_SIZE, 0, 8) + P.fence(fence_addr(0), 1))
+    gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_KICK_SYNC), 1)
+    assert fenced.wait(10)
+    assert gpu.vram.read_u64(fence_addr(1)) == 5 and gpu.vram.read_u64(fence_addr(0)) == 0
