@@ -21,9 +21,10 @@ to compute utilisation. stats()["busy_ns"] reads the same.
 
 RB_KICK_SYNC (write any value): the writing thread lends itself to the command processor.
 If the engine is started, idle (no packet executing) and RPTR != WPTR, the packets up to
-WPTR (and any published while they run) execute on the writing thread, and the write
-returns once the ring has drained; the engine's thread is not woken, and the interrupts
-those packets raise are delivered on the writing thread. Otherwise the write is a
+that WPTR execute on the writing thread, and the write returns once they have; the
+engine's thread is not woken for them, and the interrupts they raise are delivered on
+the writing thread. Packets published meanwhile are left to the engine's thread, so the
+writer is held only for the work it kicked. Otherwise the write is a
 doorbell without a new WPTR. The driver publishes WPTR first (RB_WPTR): a short job then
 completes without two thread handoffs. Busy time, resets and stop checks are as for the
 engine's own thread.
@@ -146,7 +147,8 @@ class Engine:
                 return
             self.sync_kicks += 1
             gen = self._claim()
-        self._drain(gen)
+            stop_at = self._wptr
+        self._drain(gen, stop_at)
 
     def status(self) -> int:
         busy = self._exec_gen is not None or self._rptr != self._wptr
@@ -230,8 +232,9 @@ class Engine:
         self._busy_since = self.clock()
         return gen
 
-    def _drain(self, gen: int) -> None:
-        """Execute ring packets from RPTR until RPTR == WPTR, a reset or a shutdown."""
+    def _drain(self, gen: int, stop_at: int | None = None) -> None:
+        """Execute ring packets from RPTR until RPTR == WPTR (or `stop_at`), a reset or
+        a shutdown."""
         ctl = StopToken(lambda: self._gen != gen, self._wake)
         with self._cond:
             base, size, rptr, wptr = self._base, self._size, self._rptr, self._wptr
@@ -250,13 +253,14 @@ class Engine:
             with self._cond:
                 if self._gen == gen:
                     self._rptr = new_rptr
-                if self._gen != gen or self._shutdown or self._rptr == self._wptr:
+                if (self._gen != gen or self._shutdown or self._rptr == self._wptr
+                        or self._rptr == stop_at):
                     self._exec_gen = None
                     self._executor = None
                     self._busy_total += max(0, self.clock() - self._busy_since)
                     self._busy_since = None
-                    # a reset's wait hears of it; the engine's thread only if work came in
-                    # after a reset (woken for nothing, it could steal the next kick's job)
+                    # a reset's wait hears of it; the engine's thread only if work is left
+                    # (woken for nothing, it could steal the next kick's job)
                     self._idle.notify_all()
                     if self._rptr != self._wptr:
                         self._cond.notify_all()

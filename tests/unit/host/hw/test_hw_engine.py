@@ -744,3 +744,25 @@ def test_work_doorbelled_after_a_reset_on_the_kicking_thread_still_runs(dev):
     gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_KICK_SYNC), 1)
     assert fenced.wait(10)
     assert gpu.vram.read_u64(fence_addr(1)) == 5 and gpu.vram.read_u64(fence_addr(0)) == 0
+
+
+def test_a_kick_runs_only_the_work_it_kicked(dev):
+    """Packets doorbelled while a kick executes (here by its own interrupt handler) run on
+    the engine's thread, not on the kicking thread."""
+    gpu = dev.gpu
+    where = {}
+    done = threading.Event()
+
+    def handler(irq):
+        where[irq.data] = threading.current_thread()
+        if irq.data == 1:
+            dev.copy.submit(P.fence(fence_addr(1), 2))
+        elif irq.data == 2:
+            done.set()
+
+    gpu.irq.set_handler(handler)
+    _publish(dev.copy, P.fence(fence_addr(0), 1))
+    gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_KICK_SYNC), 1)
+    assert where[1] is threading.current_thread()
+    assert done.wait(10)
+    assert where[2] is gpu.engines[ENGINE_COPY]._thread
