@@ -17,7 +17,8 @@ The API is transactional, as in amdgpu:
               which the device binds to a condition wait that releases its lock, so the
               interrupt handler (on the engine thread) is never blocked by a full ring.
   write(data) copy packet bytes at the reserved position (wrapping at the end).
-  commit()    pad with a NOP to the 8-dword fetch alignment and ring the doorbell.
+  commit()    pad with a NOP to the 8-dword fetch alignment and ring the doorbell (or,
+              commit(doorbell=False), only publish wptr through RB_WPTR).
   undo()      drop everything written since alloc(): wptr goes back.
 A packet never straddles the end of the ring: when the reservation would cross it,
 alloc() first fills the rest of the ring with one NOP and starts again at offset 0, so
@@ -137,8 +138,10 @@ class Ring:
         self._written += len(data)
         self._write_raw(data)
 
-    def commit(self) -> int:
-        """Pad, publish the new wptr through the doorbell; -> the new wptr."""
+    def commit(self, doorbell: bool = True) -> int:
+        """Pad, publish the new wptr through the doorbell; -> the new wptr. Without
+        `doorbell` the wptr is published (RB_WPTR) but the engine is not woken: the caller
+        then runs the ring itself (RB_KICK_SYNC)."""
         assert self._wptr_old is not None, "ring commit() without alloc()"
         pad_dw = (-(self._pos // 4)) % ALIGN_DW
         if pad_dw:
@@ -146,7 +149,7 @@ class Ring:
         self.wptr = self._pos
         self._wptr_old = None
         self.packets_committed += 1
-        self.mmio.write(self._reg(regs.RB_DOORBELL), self.wptr)
+        self.mmio.write(self._reg(regs.RB_DOORBELL if doorbell else regs.RB_WPTR), self.wptr)
         return self.wptr
 
     def undo(self) -> None:
