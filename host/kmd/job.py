@@ -410,6 +410,8 @@ class ContextSubmitMixin:
 
     @staticmethod
     def _dim3(dim, what) -> tuple:
+        if type(dim) is int and 0 <= dim <= _U32:
+            return (dim, 1, 1)
         if isinstance(dim, (int, np.integer)):
             dim = (dim,)
         dim = tuple(int(d) for d in dim)
