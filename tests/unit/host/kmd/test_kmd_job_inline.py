@@ -72,14 +72,13 @@ def test_a_job_with_a_dependency_or_behind_work_is_not_run_inline(dev, gate):
     g = gate()
     waiting = ctx.submit_copy(bo.va, bo.va + 2048, 64, wait=[g])
     behind = ctx.submit_copy(bo.va, bo.va + 1024, 64)  # queued behind it, same timeline
-    hog = ctx.submit_launch(wire.KERNEL_BURN, (1,), (1,), [wire.BURN_FOREVER], timeline=1)
-    behind_hog = fill(ctx, bo, 3.0, 16, timeline=2)  # short, but the ring is busy
+    ctx.submit_launch(wire.KERNEL_BURN, (1,), (1,), [wire.BURN_FOREVER], timeline=1)
+    fill(ctx, bo, 3.0, 16, timeline=2)  # short, but the ring is busy (until the device stops)
     assert not waiting.signaled and not behind.signaled
     g.signal()  # the dependency's callback runs them, on this thread, through the engine
     assert waiting.wait(10) and behind.wait(10)
     assert waiting.error is None and behind.error is None
     assert dev.stats["jobs_inline"] == 0
-    assert not hog.signaled and not behind_hog.signaled  # until the device stops
 
 
 def test_no_job_runs_inline_under_a_device_lock(dev):
