@@ -146,3 +146,36 @@ def test_the_scheduler_accounts_for_both_paths_exactly(make_dev, monkeypatch, in
             assert v.credit == sched.period_ns * v.share // 100 - busy
         total += busy
     assert sched.busy_ns == total
+
+
+def test_threads_submitting_short_jobs_at_once_all_complete(dev):
+    """Submitters race for the idle ring: some kick it, the others find it busy and leave
+    their jobs to the engine's thread (or to the kick in progress). Every job completes,
+    once, with its own result."""
+    n_threads, n_jobs = 4, 100
+    ctxs = [dev.create_context(f"t{i}") for i in range(n_threads)]
+    bos = [c.alloc(P) for c in ctxs]
+    errors = []
+
+    def submitter(i):
+        try:
+            for k in range(n_jobs):
+                f = fill(ctxs[i], bos[i], float(k), 16, timeline=k % 2)
+                if not f.wait(30) or f.error is not None:
+                    errors.append((i, k, f))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append((i, e))
+
+    threads = [threading.Thread(target=submitter, args=(i,)) for i in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads)
+    sched = dev.schedulers[regs.ENGINE_COMPUTE]
+    assert not sched.in_flight and sched.queued() == 0
+    assert sched.stats["jobs_completed"] == n_threads * n_jobs
+    assert dev.stats["jobs_inline"] >= 1  # the first submission found the ring idle
+    assert all(c.stats["jobs_completed"] == n_jobs for c in ctxs)
+    for bo in bos:  # each thread waited for each job: its last fill (one thread) is there
+        assert dev.vram.view(bo.phys, 4).view(np.float32)[0] == n_jobs - 1
