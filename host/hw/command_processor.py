@@ -142,7 +142,8 @@ class CommandProcessor:
 
     def run_ring_packet(self, base: int, size: int, rptr: int, wptr: int,
                         ctl: kernels.StopToken) -> int:
-        """Execute the packet at rptr (rptr != wptr); -> the new rptr."""
+        """Execute the packet at rptr (rptr != wptr), and a NOP right behind it if it was
+        fetched with it; -> the new rptr."""
         avail = ((wptr - rptr) % size) // 4
         head = self._ring_dwords(base, size, rptr, min(avail, RING_FETCH_DW))
         hdr = head[0]
@@ -155,7 +156,13 @@ class CommandProcessor:
         else:
             body = self._ring_dwords(base, size, (rptr + 4) % size, ndw)
         self._execute(opcode, body, 0, False, ctl, rptr, hdr)
-        return (rptr + 4 * (1 + ndw)) % size
+        end = 1 + ndw
+        if end < len(head):  # a NOP fetched with the packet (the ring's padding) is done too
+            nop, pad = split_header(head[end])
+            if nop == PKT_NOP and end + 1 + pad <= avail:
+                self.packets += 1
+                end += 1 + pad
+        return (rptr + 4 * end) % size
 
     def ring_error(self, ctl, base: int, size: int) -> None:
         self._illegal(ctl, 0, base, 0, f"bad ring configuration base={base:#x} size={size:#x}")

@@ -766,3 +766,18 @@ def test_a_kick_runs_only_the_work_it_kicked(dev):
     assert where[1] is threading.current_thread()
     assert done.wait(10)
     assert where[2] is gpu.engines[ENGINE_COPY]._thread
+
+
+def test_a_nop_behind_a_ring_packet_is_consumed_with_it(dev):
+    """The padding NOP fetched with a packet is executed with it: one step of the engine
+    moves RPTR past both. A NOP running past WPTR is left to a step of its own."""
+    cp = dev.gpu.engines[ENGINE_COPY].cp
+    base, size = RING_D, PAGE_SIZE
+    fence, pad = P.fence(fence_addr(0), 1), P.nop(5)
+    dev.gpu.vram.write(base, fence + pad)
+    ctl = kernels.NEVER_STOP
+    assert cp.run_ring_packet(base, size, 0, len(fence + pad), ctl) == len(fence + pad)
+    assert cp.packets == 2 and dev.gpu.vram.read_u64(fence_addr(0)) == 1
+    # WPTR inside the NOP: only the fence runs
+    assert cp.run_ring_packet(base, size, 0, len(fence) + 8, ctl) == len(fence)
+    assert cp.packets == 3
