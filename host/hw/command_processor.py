@@ -72,6 +72,7 @@ log = logging.getLogger("pvgpu.hw.cp")
 # over its compute units; smaller ones are not worth the handoff.
 COPY_CHUNK = 256 << 20
 COPY_SPLIT = 32 << 20
+RING_FETCH_DW = 8  # dwords fetched with a ring packet's header (its body, if it fits)
 WAIT_POLL = 0.002  # seconds between re-checks of a WAIT (CPU writes do not notify)
 RING_ONLY = frozenset({PKT_INDIRECT_BUFFER, PKT_FENCE, PKT_WAIT, PKT_TLB_FLUSH})
 BODY_DW = {PKT_INDIRECT_BUFFER: 4, PKT_COPY: 6, PKT_FENCE: 5, PKT_WAIT: 4, PKT_TLB_FLUSH: 1,
@@ -141,16 +142,27 @@ class CommandProcessor:
 
     def run_ring_packet(self, base: int, size: int, rptr: int, wptr: int,
                         ctl: kernels.StopToken) -> int:
-        """Execute the packet at rptr (rptr != wptr); -> the new rptr."""
+        """Execute the packet at rptr (rptr != wptr), and a NOP right behind it if it was
+        fetched with it; -> the new rptr."""
         avail = ((wptr - rptr) % size) // 4
-        hdr = self._ring_dwords(base, size, rptr, 1)[0]
+        head = self._ring_dwords(base, size, rptr, min(avail, RING_FETCH_DW))
+        hdr = head[0]
         opcode, ndw = split_header(hdr)
         if 1 + ndw > avail:
             self._illegal(ctl, 0, rptr, hdr, f"packet of {1 + ndw} dwords runs past WPTR")
             return wptr
-        body = self._ring_dwords(base, size, (rptr + 4) % size, ndw) if ndw else []
+        if 1 + ndw <= len(head):
+            body = head[1:1 + ndw]
+        else:
+            body = self._ring_dwords(base, size, (rptr + 4) % size, ndw)
         self._execute(opcode, body, 0, False, ctl, rptr, hdr)
-        return (rptr + 4 * (1 + ndw)) % size
+        end = 1 + ndw
+        if end < len(head):  # a NOP fetched with the packet (the ring's padding) is done too
+            nop, pad = split_header(head[end])
+            if nop == PKT_NOP and end + 1 + pad <= avail:
+                self.packets += 1
+                end += 1 + pad
+        return (rptr + 4 * end) % size
 
     def ring_error(self, ctl, base: int, size: int) -> None:
         self._illegal(ctl, 0, base, 0, f"bad ring configuration base={base:#x} size={size:#x}")

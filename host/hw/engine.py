@@ -19,6 +19,19 @@ executing now; a WAIT that stalls counts as busy (the engine is occupied, as a G
 busy counter sees it). It only grows: RB_RESET does not clear it. The KMD can sample it
 to compute utilisation. stats()["busy_ns"] reads the same.
 
+RB_KICK_SYNC (write any value): the writing thread lends itself to the command processor.
+If the engine is started, idle (no packet executing) and RPTR != WPTR, the packets up to
+that WPTR execute on the writing thread, and the write returns once they have; the
+engine's thread is not woken for them, and the interrupts they raise are delivered on
+the writing thread. Packets published meanwhile are left to the engine's thread, so the
+writer is held only for the work it kicked. Otherwise the write is a
+doorbell without a new WPTR. The driver publishes WPTR first (RB_WPTR): a short job then
+completes without two thread handoffs. Busy time, resets and stop checks are as for the
+engine's own thread.
+
+Whichever thread executes, it drains the ring: after each packet it publishes RPTR and
+goes on with the next one without waiting, taking the register lock once per packet.
+
 RB_RESET (write 1): the current packet is abandoned at its next stop check, pending
 packets are dropped and RPTR = WPTR = 0; RB_BASE/RB_SIZE are kept. Stop checks: burn at
 least every BURN_CHECK_INTERVAL (1 ms; burn(BURN_FOREVER) runs until a reset), WAIT
@@ -45,8 +58,8 @@ import time
 from host.hw.command_processor import CommandProcessor
 from host.hw.kernels import StopToken
 from host.hw.regs import (ENGINE_NAMES, PAGE_SIZE, RB_BASE, RB_BUSY_NS, RB_DOORBELL, RB_RESET,
-                          RB_RPTR, RB_SIZE, RB_STATUS, RB_STATUS_BUSY, RB_STATUS_IDLE, RB_WPTR,
-                          REG_ENGINE)
+                          RB_KICK_SYNC, RB_RPTR, RB_SIZE, RB_STATUS, RB_STATUS_BUSY,
+                          RB_STATUS_IDLE, RB_WPTR, REG_ENGINE)
 from host.hw.mmio import RO, RW, WO
 
 log = logging.getLogger("pvgpu.hw.engine")
@@ -63,7 +76,8 @@ class Engine:
         self.clock = clock  # () -> device time in ns (Gpu.clock_ns)
         self.name = f"{name}.{ENGINE_NAMES.get(engine, engine)}"
         self.cp = CommandProcessor(engine, vram, mmu, irq, fence_cond, name, cus, clock)
-        self._cond = threading.Condition()
+        self._cond = threading.Condition()  # the registers; the engine's thread waits on it
+        self._idle = threading.Condition(self._cond._lock)  # a reset waits on it for the executor
         self._wake = threading.Event()  # set on reset/shutdown: cuts sleeps short
         self._base = 0
         self._size = 0
@@ -75,7 +89,9 @@ class Engine:
         self._busy_total = 0  # ns spent in finished ring packets
         self._busy_since = None  # clock() when the executing packet started, None when idle
         self._thread: threading.Thread | None = None
+        self._executor = None  # the thread executing packets now (the engine's or a kicker)
         self.doorbells = 0
+        self.sync_kicks = 0  # RB_KICK_SYNC writes that ran the ring on the writing thread
         self.resets = 0
         self.internal_errors = 0
 
@@ -91,6 +107,7 @@ class Engine:
         mmio.define(r(RB_RESET), "RB_RESET", WO, on_write=self._reset_reg)
         mmio.define(r(RB_STATUS), "RB_STATUS", RO, on_read=self.status)
         mmio.define(r(RB_BUSY_NS), "RB_BUSY_NS", RO, on_read=lambda: self.busy_ns)
+        mmio.define(r(RB_KICK_SYNC), "RB_KICK_SYNC", WO, on_write=self.kick_sync)
 
     def _set_base(self, value: int) -> None:
         with self._cond:
@@ -120,6 +137,19 @@ class Engine:
             self.doorbells += 1
             self._cond.notify_all()
 
+    def kick_sync(self, _value: int = 0) -> None:
+        """RB_KICK_SYNC: drain the ring on this thread if the engine is idle."""
+        with self._cond:
+            if (self._thread is None or self._shutdown or self._exec_gen is not None
+                    or self._rptr == self._wptr):
+                self.doorbells += 1
+                self._cond.notify_all()
+                return
+            self.sync_kicks += 1
+            gen = self._claim()
+            stop_at = self._wptr
+        self._drain(gen, stop_at)
+
     def status(self) -> int:
         busy = self._exec_gen is not None or self._rptr != self._wptr
         return RB_STATUS_BUSY if busy else RB_STATUS_IDLE
@@ -147,9 +177,10 @@ class Engine:
             self._cond.notify_all()
         with self.fence_cond:  # a WAIT notices at once
             self.fence_cond.notify_all()
-        if threading.current_thread() is not self._thread:
-            with self._cond:
-                self._cond.wait_for(
+        me = threading.current_thread()
+        if me is not self._thread and me is not self._executor:
+            with self._idle:
+                self._idle.wait_for(
                     lambda: self._exec_gen is None or self._exec_gen >= target, RESET_TIMEOUT)
 
     # ------------------------------------------------------------- the thread
@@ -184,35 +215,60 @@ class Engine:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._shutdown and self._rptr == self._wptr:
+                while not self._shutdown and (self._rptr == self._wptr
+                                              or self._exec_gen is not None):
                     self._cond.wait()
                 if self._shutdown:
                     return
-                gen = self._gen
-                self._wake.clear()
-                self._exec_gen = gen
-                self._busy_since = self.clock()
-                base, size, rptr, wptr = self._base, self._size, self._rptr, self._wptr
-                ring_ok = self._ring_ok() and rptr < size and wptr < size
-            ctl = StopToken(lambda: self._gen != gen, self._wake)
+                gen = self._claim()
+            self._drain(gen)
+
+    def _claim(self) -> int:
+        """Make the calling thread the executor (under _cond); -> the generation it runs."""
+        gen = self._gen
+        self._wake.clear()
+        self._exec_gen = gen
+        self._executor = threading.current_thread()
+        self._busy_since = self.clock()
+        return gen
+
+    def _drain(self, gen: int, stop_at: int | None = None) -> None:
+        """Execute ring packets from RPTR until RPTR == WPTR (or `stop_at`), a reset or
+        a shutdown."""
+        ctl = StopToken(lambda: self._gen != gen, self._wake)
+        with self._cond:
+            base, size, rptr, wptr = self._base, self._size, self._rptr, self._wptr
+            ring_ok = self._ring_ok() and rptr < size and wptr < size
+        while True:
             new_rptr = wptr
             try:
                 if ring_ok:
                     new_rptr = self.cp.run_ring_packet(base, size, rptr, wptr, ctl)
                 else:
                     self.cp.ring_error(ctl, base, size)
-            except Exception:  # noqa: BLE001 - the engine thread must survive anything
+            except Exception:  # noqa: BLE001 - the engine must survive anything
                 self.internal_errors += 1
                 log.exception("%s: internal error; dropping the ring's pending packets",
                               self.name)
             with self._cond:
-                self._exec_gen = None
-                self._busy_total += max(0, self.clock() - self._busy_since)
-                self._busy_since = None
                 if self._gen == gen:
                     self._rptr = new_rptr
-                self._cond.notify_all()
+                if (self._gen != gen or self._shutdown or self._rptr == self._wptr
+                        or self._rptr == stop_at):
+                    self._exec_gen = None
+                    self._executor = None
+                    self._busy_total += max(0, self.clock() - self._busy_since)
+                    self._busy_since = None
+                    # a reset's wait hears of it; the engine's thread only if work is left
+                    # (woken for nothing, it could steal the next kick's job)
+                    self._idle.notify_all()
+                    if self._rptr != self._wptr:
+                        self._cond.notify_all()
+                    return
+                base, size, rptr, wptr = self._base, self._size, self._rptr, self._wptr
+                ring_ok = self._ring_ok() and rptr < size and wptr < size
 
     def stats(self) -> dict:
-        return dict(self.cp.stats(), doorbells=self.doorbells, resets=self.resets,
+        return dict(self.cp.stats(), doorbells=self.doorbells, sync_kicks=self.sync_kicks,
+                    resets=self.resets,
                     engine_internal_errors=self.internal_errors, busy_ns=self.busy_ns)

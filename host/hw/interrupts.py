@@ -1,9 +1,10 @@
 """Interrupt controller of one emulated GPU (the IH block).
 
 An engine raises an Interrupt record (source = regs.IRQ_*). When REG_IRQ_ENABLE is 1 the
-controller calls the KMD's handler synchronously on the raising engine's thread, like a
-top-half running in interrupt context: the handler should be short and must not wait for
-the engine that called it. Handlers of different engines may run concurrently, so the
+controller calls the KMD's handler synchronously on the thread executing the raising
+engine's packets (its own thread, or the thread that wrote RB_KICK_SYNC), like a top-half
+running in interrupt context: the handler should be short and must not wait for the
+engine that called it. Handlers of different engines may run concurrently, so the
 handler must be thread-safe. No lock is held while the handler runs: it may write MMIO
 registers (ring a doorbell, reset an engine).
 

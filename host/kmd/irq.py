@@ -1,6 +1,7 @@
 """The interrupt handler (top half) of one device.
 
-Interrupts arrive on the engine threads. IRQ_FENCE retires the jobs whose fences the
+Interrupts arrive on the engine threads, or on a submitting thread that runs a short job
+itself (job.py), never with a device lock held. IRQ_FENCE retires the jobs whose fences the
 write-back slot covers (their IB space goes back to the pool) and then signals the
 fences. IRQ_PAGE_FAULT becomes a GpuFault attached to the oldest unsignalled job of that
 VMID on that engine (the engine is in order, so that is the job that was executing);

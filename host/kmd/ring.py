@@ -16,8 +16,10 @@ The API is transactional, as in amdgpu:
               instead of a hang if the engine is stuck. The wait calls `sleep(interval)`,
               which the device binds to a condition wait that releases its lock, so the
               interrupt handler (on the engine thread) is never blocked by a full ring.
-  write(data) copy packet bytes at the reserved position (wrapping at the end).
-  commit()    pad with a NOP to the 8-dword fetch alignment and ring the doorbell.
+  write(data) stage packet bytes at the reserved position (wrapping at the end).
+  commit()    pad with a NOP to the 8-dword fetch alignment, copy the staged bytes into
+              the ring in one VRAM write and ring the doorbell (or, with
+              commit(doorbell=False), only publish wptr through RB_WPTR).
   undo()      drop everything written since alloc(): wptr goes back.
 A packet never straddles the end of the ring: when the reservation would cross it,
 alloc() first fills the rest of the ring with one NOP and starts again at offset 0, so
@@ -57,6 +59,7 @@ class Ring:
         self._pos = 0  # where write() puts the next byte
         self._reserved = 0  # bytes reserved by alloc()
         self._written = 0  # bytes written since alloc()
+        self._staged = []  # bytes written since alloc(), not yet in VRAM (commit() puts them)
         self.packets_committed = 0
         self.full_waits = 0
 
@@ -70,11 +73,13 @@ class Ring:
         self.mmio.write(self._reg(regs.RB_SIZE), self.size)
         self.wptr = self._rptr = 0
         self._wptr_old = None
+        self._staged = []
 
     def after_reset(self) -> None:
         """The engine was reset (RB_RESET): the hardware's pointers are 0, and so are ours."""
         self.wptr = self._rptr = 0
         self._wptr_old = None
+        self._staged = []
 
     @property
     def max_dw(self) -> int:
@@ -123,12 +128,20 @@ class Ring:
         self._written = 0
 
     def _write_raw(self, data: bytes) -> None:
-        pos = self._pos
+        """Stage packet bytes at _pos; _flush() copies them into VRAM in one go."""
+        self._staged.append(data)
+        self._pos = (self._pos + len(data)) % self.size
+
+    def _flush(self) -> None:
+        data = b"".join(self._staged)
+        self._staged.clear()
+        if not data:
+            return
+        pos = self._wptr_old
         first = min(len(data), self.size - pos)
         self.vram.write(self.base + pos, data[:first])
         if first < len(data):
             self.vram.write(self.base, data[first:])
-        self._pos = (pos + len(data)) % self.size
 
     def write(self, data: bytes) -> None:
         assert self._wptr_old is not None, "ring write() outside alloc()/commit()"
@@ -137,19 +150,23 @@ class Ring:
         self._written += len(data)
         self._write_raw(data)
 
-    def commit(self) -> int:
-        """Pad, publish the new wptr through the doorbell; -> the new wptr."""
+    def commit(self, doorbell: bool = True) -> int:
+        """Pad, publish the new wptr through the doorbell; -> the new wptr. Without
+        `doorbell` the wptr is published (RB_WPTR) but the engine is not woken: the caller
+        then runs the ring itself (RB_KICK_SYNC)."""
         assert self._wptr_old is not None, "ring commit() without alloc()"
         pad_dw = (-(self._pos // 4)) % ALIGN_DW
         if pad_dw:
             self._write_raw(packets.nop(pad_dw))
+        self._flush()
         self.wptr = self._pos
         self._wptr_old = None
         self.packets_committed += 1
-        self.mmio.write(self._reg(regs.RB_DOORBELL), self.wptr)
+        self.mmio.write(self._reg(regs.RB_DOORBELL if doorbell else regs.RB_WPTR), self.wptr)
         return self.wptr
 
     def undo(self) -> None:
         assert self._wptr_old is not None, "ring undo() without alloc()"
+        self._staged.clear()
         self.wptr = self._wptr_old
         self._wptr_old = None

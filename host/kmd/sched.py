@@ -230,7 +230,7 @@ class GpuScheduler:
         self._last_end = now
         self._seq = itertools.count(1)
         self._signals = []  # (fence, error) to signal once the lock is released
-        self._queued = collections.Counter()  # owner -> jobs waiting in its entities
+        self._queued = {}  # owner -> jobs waiting in its entities
         self.n_queued = 0
         self.busy_ns = 0
         self.stats = collections.Counter()
@@ -551,9 +551,11 @@ class GpuScheduler:
     # ------------------------------------------------------------------ accounting
     def _count_queued(self, ent: SchedEntity, n: int) -> None:
         self.n_queued += n
-        self._queued[ent.owner] += n
-        if not self._queued[ent.owner]:
-            del self._queued[ent.owner]
+        left = self._queued.get(ent.owner, 0) + n
+        if left:
+            self._queued[ent.owner] = left
+        else:
+            self._queued.pop(ent.owner, None)
 
     def queued(self, owner=None) -> int:
         """Jobs waiting in entities (of `owner`); counted, not scanned: the host's I/O

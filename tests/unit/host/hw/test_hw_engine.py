@@ -13,7 +13,8 @@ from host.hw import kernels
 from host.hw.regs import (COPY_ENGINES, DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, ENGINE_COPY,
                           ENGINE_COPY0, ENGINE_COPY1, ENGINE_NAMES, IRQ_FENCE,
                           IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_ENGINES, PAGE_SIZE, PTE_SYSTEM,
-                          PTE_WRITE, RB_BUSY_NS, RB_DOORBELL, RB_RESET, RB_RPTR, RB_SIZE,
+                          PTE_WRITE, RB_BUSY_NS, RB_DOORBELL, RB_KICK_SYNC, RB_RESET, RB_RPTR,
+                          RB_SIZE,
                           RB_STATUS, RB_STATUS_BUSY, RB_STATUS_IDLE, RB_WPTR, REG_DEVICE_ID,
                           REG_ENGINE, REG_IRQ_ENABLE, REG_TIMESTAMP, REG_VM_INVALIDATE,
                           REG_VRAM_SIZE)
@@ -623,3 +624,160 @@ def test_a_large_copy_is_spread_over_the_dma_lanes(dev):
     dev.copy.submit(dev.ib(P.copy(hva, bva, n)) + P.fence(fence_addr(0), 1))
     dev.wait_irq(IRQ_FENCE, 1)
     assert np.array_equal(back, host) and lanes.split_launches == before + 1
+
+
+# ------------------------------------------------------------------ RB_KICK_SYNC
+def _publish(ring, data: bytes) -> None:
+    """Write packets and publish WPTR without waking the engine (RB_WPTR, no doorbell)."""
+    ring.write(data)
+    ring.gpu.mmio.write(REG_ENGINE(ring.engine, RB_WPTR), ring.wptr)
+
+
+def test_kick_sync_runs_the_ring_on_the_writing_thread(dev):
+    """An idle engine's packets run on the thread that writes RB_KICK_SYNC: the write
+    returns with the work done, RPTR at WPTR and the interrupts delivered on that thread."""
+    gpu = dev.gpu
+    threads = []
+    got = []
+    gpu.irq.set_handler(lambda irq: (got.append(irq), threads.append(threading.current_thread())))
+    n = 1000
+    dev.put(VA, np.arange(n, dtype=np.float32))
+    _publish(dev.copy, dev.ib(P.copy(VA, VA + 0x10000, 4 * n)) + P.fence(fence_addr(0), 1))
+    _publish(dev.copy, P.fence(fence_addr(1), 2))
+    engine = gpu.engines[ENGINE_COPY]
+    gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_KICK_SYNC), 1)
+    assert np.array_equal(dev.get(VA + 0x10000, n), np.arange(n, dtype=np.float32))
+    assert [(i.source, i.data) for i in got] == [(IRQ_FENCE, 1), (IRQ_FENCE, 2)]
+    assert threads == [threading.current_thread()] * 2
+    assert dev.reg(ENGINE_COPY, RB_RPTR) == dev.copy.wptr
+    assert dev.reg(ENGINE_COPY, RB_STATUS) == RB_STATUS_IDLE
+    assert engine.sync_kicks == 1 and engine.doorbells == 0
+    assert engine.cp.ibs == 1 and dev.reg(ENGINE_COPY, RB_BUSY_NS) > 0
+
+
+def test_kick_sync_on_a_busy_engine_is_a_doorbell(dev):
+    """While the engine's thread executes, a kick does not run packets on the writing
+    thread: it wakes the engine, which runs them in ring order after the current one."""
+    gpu = dev.gpu
+    engine = gpu.engines[ENGINE_COMPUTE]
+    dev.comp.submit(P.launch(KERNEL_BURN, ONE, ONE, [BURN_FOREVER]))
+    poll(lambda: engine.cp.launches == 1)
+    _publish(dev.comp, P.fence(fence_addr(0), 7))
+    gpu.mmio.write(REG_ENGINE(ENGINE_COMPUTE, RB_KICK_SYNC), 1)  # returns at once
+    assert engine.sync_kicks == 0 and dev.reg(ENGINE_COMPUTE, RB_STATUS) == RB_STATUS_BUSY
+    assert gpu.vram.read_u64(fence_addr(0)) == 0
+    gpu.mmio.write(REG_ENGINE(ENGINE_COMPUTE, RB_RESET), 1)
+    dev.comp.wptr = 0
+    _publish(dev.comp, P.fence(fence_addr(1), 8))
+    gpu.mmio.write(REG_ENGINE(ENGINE_COMPUTE, RB_KICK_SYNC), 1)
+    assert gpu.vram.read_u64(fence_addr(1)) == 8 and engine.sync_kicks == 1
+
+
+def test_kick_sync_on_an_engine_not_started_runs_nothing():
+    """Before start() the hardware executes nothing, kicked or not; the published work
+    runs once the engine's thread starts."""
+    g = Gpu(0, VRAM_SIZE, SystemMemory())
+    try:
+        dev = Dev(g)
+        _publish(dev.copy, P.fence(fence_addr(0), 3))
+        g.mmio.write(REG_ENGINE(ENGINE_COPY, RB_KICK_SYNC), 1)
+        assert g.vram.read_u64(fence_addr(0)) == 0 and g.engines[ENGINE_COPY].sync_kicks == 0
+        g.start()
+        dev.wait_irq(IRQ_FENCE, 3)
+    finally:
+        assert g.stop()
+
+
+def test_reset_from_an_interrupt_handler_on_the_kicking_thread(dev, monkeypatch):
+    """A handler that resets the engine on the thread running a kick does not wait for
+    itself (that wait would never end: the pytest timeout fails it): the rest of the ring
+    is dropped and the kick returns."""
+    from host.hw import engine as engine_mod
+    monkeypatch.setattr(engine_mod, "RESET_TIMEOUT", None)
+    gpu = dev.gpu
+    seen = []
+
+    def handler(irq):
+        seen.append(irq.source)
+        if irq.source == IRQ_PAGE_FAULT:
+            gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_RESET), 1)
+
+    gpu.irq.set_handler(handler)
+    _publish(dev.copy, P.copy(VRAM_SIZE, 0, 8) + P.fence(fence_addr(0), 1))
+    gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_KICK_SYNC), 1)
+    assert seen == [IRQ_PAGE_FAULT]
+    assert gpu.vram.read_u64(fence_addr(0)) == 0  # dropped by the reset
+    assert dev.reg(ENGINE_COPY, RB_RPTR) == 0 == dev.reg(ENGINE_COPY, RB_WPTR)
+
+
+def test_engine_thread_drains_packets_published_while_it_runs(dev):
+    """The engine goes on with packets doorbelled while it executes, in ring order."""
+    gpu = dev.gpu
+    engine = gpu.engines[ENGINE_COMPUTE]
+    dev.comp.submit(P.launch(KERNEL_BURN, ONE, ONE, [20_000]))
+    poll(lambda: engine.cp.launches == 1)
+    for i in range(5):
+        dev.comp.submit(P.fence(fence_addr(i), i + 1))
+    dev.wait_irq(IRQ_FENCE, 5)
+    assert [i.data for i in dev.irqs if i.source == IRQ_FENCE] == [1, 2, 3, 4, 5]
+    poll(lambda: dev.reg(ENGINE_COMPUTE, RB_STATUS) == RB_STATUS_IDLE)
+    assert dev.reg(ENGINE_COMPUTE, RB_RPTR) == dev.comp.wptr
+
+
+def test_work_doorbelled_after_a_reset_on_the_kicking_thread_still_runs(dev):
+    """A handler on the kicking thread resets the engine and submits new work with a
+    doorbell while the kick still owns the engine: when the kick returns, the engine's
+    thread runs that work."""
+    gpu = dev.gpu
+    fenced = threading.Event()
+
+    def handler(irq):
+        if irq.source == IRQ_PAGE_FAULT:
+            gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_RESET), 1)
+            dev.copy.wptr = 0
+            dev.copy.submit(P.fence(fence_addr(1), 5))
+        elif irq.source == IRQ_FENCE and irq.data == 5:
+            fenced.set()
+
+    gpu.irq.set_handler(handler)
+    _publish(dev.copy, P.copy(VRAM_SIZE, 0, 8) + P.fence(fence_addr(0), 1))
+    gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_KICK_SYNC), 1)
+    assert fenced.wait(10)
+    assert gpu.vram.read_u64(fence_addr(1)) == 5 and gpu.vram.read_u64(fence_addr(0)) == 0
+
+
+def test_a_kick_runs_only_the_work_it_kicked(dev):
+    """Packets doorbelled while a kick executes (here by its own interrupt handler) run on
+    the engine's thread, not on the kicking thread."""
+    gpu = dev.gpu
+    where = {}
+    done = threading.Event()
+
+    def handler(irq):
+        where[irq.data] = threading.current_thread()
+        if irq.data == 1:
+            dev.copy.submit(P.fence(fence_addr(1), 2))
+        elif irq.data == 2:
+            done.set()
+
+    gpu.irq.set_handler(handler)
+    _publish(dev.copy, P.fence(fence_addr(0), 1))
+    gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_KICK_SYNC), 1)
+    assert where[1] is threading.current_thread()
+    assert done.wait(10)
+    assert where[2] is gpu.engines[ENGINE_COPY]._thread
+
+
+def test_a_nop_behind_a_ring_packet_is_consumed_with_it(dev):
+    """The padding NOP fetched with a packet is executed with it: one step of the engine
+    moves RPTR past both. A NOP running past WPTR is left to a step of its own."""
+    cp = dev.gpu.engines[ENGINE_COPY].cp
+    base, size = RING_D, PAGE_SIZE
+    fence, pad = P.fence(fence_addr(0), 1), P.nop(5)
+    dev.gpu.vram.write(base, fence + pad)
+    ctl = kernels.NEVER_STOP
+    assert cp.run_ring_packet(base, size, 0, len(fence + pad), ctl) == len(fence + pad)
+    assert cp.packets == 2 and dev.gpu.vram.read_u64(fence_addr(0)) == 1
+    # WPTR inside the NOP: only the fence runs
+    assert cp.run_ring_packet(base, size, 0, len(fence) + 8, ctl) == len(fence)
+    assert cp.packets == 3

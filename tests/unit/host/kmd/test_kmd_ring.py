@@ -181,3 +181,25 @@ def test_random_streams_arrive_in_order(jobs):
             seen += consume(ring, mmio, vram)
     seen += consume(ring, mmio, vram)
     assert seen == sent
+
+
+def test_a_transaction_reaches_vram_in_one_write_at_commit():
+    """Packets are staged until commit(), which copies them (and the padding) into the
+    ring with one VRAM write; without a doorbell only RB_WPTR is written."""
+    ring, mmio, vram = make_ring()
+    writes = []
+    real = vram.write
+    vram.write = lambda addr, data: (writes.append((addr, len(data))), real(addr, data))
+    ring.alloc(5 + 6)
+    ring.write(packets.wait(0x1000, 7))
+    ring.write(packets.fence(0x2000, 3, packets.FENCE_IRQ))
+    assert writes == []
+    wptr = ring.commit(doorbell=False)
+    assert writes == [(BASE, wptr)] and wptr == 64
+    assert mmio.doorbells == [] and mmio.regs[regs.REG_ENGINE(E, regs.RB_WPTR)] == 64
+    assert consume(ring, mmio, vram) == [packets.wait(0x1000, 7),
+                                         packets.fence(0x2000, 3, packets.FENCE_IRQ)]
+    ring.alloc(5)
+    ring.write(packets.wait(0x1000, 8))
+    ring.undo()
+    assert len(writes) == 1 and ring.wptr == 64
