@@ -4,7 +4,9 @@ Owns what virtio says a device owns: the status byte and its state machine (virt
 §2.1, §3.1), feature negotiation, the queue configuration and the device side of the
 control virtqueue. Chains popped from the queue are decoded into typed commands
 (host/backend/protocol.py) and handed to `ComputeDevice`; responses are encoded into the
-chain's writable part and the chain is returned on the used ring.
+chain's writable part and the chain is returned on the used ring. A chain held for a
+fence is answered by the thread that signals it, under the session's queue lock
+(GuestSession.complete_now), or by the backend thread when that holds the lock.
 
 The host's I/O loop never waits inside the KMD: commands run in the KMD's non-blocking
 mode (host/kmd/wouldblock.py). One that would wait for the GPU (MEM_ALLOC or SHM_GET
