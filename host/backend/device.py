@@ -4,7 +4,9 @@ Owns what virtio says a device owns: the status byte and its state machine (virt
 §2.1, §3.1), feature negotiation, the queue configuration and the device side of the
 control virtqueue. Chains popped from the queue are decoded into typed commands
 (host/backend/protocol.py) and handed to `ComputeDevice`; responses are encoded into the
-chain's writable part and the chain is returned on the used ring.
+chain's writable part and the chain is returned on the used ring. A chain held for a
+fence is answered by the thread that signals it, under the session's queue lock
+(GuestSession.complete_now), or by the backend thread when that holds the lock.
 
 The host's I/O loop never waits inside the KMD: commands run in the KMD's non-blocking
 mode (host/kmd/wouldblock.py). One that would wait for the GPU (MEM_ALLOC or SHM_GET
@@ -73,6 +75,7 @@ class VirtioGpuDevice:
         self.eventq_added = False  # used entries added to the event queue, call not yet sent
         self.compute: ComputeDevice | None = None
         self.held = 0  # chains held for a fence
+        self.call_owed = False  # a fence completion asked the I/O loop for a control-queue call
         self.reset_announced = False  # config_changed sent for the current NEEDS_RESET
         self.stalled = False  # holding back chains until the GPU has room again
         self.blocked = False  # holding back chains behind one that would wait in the KMD
@@ -184,10 +187,11 @@ class VirtioGpuDevice:
     def reset(self) -> list:
         """Device reset (status 0): -> fences still in flight for what was torn down,
         including work abandoned by an earlier DEVICE_NEEDS_RESET (spec DEV-RESET-1)."""
+        # the generation goes first: callbacks of fences the teardown signals may run here
+        self.generation += 1
         pending = self.compute.reset() if self.compute is not None else []
         pending = [f for f in self.abandoned + pending if not f.signaled]
         self.abandoned = []
-        self.generation += 1
         self.status = 0
         self.driver_features = 0
         self.queue_layout = None
@@ -203,6 +207,7 @@ class VirtioGpuDevice:
         self.eventq_added = False
         self.compute = None
         self.held = 0
+        self.call_owed = False
         self.reset_announced = False
         self.stalled = False
         self.blocked = False
@@ -215,11 +220,11 @@ class VirtioGpuDevice:
 
     def needs_reset(self, reason: str) -> None:
         log.warning("session %s device %d: DEVICE_NEEDS_RESET: %s", self.session.name, self.index, reason)
+        self.generation += 1  # first: the teardown may run callbacks of the fences it signals
         if self.compute is not None:
             torn = self.compute.reset()
             self.abandoned += torn  # the driver's reset waits for them
             self.session.retire_fences(torn)
-        self.generation += 1
         self.held = 0
         self.blocked = False
         self.reset_announced = False
@@ -367,6 +372,21 @@ class VirtioGpuDevice:
             self.eventq_added = True
             self.stats["events_posted"] += 1
 
+    def owe_call(self) -> None:
+        """Under the queue lock, after a completion off the backend thread added used
+        entries: remember whether the driver wants a call for them (EVENT_IDX used_event,
+        or avail.flags NO_INTERRUPT), for the I/O loop to send."""
+        if self.queue is not None and self.queue.should_notify():
+            self.call_owed = True
+
+    def take_call(self, added: bool) -> bool:
+        """-> whether a control-queue call is owed: for used entries added by the caller
+        (`added`) that the driver wants to hear of, or for an earlier owe_call()."""
+        notify = bool(added and self.queue is not None and self.queue.should_notify())
+        notify |= self.call_owed
+        self.call_owed = False
+        return notify
+
     def take_eventq_call(self) -> tuple:
         """-> (entries were added to the event queue, the driver wants a call for them)."""
         if not self.eventq_added:
@@ -401,31 +421,34 @@ class VirtioGpuDevice:
         remaining = [len(pending.fences)]
         lock = self.session.lock
 
-        def on_signal(_fence):  # runs on an engine (interrupt) thread
+        def on_signal(_fence):  # the signalling thread, never under a KMD device lock
             with lock:
                 remaining[0] -= 1
                 done = remaining[0] == 0
             if done:
-                self.session.post_completion(self, self._finish_held, generation, chain, hdr,
-                                             pending)
+                self.session.complete_now(self, self._finish_held, generation, chain, hdr,
+                                          pending)
 
         for f in pending.fences:
             f.add_done_callback(on_signal)
 
-    def _finish_held(self, generation: int, chain, hdr: Header, pending: Pending) -> bool:
-        """On the backend thread, after the fences of a held chain signalled."""
+    def _finish_held(self, generation: int, chain, hdr: Header, pending: Pending,
+                     events: bool = True) -> bool:
+        """Under the session's queue lock, after the fences of a held chain signalled: on
+        the signalling thread (events=False: it leaves the event queue to the backend
+        thread), or on the backend thread when that held the lock."""
         if generation != self.generation:
             return False  # the device was reset meanwhile: the chain is dropped
         self.held -= 1
         try:
             resp = pending.finish()
         except CommandError as e:
-            return self._complete(chain, hdr, error=e)
-        return self._complete(chain, hdr, response=resp)
+            return self._complete(chain, hdr, error=e, events=events)
+        return self._complete(chain, hdr, response=resp, events=events)
 
     def _complete(self, chain, hdr: Header, response: Response | None = None,
-                  error: CommandError | None = None) -> bool:
-        if self.incoming_events:
+                  error: CommandError | None = None, events: bool = True) -> bool:
+        if events and self.incoming_events:
             self._take_events()
         if error is not None:
             response = protocol.ErrorResponse.of(error)

@@ -2,9 +2,20 @@
 
 `Backend` is sans-IO: the host main loop hands it each decoded-or-not multipart message
 with `handle(peer, frames, now)` and sends whatever `(peer, frames)` it returns. It never
-imports zmq (only transport/channel does). Engine threads reach it only through `post_completion`,
+imports zmq (only transport/channel does). Engine threads reach it through `post_completion`,
 which queues work for the backend thread and calls the `wakeup` function the main loop
 gave it; the main loop then calls `run_completions()`.
+
+In the shared memory model a held chain is completed on the thread that signals its
+last fence (`complete_now`, as crosvm completes on the fence and rust-vmm's QueueSync
+shares a queue): the response and the used entry are written there, under the session's
+queue lock, and the I/O loop is woken only to send a `call` the driver asked for
+(EVENT_IDX used_event, or no NO_INTERRUPT flag). The backend thread holds the same lock
+whenever it touches a session's devices, queues or guest memory; a completion that finds
+it held goes to the backend thread instead, so a signalling thread never waits for the
+I/O loop. In the inline model the device's writes reach the driver only as the patches
+of a `call`, built and sent by the I/O loop, so completions stay on the backend thread:
+nothing writes the mirror between a call's patches being taken and being sent.
 
 One connection = one `GuestSession` ("a VM"): a session is keyed by the `Peer` (route
 and transport connection) its hello came from, so a later connection that presents the
@@ -51,6 +62,11 @@ class GuestSession:
         self.mem_size = mem_size
         self.last_heard = now
         self.lock = backend.lock
+        # devices, virtqueues and dirty ranges of this session: the backend thread and
+        # fence completions (complete_now); re-entrant, for callbacks the backend thread
+        # runs itself
+        self.queue_lock = threading.RLock()
+        self.closed = False
         self.mem = InlineGuestMemory(mem_size) if memory == wire.MEMORY_INLINE else None
         # shared model: set_mem_table must find these bytes in the memory it names
         self.mem_challenge = (secrets.token_bytes(wire.MEM_CHALLENGE_SIZE)
@@ -75,6 +91,26 @@ class GuestSession:
         """From an engine thread: run fn(*args) -> bool (used entries added) for `device`
         on the backend thread."""
         self.backend.post_completion(self, device, fn, *args)
+
+    def complete_now(self, device, fn, *args) -> None:
+        """From a fence callback: run fn(*args, events=False) -> bool (used entries added)
+        here, under the queue lock, and wake the I/O loop only for a call it owes the
+        driver. Posted to the backend thread instead in the inline model, when the lock
+        is busy, or when events wait to be posted first (EVTQ-EVENT-1: an event the
+        response may report goes out before it)."""
+        if (self.tracks_dirty or device.incoming_events
+                or not self.queue_lock.acquire(blocking=False)):
+            self.post_completion(device, fn, *args)
+            return
+        try:
+            if self.closed or not fn(*args, events=False):
+                return
+            device.owe_call()
+            wake = device.call_owed
+        finally:
+            self.queue_lock.release()
+        if wake:  # run_completions sends the call (_after_processing, take_call)
+            self.post_completion(device, lambda: False)
 
     def retire_fences(self, fences) -> None:
         """Fences of torn-down work (DEVICE_NEEDS_RESET): guest memory is not released
@@ -181,7 +217,8 @@ class Backend:
                 self.stats["orphan_notifications"] += 1
                 return []
             if op == wire.OP_KICK:
-                return self._kick(session, msg, extra)
+                with session.queue_lock:
+                    return self._kick(session, msg, extra)
             self.stats["unexpected_notifications"] += 1
             return []
         if op == wire.OP_REPLY:
@@ -194,7 +231,8 @@ class Backend:
             if session is None:
                 raise ControlError(wire.CTL_ERR_NO_SESSION, f"{op} before hello")
             out = []
-            reply = self._request(session, op, msg, out)
+            with session.queue_lock:
+                reply = self._request(session, op, msg, out)
             if reply is None:  # deferred: sent from run_completions
                 return out
             return [(peer, codec.encode(codec.reply_ok(seq, **reply)))] + out
@@ -366,7 +404,7 @@ class Backend:
                 return
             if added or not events:
                 queue = wire.CONTROLQ
-                notify = bool(added and dev.queue is not None and dev.queue.should_notify())
+                notify = dev.take_call(added)
             else:
                 queue, notify = wire.EVENTQ, events_notify
             buf = session.mem.buf
@@ -382,7 +420,7 @@ class Backend:
                 out.append((session.peer, codec.encode(
                     {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.EVENTQ, "notify": True})))
         else:
-            if added and dev.queue is not None and dev.queue.should_notify():
+            if dev.take_call(added):
                 out.append((session.peer, codec.encode(
                     {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.CONTROLQ, "notify": True})))
             if events_notify:
@@ -415,11 +453,13 @@ class Backend:
             session, device, fn, args = self._completions.popleft()
             if self.sessions.get(session.peer) is not session:
                 continue
-            added = fn(*args)
+            with session.queue_lock:
+                added = fn(*args)
             key = (id(session), device.index)
             touched[key] = (session, device, added or (key in touched and touched[key][2]))
         for session, dev, added in touched.values():
-            self._after_processing(session, dev, added, out)
+            with session.queue_lock:
+                self._after_processing(session, dev, added, out)
         out += self._outbox
         self._outbox = []
         self._reap_releases()
@@ -432,9 +472,11 @@ class Backend:
         del self.sessions[session.peer]
         if self._routes.get(session.peer.route) is session:
             del self._routes[session.peer.route]
-        for dev in session.devices:
-            self.stats.update(dev.stats)  # keep the totals after the session is gone
-        pending = session.teardown() + [f for f in self._inflight if not f.signaled]
+        with session.queue_lock:  # no fence completion writes past this point
+            session.closed = True
+            for dev in session.devices:
+                self.stats.update(dev.stats)  # keep the totals after the session is gone
+            pending = session.teardown() + [f for f in self._inflight if not f.signaled]
         self.event_exports.withdraw_owner(session)  # (teardown withdrew them per event)
         self.resource_exports.withdraw_owner(session)
         self._releases.append((session, pending))
