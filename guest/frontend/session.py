@@ -74,6 +74,13 @@ class FrontendSession:
         hello = self.control(wire.OP_HELLO, version=list(wire.PROTOCOL_VERSION), name=self.name,
                              memory=self.memory, mem_size=self.mem_size, **fields)
         self.session_id = hello["session"]
+        for info in hello["devices"]:  # this driver binds to pvgpu devices only (DEV-ID-3)
+            if info.get("device_id") != wire.VIRTIO_ID_PVGPU:
+                raise ControlRequestError(
+                    wire.OP_HELLO, wire.CTL_ERR_MALFORMED,
+                    f"device {info.get('index')} has device id {info.get('device_id')!r}, "
+                    f"not VIRTIO_ID_PVGPU ({wire.VIRTIO_ID_PVGPU:#x}): not a pvgpu device "
+                    f"(DEV-ID-3)")
         self.vgpu = hello.get("vgpu")
         self.heartbeat_ms = hello["heartbeat_ms"]
         self.channel.heartbeat_ms = self.heartbeat_ms
