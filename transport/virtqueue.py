@@ -258,8 +258,9 @@ class DriverQueue(_SplitRing):
         if n == 0:
             raise ValueError("a chain needs at least one buffer")
         total = wlen = 0
+        size = mem.size
         for i, (gpa, length) in enumerate(segs):
-            if not mem.check_range(gpa, length):
+            if not (0 <= gpa and 0 <= length and gpa <= size - length):  # mem.check_range
                 raise ValueError(f"buffer {i} [{gpa:#x}, +{length:#x}) outside guest memory")
             total += length
             if i >= nread:
@@ -274,21 +275,23 @@ class DriverQueue(_SplitRing):
                 raise ValueError(f"{n} buffers exceed {VIRTQ_MAX_INDIRECT} table entries")
             if not free:
                 raise QueueFull("no free descriptor for the indirect chain")
-            table = bytearray(n * VIRTQ_DESC_SIZE)
+            table_len = n * VIRTQ_DESC_SIZE
+            if not mem.check_range(indirect_table, table_len):
+                raise ValueError(f"indirect table at {indirect_table:#x} outside guest memory")
+            mv = mem.mv
             last = n - 1
-            for i, (gpa, length) in enumerate(segs):
+            addr = indirect_table
+            for i, (gpa, length) in enumerate(segs):  # written in place, then marked once
                 flags = VIRTQ_DESC_F_WRITE if i >= nread else 0
                 if i < last:
-                    _put_desc(table, i * VIRTQ_DESC_SIZE, gpa, length, flags | VIRTQ_DESC_F_NEXT,
-                              i + 1)
+                    _put_desc(mv, addr, gpa, length, flags | VIRTQ_DESC_F_NEXT, i + 1)
                 else:
-                    _put_desc(table, i * VIRTQ_DESC_SIZE, gpa, length, flags, 0)
-            if not mem.check_range(indirect_table, len(table)):
-                raise ValueError(f"indirect table at {indirect_table:#x} outside guest memory")
-            mem.write(indirect_table, table)
+                    _put_desc(mv, addr, gpa, length, flags, 0)
+                addr += VIRTQ_DESC_SIZE
+            mem.mark_dirty(indirect_table, table_len)
             head = free.pop()
             addr = self.layout.desc + head * VIRTQ_DESC_SIZE
-            _put_desc(mem.mv, addr, indirect_table, len(table), VIRTQ_DESC_F_INDIRECT, 0)
+            _put_desc(mv, addr, indirect_table, table_len, VIRTQ_DESC_F_INDIRECT, 0)
             mem.mark_dirty(addr, VIRTQ_DESC_SIZE)
             ids = (head,)
         else:

@@ -33,6 +33,7 @@ SLOT_TABLE_ENTRIES = 16
 SLOT_SIZE = 1024  # cmd 256 | resp 256 | table 256 | spare
 EVENTQ_SIZE = 16  # event buffers kept posted
 _HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
+_TYPE = struct.Struct("<I").unpack_from  # a command's type: the header's first field
 _EVTQ_BODY = struct.Struct(wire.EVTQ_BODY_FORMAT)
 _ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
 WANTED_FEATURES = wire.DEVICE_FEATURES
@@ -267,15 +268,19 @@ class VirtioGpuDriver:
         extents; the response then `writable` data extents. -> Request."""
         if self.needs_reset:
             raise DeviceNeedsReset(f"device {self.index} needs a reset")
-        while not self._free_slots or self.queue.num_free < 1:
-            self.session.wait_for(lambda: self._free_slots and self.queue.num_free >= 1)
+        queue = self.queue
+        while not self._free_slots or queue.num_free < 1:
+            self.session.wait_for(lambda: self._free_slots and queue.num_free >= 1)
         slot = self._free_slots.pop()
-        base = self.slot_gpa(slot)
+        base = self._slots_base + slot * SLOT_SIZE
         mem = self.mem
-        assert len(command) <= SLOT_CMD
-        mem.write(base, command)
-        rd = [(base, len(command))]
-        rd.extend(readable)
+        size = len(command)
+        assert size <= SLOT_CMD
+        mem.mv[base:base + size] = command
+        mem.mark_dirty(base, size)
+        rd = [(base, size)]
+        if readable:
+            rd.extend(readable)
         wr = list(writable)
         if wr:
             data = sum(n for _, n in wr)
@@ -285,13 +290,13 @@ class VirtioGpuDriver:
                 wr.append((base + SLOT_CMD + wire.CTRL_HDR_SIZE, pad))
         else:
             wr = [(base + SLOT_CMD, SLOT_RESP)]
-        req = Request(self, slot, _HDR.unpack_from(command)[0] if len(command) >= _HDR.size else 0, wr)
-        if self.queue.indirect and len(rd) + len(wr) <= SLOT_TABLE_ENTRIES:
-            head = self.queue.add_chain(rd, wr, indirect_table=base + SLOT_CMD + SLOT_RESP)
+        req = Request(self, slot, _TYPE(command)[0] if size >= _HDR.size else 0, wr)
+        if queue.indirect and len(rd) + len(wr) <= SLOT_TABLE_ENTRIES:
+            head = queue.add_chain(rd, wr, indirect_table=base + SLOT_CMD + SLOT_RESP)
         else:
-            while self.queue.num_free < len(rd) + len(wr):
-                self.session.wait_for(lambda: self.queue.num_free >= len(rd) + len(wr))
-            head = self.queue.add_chain(rd, wr)
+            while queue.num_free < len(rd) + len(wr):
+                self.session.wait_for(lambda: queue.num_free >= len(rd) + len(wr))
+            head = queue.add_chain(rd, wr)
         req.head = head
         self._by_head[head] = req
         self._unkicked += 1
