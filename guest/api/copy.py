@@ -268,10 +268,12 @@ class CopyPipeline:
         self._pieces(va, n, _Bounce(self, data))
 
     def submit(self, type_: int, va: int, size: int, *, readable=(), writable=(), extra=b""):
-        """Submit one copy request of the stream -> the request."""
+        """Submit one copy request of the stream -> the request. A piece of an asynchronous
+        copy defers its kick (the driver's kick policy); a synchronous one kicks at once, so
+        the device copies it while the next piece is staged."""
         return self.driver.submit(ring_command(type_, (va, size), ctx_id=self.ctx.ctx_id,
                                                ring_idx=self.stream.ring_idx, extra=extra),
-                                  readable=readable, writable=writable)
+                                  readable=readable, writable=writable, kick=self.sync)
 
     def stage_h2d(self, va: int, chunk: np.ndarray, gpa: int):
         """Copy one chunk into the guest memory at `gpa` and submit its COPY_H2D."""

@@ -65,7 +65,7 @@ def builtin(ctx, s, kernel, grid, block, args) -> None:
     ring_idx = s.ring_idx
     cmd = plan.cmd.pack(wire.CMD_LAUNCH, wire.FLAG_INFO_RING_IDX if ring_idx else 0, 0,
                         ctx.ctx_id, ring_idx, sig.kernel_id, *g, *b, len(values), *values)
-    req = ctx._driver.submit(cmd)
+    req = ctx._driver.submit(cmd, kick=False)
     req.on_done = s._async_done
 
 

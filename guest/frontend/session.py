@@ -5,7 +5,8 @@ model (a POSIX shared-memory segment announced with set_mem_table, or a local bu
 whose changes travel as kick patches), lays it out (per device: virtqueue and request
 slots; the rest: a heap for bounce buffers) and brings every device up.
 
-It is the only place the guest blocks: `wait_for(cond)` reaps used rings and, while the
+It is the only place the guest blocks: `wait_for(cond)` first kicks the chains the
+drivers deferred (guest/frontend/driver.py, kick policy), then reaps used rings and, while the
 condition is false, receives notifications from the host (`call` applies inline patches
 and wakes waiters; `config_changed` fails that device's pending requests with
 DeviceNeedsReset). The channel underneath sends heartbeats and turns a silent host into
@@ -168,6 +169,7 @@ class FrontendSession:
         message and a wakeup, measured at ~250 µs here, more than a short job itself.)
         Inline model: the device's writes arrive in `call` messages, so it always blocks.
         """
+        self.flush()
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         expected = self._wait_ewma
@@ -207,6 +209,13 @@ class FrontendSession:
                     self._suppress_interrupts()
             self._on_notification(msg, frames)
 
+    def flush(self) -> None:
+        """Kick every device's deferred chains (the driver's kick policy, spec VQ-NOTIFY-6):
+        before any wait, since what is waited for may depend on them, and at close."""
+        for d in self.devices:
+            if d.deferred:
+                d.kick()
+
     def _check_host_alive(self) -> None:
         """The channel measures silence per wait; across our short slices we do it here,
         from the silence the channel has seen (its socket found empty that long after the
@@ -233,6 +242,7 @@ class FrontendSession:
         self.closed = True
         try:
             if not self.host_lost:
+                self.flush()
                 self.control(wire.OP_BYE)
         except (HostLost, ControlRequestError, TimeoutError, OSError):
             pass
