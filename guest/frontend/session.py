@@ -22,6 +22,7 @@ from spec import wire
 from guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
 from guest.frontend.heap import GuestHeap
 from transport.channel import ChannelTimeout, GuestChannel, HostLost, default_endpoint
+from transport.codec import encode
 from transport.memory import InlineGuestMemory, SharedGuestMemory
 
 
@@ -59,6 +60,7 @@ class FrontendSession:
         self.devices: list[VirtioGpuDriver] = []
         self.closed = False
         self._wait_ewma = 0.0  # seconds: how long recent waits took (shared model)
+        self._kicks = {}  # (dev, queue) -> the encoded kick
         self.host_lost = False
         self.channel = GuestChannel(self.endpoint, heartbeat_ms=heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS)
         # No handler: notifications queue up and wait_for() applies them in order on the
@@ -120,15 +122,19 @@ class FrontendSession:
         return reply
 
     def kick(self, dev: int, queue: int = wire.CONTROLQ) -> None:
-        msg = {"op": wire.OP_KICK, "dev": dev, "queue": queue}
-        frames = ()
         if self.inline:
             dirty = self.mem.take_dirty()
             if dirty:
                 buf = self.mem.buf
-                msg["patches"] = [[gpa, i] for i, (gpa, _n) in enumerate(dirty)]
-                frames = [buf[gpa:gpa + n] for gpa, n in dirty]
-        self.channel.send(msg, frames)
+                self.channel.send({"op": wire.OP_KICK, "dev": dev, "queue": queue,
+                                   "patches": [[gpa, i] for i, (gpa, _n) in enumerate(dirty)]},
+                                  [buf[gpa:gpa + n] for gpa, n in dirty])
+                return
+        parts = self._kicks.get((dev, queue))
+        if parts is None:  # a kick without patches never changes: encoded once
+            parts = self._kicks[dev, queue] = encode({"op": wire.OP_KICK, "dev": dev,
+                                                      "queue": queue})
+        self.channel.send_encoded(parts)
 
     def _on_notification(self, msg, frames) -> None:
         op = msg.get("op")

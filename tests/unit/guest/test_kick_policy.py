@@ -13,6 +13,7 @@ from guest.frontend import driver as driver_mod
 from guest.frontend.driver import VirtioGpuDriver, command
 from guest.frontend.session import FrontendSession
 from spec import wire
+from transport import codec
 from transport.channel import ChannelTimeout
 from transport.memory import InlineGuestMemory
 from transport.virtqueue import DeviceQueue, VirtqLayout
@@ -56,6 +57,9 @@ class LoopbackChannel:
             self.sent.append(("bye",))
         return reply, []
 
+    def send_encoded(self, parts):
+        self.send(*codec.decode(parts))
+
     def send(self, msg, frames=()):
         assert msg["op"] == wire.OP_KICK and msg["queue"] == wire.CONTROLQ
         self.mirror.apply_patches(msg.get("patches", []), frames)
@@ -88,7 +92,7 @@ def session():
     s = FrontendSession.__new__(FrontendSession)  # the real session, over the loopback channel
     s.endpoint, s.memory, s.inline, s.timeout = "loopback", wire.MEMORY_INLINE, True, 5.0
     s.mem, s.devices, s.closed, s.host_lost = InlineGuestMemory(MEM), [], False, False
-    s._wait_ewma = 0.0
+    s._wait_ewma, s._kicks = 0.0, {}
     s.channel = LoopbackChannel()
     drv = VirtioGpuDriver(s, 0, {}, base=0)
     drv.initialize()
