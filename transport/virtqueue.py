@@ -69,6 +69,7 @@ from transport.errors import (
     VirtqError,
     VirtqLayoutError,
 )
+from transport.memory import GuestMemory
 
 __all__ = [
     "VirtqLayout", "DriverQueue", "DeviceQueue", "DescriptorChain", "vring_need_event",
@@ -220,6 +221,9 @@ class DriverQueue(_SplitRing):
         self._kicked_idx = start_idx  # avail idx at the last should_kick()
         self._last_used = start_idx  # next used index to consume
         self._interrupts = True
+        # mem.mark_dirty, or None where it does nothing (shared memory): the hot paths skip it
+        self._mark_dirty = None if type(mem).mark_dirty is GuestMemory.mark_dirty \
+            else mem.mark_dirty
 
     # ------------------------------------------------------------------ state
     @property
@@ -251,6 +255,7 @@ class DriverQueue(_SplitRing):
         Raises QueueFull if the free descriptors do not suffice, ValueError on bad input.
         """
         mem = self.mem
+        mark_dirty = self._mark_dirty
         segs = list(readable)
         nread = len(segs)
         segs.extend(writable)
@@ -288,11 +293,13 @@ class DriverQueue(_SplitRing):
                 else:
                     _put_desc(mv, addr, gpa, length, flags, 0)
                 addr += VIRTQ_DESC_SIZE
-            mem.mark_dirty(indirect_table, table_len)
+            if mark_dirty:
+                mark_dirty(indirect_table, table_len)
             head = free.pop()
             addr = self.layout.desc + head * VIRTQ_DESC_SIZE
             _put_desc(mv, addr, indirect_table, table_len, VIRTQ_DESC_F_INDIRECT, 0)
-            mem.mark_dirty(addr, VIRTQ_DESC_SIZE)
+            if mark_dirty:
+                mark_dirty(addr, VIRTQ_DESC_SIZE)
             ids = (head,)
         else:
             if n > self.size:
@@ -312,16 +319,18 @@ class DriverQueue(_SplitRing):
                     _put_desc(mv, addr, gpa, length, flags | VIRTQ_DESC_F_NEXT, ids[i + 1])
                 else:
                     _put_desc(mv, addr, gpa, length, flags, 0)
-                mem.mark_dirty(addr, VIRTQ_DESC_SIZE)
+                if mark_dirty:
+                    mark_dirty(addr, VIRTQ_DESC_SIZE)
             head = ids[0]
         # Publish: ring slot first, then the index that covers it.
         mv = mem.mv
         slot_addr = self._avail_ring + (self._avail_idx & self._qmask) * _AVAIL_ENTRY
         self._h[(slot_addr) >> 1] = head
-        mem.mark_dirty(slot_addr, _AVAIL_ENTRY)
         self._avail_idx = (self._avail_idx + 1) & IDX_MASK
         self._h[(self._avail_idx_addr) >> 1] = self._avail_idx
-        mem.mark_dirty(self._avail_idx_addr, _F)
+        if mark_dirty:
+            mark_dirty(slot_addr, _AVAIL_ENTRY)
+            mark_dirty(self._avail_idx_addr, _F)
         self._chains[head] = (ids, wlen)
         return head
 
@@ -409,7 +418,8 @@ class DriverQueue(_SplitRing):
         # too, and updates used_event on pop only while callbacks are enabled).
         value = self._last_used if self._interrupts else (self._last_used + PARKED) & IDX_MASK
         self._h[(self._used_event_addr) >> 1] = value
-        self.mem.mark_dirty(self._used_event_addr, _F)
+        if self._mark_dirty:
+            self._mark_dirty(self._used_event_addr, _F)
 
     def _write_avail_flags(self, flags: int) -> None:
         addr = self.layout.avail + _RING_FLAGS
