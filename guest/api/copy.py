@@ -15,8 +15,9 @@ A copy goes through guest memory and the host's copy engine, in pieces, one requ
 
 A synchronous copy keeps `dev.staging_depth` (pinned: `dev.pinned_depth`) requests in
 flight, one with pipeline=False, waits for all of them, raises the first error, then the
-stream's earlier asynchronous error. An asynchronous copy submits every piece and returns;
-each piece completes on its own (D2H data lands, the chunk goes back to the pool, an error
+stream's earlier asynchronous error. An asynchronous copy submits every piece, its kick
+deferred (the driver's kick policy, guest/frontend/driver.py), and returns; each piece
+completes on its own (D2H data lands, the chunk goes back to the pool, an error
 is kept for the stream's next synchronize). Bounce chunks of requests that failed without
 coming back stay quarantined until the device's reset: the device may still DMA into them.
 """

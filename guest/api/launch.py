@@ -1,8 +1,9 @@
 """Launches of the hardware's built-in kernels (CMD_LAUNCH): the kernel by name or id, its
 arguments checked and encoded against its signature (guest/api/operands.py), grid and
-block as dim3. A launch is asynchronous: it returns once submitted, and its error surfaces
-at the stream's next synchronizing call, as in CUDA. Kernels of one's own (PTX, CUDA C,
-code objects) are launched through guest/api/module.py.
+block as dim3. A launch is asynchronous: it returns once submitted, its kick deferred so
+that one kick covers a run of launches (the driver's kick policy, guest/frontend/driver.py),
+and its error surfaces at the stream's next synchronizing call, as in CUDA. Kernels of
+one's own (PTX, CUDA C, code objects) are launched through guest/api/module.py.
 
 Each argument is checked against the kernel's signature (spec [KRN-ARGS-2]): a
 DeviceArray passed for a pointer argument must have the element type the signature gives
