@@ -520,7 +520,11 @@ class GuestChannel:
 
     def send(self, msg: dict, frames=(), *, copy: bool = False) -> None:
         """Send a notification (or a request carrying its own seq) without waiting."""
-        parts = self._proto.send(msg, frames)  # pure: encodes
+        self.send_encoded(self._proto.send(msg, frames), copy=copy)  # pure: encodes
+
+    def send_encoded(self, parts: list, *, copy: bool = False) -> None:
+        """`send` of a message already encoded (transport.codec.encode), e.g. a constant
+        notification encoded once."""
         wanted = self._acquire()
         try:
             self._check_open()

@@ -69,6 +69,7 @@ from transport.errors import (
     VirtqError,
     VirtqLayoutError,
 )
+from transport.memory import GuestMemory
 
 __all__ = [
     "VirtqLayout", "DriverQueue", "DeviceQueue", "DescriptorChain", "vring_need_event",
@@ -220,6 +221,9 @@ class DriverQueue(_SplitRing):
         self._kicked_idx = start_idx  # avail idx at the last should_kick()
         self._last_used = start_idx  # next used index to consume
         self._interrupts = True
+        # mem.mark_dirty, or None where it does nothing (shared memory): the hot paths skip it
+        self._mark_dirty = None if type(mem).mark_dirty is GuestMemory.mark_dirty \
+            else mem.mark_dirty
 
     # ------------------------------------------------------------------ state
     @property
@@ -251,6 +255,7 @@ class DriverQueue(_SplitRing):
         Raises QueueFull if the free descriptors do not suffice, ValueError on bad input.
         """
         mem = self.mem
+        mark_dirty = self._mark_dirty
         segs = list(readable)
         nread = len(segs)
         segs.extend(writable)
@@ -258,8 +263,9 @@ class DriverQueue(_SplitRing):
         if n == 0:
             raise ValueError("a chain needs at least one buffer")
         total = wlen = 0
+        size = mem.size
         for i, (gpa, length) in enumerate(segs):
-            if not mem.check_range(gpa, length):
+            if not (0 <= gpa and 0 <= length and gpa <= size - length):  # mem.check_range
                 raise ValueError(f"buffer {i} [{gpa:#x}, +{length:#x}) outside guest memory")
             total += length
             if i >= nread:
@@ -274,22 +280,26 @@ class DriverQueue(_SplitRing):
                 raise ValueError(f"{n} buffers exceed {VIRTQ_MAX_INDIRECT} table entries")
             if not free:
                 raise QueueFull("no free descriptor for the indirect chain")
-            table = bytearray(n * VIRTQ_DESC_SIZE)
+            table_len = n * VIRTQ_DESC_SIZE
+            if not mem.check_range(indirect_table, table_len):
+                raise ValueError(f"indirect table at {indirect_table:#x} outside guest memory")
+            mv = mem.mv
             last = n - 1
-            for i, (gpa, length) in enumerate(segs):
+            addr = indirect_table
+            for i, (gpa, length) in enumerate(segs):  # written in place, then marked once
                 flags = VIRTQ_DESC_F_WRITE if i >= nread else 0
                 if i < last:
-                    _put_desc(table, i * VIRTQ_DESC_SIZE, gpa, length, flags | VIRTQ_DESC_F_NEXT,
-                              i + 1)
+                    _put_desc(mv, addr, gpa, length, flags | VIRTQ_DESC_F_NEXT, i + 1)
                 else:
-                    _put_desc(table, i * VIRTQ_DESC_SIZE, gpa, length, flags, 0)
-            if not mem.check_range(indirect_table, len(table)):
-                raise ValueError(f"indirect table at {indirect_table:#x} outside guest memory")
-            mem.write(indirect_table, table)
+                    _put_desc(mv, addr, gpa, length, flags, 0)
+                addr += VIRTQ_DESC_SIZE
+            if mark_dirty:
+                mark_dirty(indirect_table, table_len)
             head = free.pop()
             addr = self.layout.desc + head * VIRTQ_DESC_SIZE
-            _put_desc(mem.mv, addr, indirect_table, len(table), VIRTQ_DESC_F_INDIRECT, 0)
-            mem.mark_dirty(addr, VIRTQ_DESC_SIZE)
+            _put_desc(mv, addr, indirect_table, table_len, VIRTQ_DESC_F_INDIRECT, 0)
+            if mark_dirty:
+                mark_dirty(addr, VIRTQ_DESC_SIZE)
             ids = (head,)
         else:
             if n > self.size:
@@ -309,16 +319,18 @@ class DriverQueue(_SplitRing):
                     _put_desc(mv, addr, gpa, length, flags | VIRTQ_DESC_F_NEXT, ids[i + 1])
                 else:
                     _put_desc(mv, addr, gpa, length, flags, 0)
-                mem.mark_dirty(addr, VIRTQ_DESC_SIZE)
+                if mark_dirty:
+                    mark_dirty(addr, VIRTQ_DESC_SIZE)
             head = ids[0]
         # Publish: ring slot first, then the index that covers it.
         mv = mem.mv
         slot_addr = self._avail_ring + (self._avail_idx & self._qmask) * _AVAIL_ENTRY
         self._h[(slot_addr) >> 1] = head
-        mem.mark_dirty(slot_addr, _AVAIL_ENTRY)
         self._avail_idx = (self._avail_idx + 1) & IDX_MASK
         self._h[(self._avail_idx_addr) >> 1] = self._avail_idx
-        mem.mark_dirty(self._avail_idx_addr, _F)
+        if mark_dirty:
+            mark_dirty(slot_addr, _AVAIL_ENTRY)
+            mark_dirty(self._avail_idx_addr, _F)
         self._chains[head] = (ids, wlen)
         return head
 
@@ -406,7 +418,8 @@ class DriverQueue(_SplitRing):
         # too, and updates used_event on pop only while callbacks are enabled).
         value = self._last_used if self._interrupts else (self._last_used + PARKED) & IDX_MASK
         self._h[(self._used_event_addr) >> 1] = value
-        self.mem.mark_dirty(self._used_event_addr, _F)
+        if self._mark_dirty:
+            self._mark_dirty(self._used_event_addr, _F)
 
     def _write_avail_flags(self, flags: int) -> None:
         addr = self.layout.avail + _RING_FLAGS

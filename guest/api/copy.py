@@ -15,8 +15,9 @@ A copy goes through guest memory and the host's copy engine, in pieces, one requ
 
 A synchronous copy keeps `dev.staging_depth` (pinned: `dev.pinned_depth`) requests in
 flight, one with pipeline=False, waits for all of them, raises the first error, then the
-stream's earlier asynchronous error. An asynchronous copy submits every piece and returns;
-each piece completes on its own (D2H data lands, the chunk goes back to the pool, an error
+stream's earlier asynchronous error. An asynchronous copy submits every piece, its kick
+deferred (the driver's kick policy, guest/frontend/driver.py), and returns; each piece
+completes on its own (D2H data lands, the chunk goes back to the pool, an error
 is kept for the stream's next synchronize). Bounce chunks of requests that failed without
 coming back stay quarantined until the device's reset: the device may still DMA into them.
 """
@@ -268,10 +269,12 @@ class CopyPipeline:
         self._pieces(va, n, _Bounce(self, data))
 
     def submit(self, type_: int, va: int, size: int, *, readable=(), writable=(), extra=b""):
-        """Submit one copy request of the stream -> the request."""
+        """Submit one copy request of the stream -> the request. A piece of an asynchronous
+        copy defers its kick (the driver's kick policy); a synchronous one kicks at once, so
+        the device copies it while the next piece is staged."""
         return self.driver.submit(ring_command(type_, (va, size), ctx_id=self.ctx.ctx_id,
                                                ring_idx=self.stream.ring_idx, extra=extra),
-                                  readable=readable, writable=writable)
+                                  readable=readable, writable=writable, kick=self.sync)
 
     def stage_h2d(self, va: int, chunk: np.ndarray, gpa: int):
         """Copy one chunk into the guest memory at `gpa` and submit its COPY_H2D."""

@@ -1,8 +1,9 @@
 """Launches of the hardware's built-in kernels (CMD_LAUNCH): the kernel by name or id, its
 arguments checked and encoded against its signature (guest/api/operands.py), grid and
-block as dim3. A launch is asynchronous: it returns once submitted, and its error surfaces
-at the stream's next synchronizing call, as in CUDA. Kernels of one's own (PTX, CUDA C,
-code objects) are launched through guest/api/module.py.
+block as dim3. A launch is asynchronous: it returns once submitted, its kick deferred so
+that one kick covers a run of launches (the driver's kick policy, guest/frontend/driver.py),
+and its error surfaces at the stream's next synchronizing call, as in CUDA. Kernels of
+one's own (PTX, CUDA C, code objects) are launched through guest/api/module.py.
 
 Each argument is checked against the kernel's signature (spec [KRN-ARGS-2]): a
 DeviceArray passed for a pointer argument must have the element type the signature gives
@@ -18,39 +19,63 @@ import numpy as np
 
 from guest.api import errors
 from guest.api.array import DeviceArray
-from guest.api.commands import ring_command
 from spec import wire
 
 _F32 = struct.Struct("<f")
-_SLOT = struct.Struct("<Q")
+
+
+class _Plan:
+    """How a launch of one built-in kernel is encoded: one struct for the whole command
+    (header, LAUNCH body, one le64 slot per argument) and, per argument, its name, kind
+    and the element type a pointer argument must have. Made once per kernel."""
+
+    __slots__ = ("sig", "cmd", "args")
+
+    def __init__(self, sig: wire.KernelSignature):
+        self.sig = sig
+        slots = "".join("f4x" if kind == wire.ARG_F32 else "Q" for _, kind in sig.args)
+        self.cmd = struct.Struct(wire.CTRL_HDR_FORMAT
+                                 + wire.CMD_BODY_FORMATS[wire.CMD_LAUNCH].lstrip("<") + slots)
+        self.args = tuple(
+            (name, kind, np.dtype(sig.elem_type(name)).newbyteorder("<")
+             if kind == wire.ARG_PTR else None)
+            for name, kind in sig.args)
+
+
+# by kernel name and by kernel id
+_PLANS = {key: _Plan(sig) for sig in wire.BUILTIN_KERNELS.values()
+          for key in (sig.name, sig.kernel_id)}
 
 
 def builtin(ctx, s, kernel, grid, block, args) -> None:
     """Launch built-in `kernel` (a name or a kernel id) in context `ctx` on stream `s`."""
-    sig = wire.KERNELS_BY_NAME.get(kernel) if isinstance(kernel, str) else wire.BUILTIN_KERNELS.get(kernel)
-    if sig is None:
+    plan = _PLANS.get(kernel)  # names are str keys, ids int keys: as the two tables
+    if plan is None:
         raise errors.InvalidKernelError(
             f"no built-in kernel {kernel!r}; available: {', '.join(sorted(wire.KERNELS_BY_NAME))}",
             code=wire.RESP_ERR_INVALID_KERNEL)
-    if len(args) != len(sig.args):
+    sig = plan.sig
+    if len(args) != len(plan.args):
         raise TypeError(f"{sig.name}({', '.join(n for n, _ in sig.args)}) takes "
                         f"{len(sig.args)} arguments, got {len(args)}")
-    slots = b"".join(kernel_argument(ctx, sig, name, kind, value)
-                     for (name, kind), value in zip(sig.args, args))
+    values = [argument_value(ctx, sig.name, name, kind, want, value)
+              for (name, kind, want), value in zip(plan.args, args)]
     g, b = dim3(grid), dim3(block)
-    s._raise_async_error()
-    req = ctx._driver.submit(ring_command(wire.CMD_LAUNCH, (sig.kernel_id, *g, *b, len(args)),
-                                          ctx_id=ctx.ctx_id, ring_idx=s.ring_idx, extra=slots))
+    if s._async_error is not None:
+        s._raise_async_error()
+    ring_idx = s.ring_idx
+    cmd = plan.cmd.pack(wire.CMD_LAUNCH, wire.FLAG_INFO_RING_IDX if ring_idx else 0, 0,
+                        ctx.ctx_id, ring_idx, sig.kernel_id, *g, *b, len(values), *values)
+    req = ctx._driver.submit(cmd, kick=False)
     req.on_done = s._async_done
 
 
-def kernel_argument(ctx, sig: wire.KernelSignature, name: str, kind: str, value) -> bytes:
-    """The le64 slot of argument `name` of a launch of `sig` in `ctx` (spec [KRN-ARGS-1])."""
-    kernel = sig.name
+def argument_value(ctx, kernel: str, name: str, kind: str, want, value):
+    """The value of argument `name` (of `kind`; a pointer to `want` elements) of a launch
+    of `kernel` in `ctx`, checked, as its le64 slot holds it (spec [KRN-ARGS-1])."""
     if kind == wire.ARG_PTR:
         if isinstance(value, DeviceArray):
             value._check_usable()
-            want = np.dtype(sig.elem_type(name)).newbyteorder("<")
             if value.dtype != want:
                 raise TypeError(f"{kernel}: argument {name!r} must point at {want.name} elements, "
                                 f"not at the {value.dtype} elements of {value!r}")
@@ -58,23 +83,27 @@ def kernel_argument(ctx, sig: wire.KernelSignature, name: str, kind: str, value)
                 raise ValueError(f"{kernel}: argument {name!r} ({value!r}) belongs to context "
                                  f"{value.context.ctx_id}, the launch runs in context {ctx.ctx_id} "
                                  "(device addresses are per context)")
-            return _SLOT.pack(value.ptr)
+            return value.ptr
         if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
                 and 0 <= int(value) < 1 << 64:
-            return _SLOT.pack(int(value))
+            return int(value)
         raise TypeError(f"{kernel}: argument {name!r} must be a DeviceArray or a device address")
     if kind == wire.ARG_U32:
         if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
                 or not 0 <= int(value) < 1 << 32:
             raise TypeError(f"{kernel}: argument {name!r} must be an int in [0, 2**32)")
-        return _SLOT.pack(int(value))
+        return int(value)
     if kind == wire.ARG_F32:
-        return _F32.pack(float(value)) + b"\0\0\0\0"
+        value = float(value)
+        _F32.pack(value)  # OverflowError now, before the stream's pending error is raised
+        return value
     raise AssertionError(kind)
 
 
 def dim3(v) -> tuple:
     """A grid or block size (an int or up to three ints) as (x, y, z)."""
+    if type(v) is int:
+        return v, 1, 1
     if np.isscalar(v):
         v = (int(v),)
     v = tuple(int(x) for x in v) + (1, 1, 1)

@@ -385,7 +385,7 @@ class Function(ApiObject):
                             (self.module.va, entry_va, *g, *b, int(shared_mem), len(raw)),
                             ctx_id=ctx.ctx_id, ring_idx=s.ring_idx)
         if len(head) + len(raw) <= SLOT_CMD:  # small parameters travel in the command
-            req = ctx._driver.submit(head + raw)
+            req = ctx._driver.submit(head + raw, kick=False)
             req.on_done = s._async_done
             return
         # larger ones in a buffer of guest memory, free again once the device answered
@@ -395,7 +395,7 @@ class Function(ApiObject):
         gpa = heap.alloc(len(raw))
         try:
             ctx._driver.mem.write(gpa, raw)
-            req = ctx._driver.submit(head, readable=[(gpa, len(raw))])
+            req = ctx._driver.submit(head, readable=[(gpa, len(raw))], kick=False)
         except BaseException:
             heap.free(gpa)
             raise

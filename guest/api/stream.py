@@ -6,7 +6,7 @@ its next synchronizing call raises.
 
 from __future__ import annotations
 
-from guest.api import errors
+from guest.api import errors, launch
 from guest.api.commands import ring_command
 from guest.api.event import Event
 from guest.api.locking import ApiObject, unlocked
@@ -44,7 +44,9 @@ class Stream(ApiObject):
 
     def launch(self, kernel, grid, block, args) -> None:
         """Launch a built-in kernel on this stream (asynchronous)."""
-        self.context.launch(kernel, grid, block, args, stream=self)
+        if self.destroyed:
+            raise ValueError(f"{self!r} was destroyed")
+        launch.builtin(self.context, self, kernel, grid, block, args)
 
     def record_event(self, event: "Event | None" = None) -> "Event":
         """Record `event` (a new one if None) on this stream; -> the event."""

@@ -10,6 +10,22 @@ response and its indirect table, so the hot path allocates nothing.
 Requests are asynchronous: `submit` returns a `Request` that completes when the device
 returns the chain on the used ring; `wait` blocks on the session for it.
 
+Kick policy (spec VQ-NOTIFY-6). A request the API does not wait for (an asynchronous
+launch or copy) is submitted with `kick=False`: its chain is published in the avail ring
+at once, but the notification is deferred, so one kick covers a run of such chains, as
+Linux drivers defer `virtqueue_notify` to the end of a batch. The deferred chains are
+kicked (`kick()`) as soon as
+  - a request is submitted that the driver will wait for (every `call`, every `submit`
+    with kick=True), the kick covering the deferred chains before it;
+  - `kick_batch` chains are deferred (KICK_BATCH, measured), or the free request slots or
+    descriptors run low;
+  - the session is about to wait for anything (`FrontendSession.wait_for` flushes every
+    device first), or the session closes.
+A kick is sent only if the device asked for one (EVENT_IDX `avail_event` crossed by the
+deferred run, or `used.flags` without NO_NOTIFY); in the inline model always, since it
+carries the memory the chains point at. Nothing stays unkicked past the next wait:
+every call that can observe completion waits.
+
 With PVGPU_F_EVENTQ negotiated the driver also sets up the event queue (spec §5.7): it
 keeps EVENTQ_SIZE device-writable buffers posted, and `reap` turns each returned one into
 a `DeviceEvent` (a page fault or a lost context), hands it to `event_handler` and
@@ -32,7 +48,10 @@ SLOT_RESP = wire.MIN_RESPONSE_SIZE
 SLOT_TABLE_ENTRIES = 16
 SLOT_SIZE = 1024  # cmd 256 | resp 256 | table 256 | spare
 EVENTQ_SIZE = 16  # event buffers kept posted
+KICK_BATCH = 32  # deferred chains that make the driver kick unasked (16..64 measured alike)
+LOW_WATER = QUEUE_SIZE // 8  # free slots or descriptors below which deferred chains are kicked
 _HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
+_TYPE = struct.Struct("<I").unpack_from  # a command's type: the header's first field
 _EVTQ_BODY = struct.Struct(wire.EVTQ_BODY_FORMAT)
 _ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
 WANTED_FEATURES = wire.DEVICE_FEATURES
@@ -161,7 +180,8 @@ class VirtioGpuDriver:
         self.needs_reset = False
         self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
         self._by_head = {}
-        self._unkicked = 0
+        self._unkicked = 0  # chains published since the last kick() (deferred)
+        self.kick_batch = KICK_BATCH
         self.config = None
         self.eventq: DriverQueue | None = None
         self._event_bufs = {}  # head -> gpa of a posted event buffer
@@ -234,6 +254,7 @@ class VirtioGpuDriver:
         self.needs_reset = False
         self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
         self._by_head = {}
+        self._unkicked = 0
 
     def _setup_eventq(self, ring_gpa: int, bufs_gpa: int) -> None:
         """Queue 1 with EVENTQ_SIZE posted buffers, notifications on (spec EVTQ-SETUP-1)."""
@@ -264,18 +285,24 @@ class VirtioGpuDriver:
     # ------------------------------------------------------------------ requests
     def submit(self, command: bytes, readable=(), writable=(), kick: bool = True) -> Request:
         """Queue one request: `command` (header + body [+ args]) then `readable` data
-        extents; the response then `writable` data extents. -> Request."""
+        extents; the response then `writable` data extents. -> Request. `kick=False`
+        defers the notification (the kick policy, module docstring): for a request
+        nobody waits for until a later call that waits anyway."""
         if self.needs_reset:
             raise DeviceNeedsReset(f"device {self.index} needs a reset")
-        while not self._free_slots or self.queue.num_free < 1:
-            self.session.wait_for(lambda: self._free_slots and self.queue.num_free >= 1)
+        queue = self.queue
+        while not self._free_slots or queue.num_free < 1:
+            self.session.wait_for(lambda: self._free_slots and queue.num_free >= 1)
         slot = self._free_slots.pop()
-        base = self.slot_gpa(slot)
+        base = self._slots_base + slot * SLOT_SIZE
         mem = self.mem
-        assert len(command) <= SLOT_CMD
-        mem.write(base, command)
-        rd = [(base, len(command))]
-        rd.extend(readable)
+        size = len(command)
+        assert size <= SLOT_CMD
+        mem.mv[base:base + size] = command
+        mem.mark_dirty(base, size)
+        rd = [(base, size)]
+        if readable:
+            rd.extend(readable)
         wr = list(writable)
         if wr:
             data = sum(n for _, n in wr)
@@ -285,21 +312,29 @@ class VirtioGpuDriver:
                 wr.append((base + SLOT_CMD + wire.CTRL_HDR_SIZE, pad))
         else:
             wr = [(base + SLOT_CMD, SLOT_RESP)]
-        req = Request(self, slot, _HDR.unpack_from(command)[0] if len(command) >= _HDR.size else 0, wr)
-        if self.queue.indirect and len(rd) + len(wr) <= SLOT_TABLE_ENTRIES:
-            head = self.queue.add_chain(rd, wr, indirect_table=base + SLOT_CMD + SLOT_RESP)
+        req = Request(self, slot, _TYPE(command)[0] if size >= _HDR.size else 0, wr)
+        if queue.indirect and len(rd) + len(wr) <= SLOT_TABLE_ENTRIES:
+            head = queue.add_chain(rd, wr, indirect_table=base + SLOT_CMD + SLOT_RESP)
         else:
-            while self.queue.num_free < len(rd) + len(wr):
-                self.session.wait_for(lambda: self.queue.num_free >= len(rd) + len(wr))
-            head = self.queue.add_chain(rd, wr)
+            while queue.num_free < len(rd) + len(wr):
+                self.session.wait_for(lambda: queue.num_free >= len(rd) + len(wr))
+            head = queue.add_chain(rd, wr)
         req.head = head
         self._by_head[head] = req
         self._unkicked += 1
-        if kick:
+        if kick or self._unkicked >= self.kick_batch or len(self._free_slots) < LOW_WATER \
+                or queue.num_free < LOW_WATER:
             self.kick()
         return req
 
+    @property
+    def deferred(self) -> int:
+        """Chains published since the last kick (deferred by `submit(kick=False)`)."""
+        return self._unkicked
+
     def kick(self) -> None:
+        """Notify the device of every chain published since the last kick, if it asked for
+        a notification (VQ-NOTIFY-1/2; inline: always, the kick carries the memory)."""
         if not self._unkicked:
             return
         self._unkicked = 0

@@ -5,7 +5,8 @@ model (a POSIX shared-memory segment announced with set_mem_table, or a local bu
 whose changes travel as kick patches), lays it out (per device: virtqueue and request
 slots; the rest: a heap for bounce buffers) and brings every device up.
 
-It is the only place the guest blocks: `wait_for(cond)` reaps used rings and, while the
+It is the only place the guest blocks: `wait_for(cond)` first kicks the chains the
+drivers deferred (guest/frontend/driver.py, kick policy), then reaps used rings and, while the
 condition is false, receives notifications from the host (`call` applies inline patches
 and wakes waiters; `config_changed` fails that device's pending requests with
 DeviceNeedsReset). The channel underneath sends heartbeats and turns a silent host into
@@ -21,6 +22,7 @@ from spec import wire
 from guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
 from guest.frontend.heap import GuestHeap
 from transport.channel import ChannelTimeout, GuestChannel, HostLost, default_endpoint
+from transport.codec import encode
 from transport.memory import InlineGuestMemory, SharedGuestMemory
 
 
@@ -58,6 +60,7 @@ class FrontendSession:
         self.devices: list[VirtioGpuDriver] = []
         self.closed = False
         self._wait_ewma = 0.0  # seconds: how long recent waits took (shared model)
+        self._kicks = {}  # (dev, queue) -> the encoded kick
         self.host_lost = False
         self.channel = GuestChannel(self.endpoint, heartbeat_ms=heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS)
         # No handler: notifications queue up and wait_for() applies them in order on the
@@ -119,15 +122,19 @@ class FrontendSession:
         return reply
 
     def kick(self, dev: int, queue: int = wire.CONTROLQ) -> None:
-        msg = {"op": wire.OP_KICK, "dev": dev, "queue": queue}
-        frames = ()
         if self.inline:
             dirty = self.mem.take_dirty()
             if dirty:
                 buf = self.mem.buf
-                msg["patches"] = [[gpa, i] for i, (gpa, _n) in enumerate(dirty)]
-                frames = [buf[gpa:gpa + n] for gpa, n in dirty]
-        self.channel.send(msg, frames)
+                self.channel.send({"op": wire.OP_KICK, "dev": dev, "queue": queue,
+                                   "patches": [[gpa, i] for i, (gpa, _n) in enumerate(dirty)]},
+                                  [buf[gpa:gpa + n] for gpa, n in dirty])
+                return
+        parts = self._kicks.get((dev, queue))
+        if parts is None:  # a kick without patches never changes: encoded once
+            parts = self._kicks[dev, queue] = encode({"op": wire.OP_KICK, "dev": dev,
+                                                      "queue": queue})
+        self.channel.send_encoded(parts)
 
     def _on_notification(self, msg, frames) -> None:
         op = msg.get("op")
@@ -168,6 +175,7 @@ class FrontendSession:
         message and a wakeup, measured at ~250 µs here, more than a short job itself.)
         Inline model: the device's writes arrive in `call` messages, so it always blocks.
         """
+        self.flush()
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
         expected = self._wait_ewma
@@ -207,6 +215,13 @@ class FrontendSession:
                     self._suppress_interrupts()
             self._on_notification(msg, frames)
 
+    def flush(self) -> None:
+        """Kick every device's deferred chains (the driver's kick policy, spec VQ-NOTIFY-6):
+        before any wait, since what is waited for may depend on them, and at close."""
+        for d in self.devices:
+            if d.deferred:
+                d.kick()
+
     def _check_host_alive(self) -> None:
         """The channel measures silence per wait; across our short slices we do it here,
         from the silence the channel has seen (its socket found empty that long after the
@@ -233,6 +248,7 @@ class FrontendSession:
         self.closed = True
         try:
             if not self.host_lost:
+                self.flush()
                 self.control(wire.OP_BYE)
         except (HostLost, ControlRequestError, TimeoutError, OSError):
             pass

@@ -56,7 +56,7 @@ class FakeDriver:
         self.needs_reset = False
         self.session = None
 
-    def submit(self, cmd, readable=(), writable=()):
+    def submit(self, cmd, readable=(), writable=(), kick=True):
         type_, _flags, _fence, _ctx, _ring = _HDR.unpack_from(cmd)
         fmt = struct.Struct(wire.CMD_BODY_FORMATS[type_])
         body = fmt.unpack_from(cmd, _HDR.size)
