@@ -65,13 +65,14 @@ from spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 log = logging.getLogger("pvgpu.hw.cp")
 
-# A COPY checks for reset between chunks of COPY_CHUNK bytes (memcpy in smaller pieces
-# runs ~20 % slower here: glibc switches to non-temporal stores only for large copies).
-# Pieces of at least COPY_SPLIT bytes are spread over the copy engines' DMA lanes, one
-# worker thread per host CPU (Gpu.dma_lanes), as the compute engine spreads a kernel
-# over its compute units; smaller ones are not worth the handoff.
+# A COPY checks for reset between chunks of COPY_CHUNK bytes. Pieces of at least
+# COPY_SPLIT bytes are shared out to the copy engines' DMA lanes, one worker thread per
+# host CPU (Gpu.dma_lanes), LANE_PIECE bytes at a time; smaller ones are not worth the
+# handoff. A lane piece is a memcpy large enough for glibc's non-temporal stores in the
+# host process (pvgpu/streaming.py), which write around the caches as a DMA engine does.
 COPY_CHUNK = 256 << 20
-COPY_SPLIT = 32 << 20
+COPY_SPLIT = 8 << 20
+LANE_PIECE = 2 << 20
 RING_FETCH_DW = 8  # dwords fetched with a ring packet's header (its body, if it fits)
 WAIT_POLL = 0.002  # seconds between re-checks of a WAIT (CPU writes do not notify)
 RING_ONLY = frozenset({PKT_INDIRECT_BUFFER, PKT_FENCE, PKT_WAIT, PKT_TLB_FLUSH})
@@ -255,8 +256,8 @@ class CommandProcessor:
             s, d = src_ext[si], dst_ext[di]
             n = min(s.shape[0] - so, d.shape[0] - do, COPY_CHUNK)
             if n >= COPY_SPLIT:  # a large piece goes over the DMA lanes in parallel
-                lanes.run(n, lambda lo, hi, d=d[do:do + n], s=s[so:so + n]:
-                          np.copyto(d[lo:hi], s[lo:hi]))
+                lanes.share(n, lambda lo, hi, d=d[do:do + n], s=s[so:so + n]:
+                            np.copyto(d[lo:hi], s[lo:hi]), LANE_PIECE)
             else:
                 np.copyto(d[do:do + n], s[so:so + n])
             self.bytes_copied += n

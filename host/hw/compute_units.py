@@ -4,6 +4,11 @@ A real GPU spreads a grid's blocks over many compute units (SMs). The emulated c
 engine has a few CU worker threads (by default one per host CPU, at most 8) and splits
 the index range of a large elementwise kernel over them; numpy releases the GIL for
 bulk work, so the pieces run in parallel. Small ranges run on the engine's own thread.
+
+The copy engines' DMA lanes are a ComputeUnits too, used through `share`: a large copy is
+cut into pieces that the engine's thread and the idle lanes take in turn, so a lane that
+gets no CPU (a loaded host) leaves its pieces to the others instead of holding up the
+copy until it is scheduled.
 Hardware-internal: nothing here knows about guests or the driver.
 """
 
@@ -50,6 +55,32 @@ class ComputeUnits:
         fn(*pieces[-1])
         for f in futures:
             f.result()
+
+    def share(self, count: int, fn, piece: int) -> None:
+        """fn(lo, hi) over [0, count) in pieces of at most `piece`, taken in turn by the
+        calling thread and the other units; returns when every piece is done. The caller
+        waits only for pieces another unit has begun: a unit that did not start before
+        the pieces ran out is cancelled."""
+        if self.count == 1 or count <= piece:
+            fn(0, count)
+            return
+        self.split_launches += 1
+        starts = iter(range(0, count, piece))
+        lock = threading.Lock()
+
+        def work():
+            while True:
+                with lock:
+                    lo = next(starts, None)
+                if lo is None:
+                    return
+                fn(lo, min(lo + piece, count))
+        pool = self._executor()
+        helpers = [pool.submit(work) for _ in range(min(self.count - 1, -(-count // piece) - 1))]
+        work()
+        for f in helpers:
+            if not f.cancel():
+                f.result()
 
     def shutdown(self) -> None:
         with self._lock:

@@ -14,8 +14,10 @@ translate(vmid, va, size, access) returns the range as a list of numpy uint8 vie
 ("extents"), in VA order, with physically contiguous pages merged, so copies and kernels
 work on a few large views instead of pages. It is vectorized: the directories are walked
 once per 2 MiB leaf table and the leaf's PTE slice is checked with numpy masks; page
-runs of one kind are found with np.diff on the addresses. Python work is per leaf table
-and per extent, never per page.
+runs of one kind are found with np.diff on the addresses; PTEs that step by exactly one
+page from a good first PTE (a buffer backed contiguously, the common case) are one run,
+recognised with one comparison. Python work is per leaf table and per extent, never per
+page.
 
 Faults. A missing PDE/PTE, a missing permission, a PTE outside VRAM or with both
 PTE_SYSTEM and PTE_PEER, a SYSTEM address outside every DMA mapping (or a write to a
@@ -59,6 +61,7 @@ PD_SHIFT = LEAF_SHIFT + PT_ENTRY_BITS  # 30: VA bytes covered by one PD0 table
 _IDX = PT_ENTRIES - 1
 _PAGE_MASK = PAGE_SIZE - 1
 BATCH_LEAVES = 64  # leaf tables checked at once (128 MiB of VA)
+_PAGE_STRIDE = np.arange(BATCH_LEAVES * PT_ENTRIES, dtype=np.uint64) << np.uint64(PAGE_SHIFT)
 # a page's kind: the PTE_SYSTEM/PTE_PEER bits of its PTE
 _VRAM = 0
 _SYSTEM = PTE_SYSTEM
@@ -281,6 +284,11 @@ class Mmu:
             if not slices:
                 return page, None, 0, missing
             sl = slices[0] if len(slices) == 1 else np.concatenate(slices)
+            if self._one_good_run(sl, need):  # the common case, without per-page masks
+                n = sl.shape[0]
+                self._append_runs(runs, first, [0, n], [int(sl[0]) & PTE_ADDR_MASK],
+                                  [int(sl[0]) & _KINDS])
+                return page, None, 0, missing
             addr = sl & PTE_ADDR_MASK
             kind = (sl & _KINDS).astype(np.uint8)  # u8: few large arrays alive (page faults)
             bad = (sl & (need | self._forbidden_kind)) != need
@@ -315,17 +323,36 @@ class Mmu:
             starts = [0] + idx.tolist() + [n]
             phys = [int(addr[0])] + addr[idx].tolist()
             kinds = [int(kind[0])] + kind[idx].tolist()
-            if runs:  # join the previous batch's last run?
-                kind, p, run_va, npages = runs[-1]
-                if kind == kinds[0] and p + (npages << PAGE_SHIFT) == phys[0]:
-                    runs[-1] = (kind, p, run_va, npages + starts[1])
-                    starts, phys, kinds = starts[1:], phys[1:], kinds[1:]
-            base_va = first << PAGE_SHIFT
-            runs.extend((kinds[i], phys[i], base_va + (starts[i] << PAGE_SHIFT),
-                         starts[i + 1] - starts[i]) for i in range(len(phys)))
+            self._append_runs(runs, first, starts, phys, kinds)
         if bad_at >= 0:
             return page, first + bad_at, int(sl[bad_at]), None
         return page, None, 0, missing
+
+    def _one_good_run(self, sl, need) -> bool:
+        """Whether the PTEs `sl` map one physically contiguous run of good pages: each PTE
+        is the first plus i pages (so every flag bit is the same), and the first is good."""
+        head, tail = int(sl[0]), int(sl[-1])
+        n = sl.shape[0]
+        if (head ^ tail) & ~PTE_ADDR_MASK or tail - head != (n - 1) << PAGE_SHIFT:
+            return False  # (equal bits above the address: no carry out of it in between)
+        kind = head & _KINDS
+        if (head & (need | self._forbidden_kind)) != need or kind == _KINDS or (
+                kind == _VRAM and (tail & PTE_ADDR_MASK) > self.vram.size - PAGE_SIZE):
+            return False
+        return n <= 2 or bool(np.array_equal(sl, _PAGE_STRIDE[:n] + np.uint64(head)))
+
+    @staticmethod
+    def _append_runs(runs, first, starts, phys, kinds) -> None:
+        """Append the runs of pages first + [starts[i], starts[i + 1]) (physical address
+        phys[i], kind kinds[i]), joining the first to the last run already there."""
+        if runs:
+            kind, p, run_va, npages = runs[-1]
+            if kind == kinds[0] and p + (npages << PAGE_SHIFT) == phys[0]:
+                runs[-1] = (kind, p, run_va, npages + starts[1])
+                starts, phys, kinds = starts[1:], phys[1:], kinds[1:]
+        base_va = first << PAGE_SHIFT
+        runs.extend((kinds[i], phys[i], base_va + (starts[i] << PAGE_SHIFT),
+                     starts[i + 1] - starts[i]) for i in range(len(phys)))
 
     def _bad_pte(self, vmid, address, pte, access):
         kind = pte & _KINDS

@@ -135,3 +135,46 @@ def test_split_fill_relu_saxpy(cus):
     _run(abi.KERNEL_FILL, mem, 8 * N, 7.0, N)
     assert np.all(f[2 * N:3 * N] == 7)
     assert cus.split_launches == 3
+
+
+# ------------------------------------------------------------------ share (the DMA lanes)
+def test_share_does_every_piece_once_in_pieces_of_at_most_piece(cus):
+    count, piece = 10 * ALIGN + 7, 3 * ALIGN
+    seen = np.zeros(count, np.int8)
+    calls = []
+    lock = threading.Lock()
+
+    def mark(lo, hi):
+        with lock:
+            calls.append((lo, hi))
+        seen[lo:hi] += 1
+    cus.share(count, mark, piece)
+    assert np.all(seen == 1) and cus.split_launches == 1
+    assert sorted(calls) == [(lo, min(lo + piece, count)) for lo in range(0, count, piece)]
+
+
+def test_share_of_one_piece_runs_on_the_caller(cus):
+    callers = []
+    cus.share(ALIGN, lambda lo, hi: callers.append((threading.current_thread(), lo, hi)), ALIGN)
+    assert callers == [(threading.current_thread(), 0, ALIGN)] and cus.split_launches == 0
+
+
+def test_share_does_not_wait_for_a_unit_that_never_started():
+    """A unit without a CPU (here: busy with other work) leaves its pieces to the caller:
+    the call returns without it, and the unit's share is cancelled, not run later."""
+    cus = ComputeUnits(2, "test")
+    release = threading.Event()
+    try:
+        busy = cus._executor().submit(release.wait, 20)  # the only other unit is taken
+        seen = np.zeros(8 * ALIGN, np.int8)
+        callers = set()
+
+        def mark(lo, hi):
+            callers.add(threading.current_thread())
+            seen[lo:hi] += 1
+        cus.share(seen.size, mark, ALIGN)
+        assert np.all(seen == 1) and callers == {threading.current_thread()}
+        assert not busy.done()
+    finally:
+        release.set()
+        cus.shutdown()

@@ -368,6 +368,43 @@ def test_64mib_translation_is_vectorized(env):
     assert len(ext) == 4096
 
 
+def test_a_contiguous_good_range_needs_no_per_page_masks(env, monkeypatch):
+    """A range mapped to one physically contiguous run is recognised from its first and
+    last PTE and one comparison, without the per-page run search (np.diff)."""
+    vram, _, mmu, pt = env
+    pt.map(VA - 3 * PAGE_SIZE, DATA, 4 * 512)  # four leaf tables, not leaf-aligned
+    mmu.translate(1, VA, 8, ACCESS_READ)
+    diffs = []
+    real_diff = np.diff
+    monkeypatch.setattr(np, "diff", lambda *a, **k: diffs.append(1) or real_diff(*a, **k))
+    ext = mmu.translate(1, VA - 3 * PAGE_SIZE + 5, 4 * 512 * PAGE_SIZE - 9, ACCESS_READ)
+    assert len(ext) == 1 and not diffs
+    assert np.array_equal(ext[0], vram.view(DATA + 5, 4 * 512 * PAGE_SIZE - 9))
+    pt.set_pte(VA + 7 * PAGE_SIZE, (DATA + 900 * PAGE_SIZE) | RW)  # one page elsewhere
+    mmu.flush(1)
+    ext = mmu.translate(1, VA, 16 * PAGE_SIZE, ACCESS_READ)
+    assert [e.shape[0] for e in ext] == [7 * PAGE_SIZE, PAGE_SIZE, 8 * PAGE_SIZE] and diffs
+
+
+@pytest.mark.parametrize("case", ["flag", "beyond_vram"])
+def test_an_arithmetic_run_is_one_run_only_when_every_page_is_good(env, case):
+    """PTEs that step by one page from a good first PTE but are not one good run: a flag
+    that differs in the middle (it breaks the step), a run leaving VRAM."""
+    vram, _, mmu, pt = env
+    if case == "flag":
+        pt.map(VA, DATA, 8)
+        pt.set_pte(VA + 5 * PAGE_SIZE, (DATA + 5 * PAGE_SIZE) | PTE_VALID | PTE_WRITE)
+        with pytest.raises(MmuFault) as e:
+            mmu.translate(1, VA, 8 * PAGE_SIZE, ACCESS_READ)
+        assert (e.value.address, e.value.access) == (VA + 5 * PAGE_SIZE, ACCESS_READ)
+    else:
+        pt.map(VA, VRAM_SIZE - 2 * PAGE_SIZE, 2)
+        pt.set_pte(VA + 2 * PAGE_SIZE, VRAM_SIZE | RW)  # the next page: outside VRAM
+        with pytest.raises(MmuFault) as e:
+            mmu.translate(1, VA, 3 * PAGE_SIZE, ACCESS_READ)
+        assert e.value.address == VA + 2 * PAGE_SIZE
+
+
 def test_ranges_beyond_one_batch_of_leaf_tables():
     vram = Vram(1 << 20)
     sysmem = SystemMemory()
