@@ -205,9 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if argv is None and args.command == "host":  # the host program (not a call in-process)
-        from pvgpu.streaming import stream_large_copies
-        stream_large_copies()  # may re-execute this process, once
     try:
         return {"host": cmd_host, "info": cmd_info, "run": cmd_run, "demo": cmd_demo,
                 "bench": cmd_bench, "tenant": cmd_tenant}[args.command](args)
