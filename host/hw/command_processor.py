@@ -48,6 +48,7 @@ fence value).
 from __future__ import annotations
 
 import logging
+import struct
 import time
 
 import numpy as np
@@ -57,7 +58,7 @@ from host.hw.interrupts import Interrupt
 from host.hw.mmu import MmuFault
 from host.hw.packets import (FENCE_IRQ, LAUNCH_CODE_DW, LAUNCH_FIXED_DW, PKT_COPY,
                              PKT_FENCE, PKT_INDIRECT_BUFFER, PKT_LAUNCH, PKT_LAUNCH_CODE,
-                             PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT, split_header)
+                             PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT)
 from host.hw.regs import (COPY_ENGINES, ENGINE_COMPUTE, ENGINE_NAMES, IRQ_CODE_FAULT, IRQ_FENCE,
                           IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_VMIDS, VM_INVALIDATE_ALL)
 from host.hw.sm import CodeFault, CodeLaunch, StreamingMultiprocessors
@@ -85,6 +86,15 @@ class _Illegal(Exception):
 
 def _u64(lo: int, hi: int) -> int:
     return lo | (hi << 32)
+
+
+_DWORDS = [struct.Struct(f"<{n}I") for n in range(2 * RING_FETCH_DW + 1)]
+
+
+def _dwords(buf, addr: int, ndw: int) -> tuple:
+    """ndw little-endian dwords of VRAM at physical addr (the caller checked the range)."""
+    fmt = _DWORDS[ndw] if ndw < len(_DWORDS) else struct.Struct(f"<{ndw}I")
+    return fmt.unpack_from(buf, addr)
 
 
 class CommandProcessor:
@@ -130,15 +140,12 @@ class CommandProcessor:
         return out
 
     # ----------------------------------------------------------------- the ring
-    def _ring_dwords(self, base: int, size: int, off: int, ndw: int) -> list:
-        mem = self.vram.mem
-        nbytes = 4 * ndw
-        if off + nbytes <= size:
-            raw = mem[base + off:base + off + nbytes]
-        else:
-            first = size - off
-            raw = np.concatenate((mem[base + off:base + size], mem[base:base + nbytes - first]))
-        return raw.view("<u4").tolist()
+    def _ring_dwords(self, base: int, size: int, off: int, ndw: int) -> tuple:
+        buf = self.vram.buf
+        if off + 4 * ndw <= size:
+            return _dwords(buf, base + off, ndw)
+        first = (size - off) // 4
+        return _dwords(buf, base + off, first) + _dwords(buf, base, ndw - first)
 
     def run_ring_packet(self, base: int, size: int, rptr: int, wptr: int,
                         ctl: kernels.StopToken) -> int:
@@ -147,7 +154,7 @@ class CommandProcessor:
         avail = ((wptr - rptr) % size) // 4
         head = self._ring_dwords(base, size, rptr, min(avail, RING_FETCH_DW))
         hdr = head[0]
-        opcode, ndw = split_header(hdr)
+        opcode, ndw = hdr & 0xFF, (hdr >> 8) & 0xFFFF  # split_header
         if 1 + ndw > avail:
             self._illegal(ctl, 0, rptr, hdr, f"packet of {1 + ndw} dwords runs past WPTR")
             return wptr
@@ -158,8 +165,9 @@ class CommandProcessor:
         self._execute(opcode, body, 0, False, ctl, rptr, hdr)
         end = 1 + ndw
         if end < len(head):  # a NOP fetched with the packet (the ring's padding) is done too
-            nop, pad = split_header(head[end])
-            if nop == PKT_NOP and end + 1 + pad <= avail:
+            nop = head[end]
+            pad = (nop >> 8) & 0xFFFF
+            if nop & 0xFF == PKT_NOP and end + 1 + pad <= avail:
                 self.packets += 1
                 end += 1 + pad
         return (rptr + 4 * end) % size
@@ -228,11 +236,11 @@ class CommandProcessor:
             raise _Illegal(f"IB vmid {ib_vmid}")
         self._vram_addr(addr, 4 * length, 4)
         self.ibs += 1
-        dws = self.vram.mem[addr:addr + 4 * length].view("<u4").tolist()
+        dws = _dwords(self.vram.buf, addr, length)
         i = 0
         while i < length and not ctl.stopped():
             hdr = dws[i]
-            opcode, ndw = split_header(hdr)
+            opcode, ndw = hdr & 0xFF, (hdr >> 8) & 0xFFFF  # split_header
             if i + 1 + ndw > length:
                 self._illegal(ctl, ib_vmid, 4 * i, hdr, "packet runs past the end of the IB")
                 return
@@ -278,7 +286,7 @@ class CommandProcessor:
         grid, block, nargs = body[1:4], body[4:7], body[7]
         if len(body) != LAUNCH_FIXED_DW + 2 * nargs:
             raise _Illegal(f"LAUNCH body of {len(body)} dwords for {nargs} arguments")
-        args = [_u64(body[j], body[j + 1]) for j in range(LAUNCH_FIXED_DW, len(body), 2)]
+        args = [body[j] | body[j + 1] << 32 for j in range(LAUNCH_FIXED_DW, len(body), 2)]
         self.launches += 1
         try:
             kernels.launch(kernel_id, grid, block, args,
@@ -298,12 +306,15 @@ class CommandProcessor:
         self.sm.launch(vmid, launch, ctl)
 
     def _fence(self, body, vmid, ctl):
-        addr = self._vram_addr(_u64(body[0], body[1]), 8, 8)
-        seq = _u64(body[2], body[3])
-        with self.fence_cond:
+        addr = body[0] | body[1] << 32
+        if addr & 7 or addr + 8 > self.vram.size:
+            raise _Illegal(f"VRAM address {addr:#x} (+8) misaligned or out of range")
+        seq = body[2] | body[3] << 32
+        cond = self.fence_cond
+        with cond:
             self.vram.qwords[addr >> 3] = seq
             stamp = self.clock()  # the job completed now
-            self.fence_cond.notify_all()
+            cond.notify_all()
         self.fences += 1
         if body[4] & FENCE_IRQ:
             self._raise(ctl, Interrupt(IRQ_FENCE, self.engine, 0, addr, 0, seq, stamp))

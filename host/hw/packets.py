@@ -57,12 +57,20 @@ def _lo_hi(v: int) -> tuple:
 
 def nop(total_dw: int = 1) -> bytes:
     """A NOP that occupies exactly total_dw dwords (used for padding)."""
+    if total_dw < len(_NOPS):
+        return _NOPS[total_dw]
     assert total_dw >= 1
     return struct.pack("<I", header(PKT_NOP, total_dw - 1)) + bytes(4 * (total_dw - 1))
 
 
+_NOPS = [b""] + [struct.pack("<I", header(PKT_NOP, n - 1)) + bytes(4 * (n - 1))
+                 for n in range(1, 9)]  # the ring's padding: built once
+_IB_HEADER = header(PKT_INDIRECT_BUFFER, 4)
+_FENCE_HEADER = header(PKT_FENCE, 5)
+
+
 def indirect_buffer(addr: int, length_dw: int, vmid: int) -> bytes:
-    return struct.pack("<5I", header(PKT_INDIRECT_BUFFER, 4), *_lo_hi(addr), length_dw, vmid)
+    return struct.pack("<5I", _IB_HEADER, addr & 0xFFFFFFFF, addr >> 32, length_dw, vmid)
 
 
 def copy(src: int, dst: int, size: int) -> bytes:
@@ -70,13 +78,14 @@ def copy(src: int, dst: int, size: int) -> bytes:
 
 
 def launch(kernel_id: int, grid, block, args) -> bytes:
-    body = struct.pack("<8I", kernel_id, *grid, *block, len(args))
-    body += b"".join(struct.pack("<Q", a & 0xFFFFFFFFFFFFFFFF) for a in args)
-    return struct.pack("<I", header(PKT_LAUNCH, len(body) // 4)) + body
+    n = len(args)
+    return struct.pack(f"<9I{n}Q", header(PKT_LAUNCH, LAUNCH_FIXED_DW + 2 * n), kernel_id,
+                       *grid, *block, n, *[a & 0xFFFFFFFFFFFFFFFF for a in args])
 
 
 def fence(addr: int, seq: int, flags: int = FENCE_IRQ) -> bytes:
-    return struct.pack("<6I", header(PKT_FENCE, 5), *_lo_hi(addr), *_lo_hi(seq), flags)
+    return struct.pack("<6I", _FENCE_HEADER, addr & 0xFFFFFFFF, addr >> 32, seq & 0xFFFFFFFF,
+                       (seq >> 32) & 0xFFFFFFFF, flags)
 
 
 def wait(addr: int, value: int) -> bytes:

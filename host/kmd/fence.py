@@ -115,7 +115,8 @@ class Fence:
             callbacks = self._mark(error)
         if callbacks is None:
             return False
-        _run(self, callbacks)
+        if callbacks:
+            _run(self, callbacks)
         return True
 
     def __repr__(self) -> str:
@@ -142,7 +143,7 @@ def signal_all(fences, error=None) -> None:
     with _lock:
         for f in fences:
             callbacks = f._mark(error)
-            if callbacks is not None:
+            if callbacks:
                 marked.append((f, callbacks))
     for f, callbacks in marked:
         _run(f, callbacks)
@@ -185,20 +186,25 @@ class FenceDriver:
         self.next_seq -= 1
 
     def read_wb(self) -> int:
-        return self.vram.read_u64(self.wb_addr)
+        return int(self.vram.qwords[self.wb_addr >> 3])  # 8-aligned, inside VRAM
 
     def retire(self, seq: int | None = None) -> list:
         """Pop every pending fence the hardware has completed; -> them, in order."""
         with self.lock:
-            value = self.read_wb()
-            if seq is not None and seq <= self.emitted_seq:
-                value = max(value, seq)
-            self.last_seq = max(self.last_seq, value)
-            done = []
-            pending = self.pending
-            while pending and pending[0].seq <= self.last_seq:
-                done.append(pending.popleft())
-            return done
+            return self.retire_locked(seq)
+
+    def retire_locked(self, seq: int | None = None) -> list:
+        """retire(), for a caller that holds the lock."""
+        value = self.read_wb()
+        if seq is not None and value < seq < self.next_seq:  # seq <= emitted_seq
+            value = seq
+        if value > self.last_seq:
+            self.last_seq = value
+        done = []
+        pending = self.pending
+        while pending and pending[0].seq <= self.last_seq:
+            done.append(pending.popleft())
+        return done
 
     def process(self, seq: int | None = None) -> int:
         """Interrupt-time fence processing; -> number of fences signalled."""

@@ -38,7 +38,6 @@ burn(50) did not.
 from __future__ import annotations
 
 import logging
-import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -73,18 +72,18 @@ _U32 = (1 << 32) - 1
 
 
 class _Job:
-    __slots__ = ("fence", "context", "kind", "ib", "ib_block", "submitted", "timeline",
-                 "kernarg")
+    """A job on the hardware: what its hardware fence's retirement gives back."""
 
-    def __init__(self, fence, context, kind, ib, ib_block, timeline: int = 0, kernarg=None):
-        self.fence = fence
+    __slots__ = ("sched_job", "context", "kind", "ib", "ib_block", "timeline", "kernarg")
+
+    def __init__(self, sched_job, context, kind, ib, ib_block, timeline: int = 0, kernarg=None):
+        self.sched_job = sched_job  # the scheduler's job, handed to _hw_done on retirement
         self.context = context
         self.kind = kind  # the engine
         self.ib = ib
         self.ib_block = ib_block
         self.timeline = timeline
         self.kernarg = kernarg  # the parameter-buffer slot of a code launch (kernarg.py)
-        self.submitted = time.monotonic()
 
 
 def launch_is_short(kernel_id: int, args) -> bool:
@@ -208,11 +207,12 @@ class JobMixin:
     def run_job(self, job: SchedJob) -> Fence:
         """drm_sched backend op (lock held): write the job's IB, then INDIRECT_BUFFER and
         a FENCE into its ring; -> the hardware fence."""
-        engine = job.entity.sched.engine
-        ctx = job.entity.owner
+        ent = job.entity
+        engine = ent.sched.engine
+        ctx = ent.owner
         ib = job.payload
-        inline = job is self._inline_job and not job.entity.sched.in_flight
-        ctx.last_use_ns = self.clock_ns()
+        inline = job is self._inline_job and not ent.sched.in_flight
+        ctx.last_use_ns = job.run_ns
         if ctx.evicted_bos and not self._ctx_on_gpu(ctx):
             self._restore_evicted(ctx)  # only into free VRAM; never waits
         if ctx.stale_imports:
@@ -229,13 +229,12 @@ class JobMixin:
         ring.alloc(5 + fence_mod.FENCE_DW)  # never waits: hw_limit jobs fit many times over
         ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
         fence = self.fences[engine].emit(ring)
-        self._jobs[fence] = _Job(fence, ctx, engine, phys, ib_blocks,
-                                 ctx._timeline_of.get(job.entity, 0), slot)
+        self._jobs[fence] = _Job(job, ctx, engine, phys, ib_blocks,
+                                 ctx._timeline_of.get(ent, 0), slot)
         ring.commit(doorbell=not inline)
         if inline:
             self._inline_kick = engine
             self.stats["jobs_inline"] += 1
-        fence.add_done_callback(lambda f, job=job: self._hw_done(job, f))
         return fence
 
     def _hw_done(self, job: SchedJob, hw_fence: Fence) -> None:
@@ -263,7 +262,8 @@ class JobMixin:
     def _take_signals(self) -> list:
         out = []
         for sched in self.schedulers:
-            out += sched.take_signals()
+            if sched.signals:
+                out += sched.take_signals()
         return out
 
     @staticmethod
@@ -276,30 +276,59 @@ class JobMixin:
         """Bookkeeping for completed fences, then signal them (outside the lock)."""
         if not done:
             return
+        with self.lock:
+            finished = self._retire_locked(fd, done, error, timestamp)
+        self._retired(done, error, finished)
+
+    def _retire_fence_irq(self, fd: FenceDriver, seq: int, timestamp=None) -> None:
+        """IRQ_FENCE: retire what the write-back slot (or `seq`) covers, in one lock hold."""
+        with self.lock:
+            done = fd.retire_locked(seq)
+            if not done:
+                return
+            finished = self._retire_locked(fd, done, None, timestamp)
+        self._retired(done, None, finished)
+
+    def _retire_locked(self, fd: FenceDriver, done: list, error, timestamp) -> list:
+        """Give back the jobs' IB space and parameter slots, count them; -> [(SchedJob,
+        hardware fence)] for the scheduler."""
         if timestamp is None:
             timestamp = self.clock_ns()
         for f in done:
             if f.timestamp is None:
                 f.timestamp = timestamp
-        with self.lock:
-            if error is not None:
-                for f in done:
-                    if fd.pending and fd.pending[0] is f:
-                        fd.pending.popleft()
-                    elif f in fd.pending:
-                        fd.pending.remove(f)
+        if error is not None:
             for f in done:
-                job = self._jobs.pop(f, None)
-                if job is None:
-                    continue
-                self._ib_free(job.ib, job.ib_block)
-                if job.kernarg is not None:
-                    job.context.kernargs.give_back(job.kernarg)
-                job.context.stats["jobs_completed"] += 1
-                if f.error is not None or error is not None:
-                    job.context.stats["jobs_failed"] += 1
-            self._cond.notify_all()
+                if fd.pending and fd.pending[0] is f:
+                    fd.pending.popleft()
+                elif f in fd.pending:
+                    fd.pending.remove(f)
+        finished = []
+        for f in done:
+            job = self._jobs.pop(f, None)
+            if job is None:
+                continue
+            self._ib_free(job.ib, job.ib_block)
+            if job.kernarg is not None:
+                job.context.kernargs.give_back(job.kernarg)
+            stats = job.context.stats
+            stats["jobs_completed"] += 1
+            if f.error is not None or error is not None:
+                stats["jobs_failed"] += 1
+            finished.append((job.sched_job, f))
+        self._cond.notify_all()
+        return finished
+
+    def _retired(self, done: list, error, finished: list) -> None:
+        """After _retire_locked, no lock held: signal the hardware fences, then hand the
+        jobs to the scheduler."""
         fence_mod.signal_all(done, error)
+        if finished:
+            devlock.call_soon(self._jobs_done, finished)
+
+    def _jobs_done(self, finished) -> None:
+        for job, hw_fence in finished:
+            self._hw_done(job, hw_fence)
 
 
 class ContextSubmitMixin:
@@ -363,14 +392,17 @@ class ContextSubmitMixin:
         for a in args:
             if not isinstance(a, (int, np.integer)) or not -(1 << 63) <= a <= _U64:
                 raise InvalidArgument(f"bad kernel argument {a!r}")
-        ib = packets.launch(int(kernel_id), grid, block, [int(a) for a in args])
+        kernel_id = int(kernel_id)
+        args = [int(a) for a in args]
+        ib = packets.launch(kernel_id, grid, block, args)
         touches = ()
-        sig = kernels.BUILTIN_KERNELS.get(int(kernel_id))
-        if self.shared and sig is not None:
-            touches = [(int(a), 1, name in kernels.KERNEL_WRITTEN_ARGS)
-                       for (name, kind), a in zip(sig.args, args) if kind == kernels.ARG_PTR]
+        if self.shared:
+            sig = kernels.BUILTIN_KERNELS.get(kernel_id)
+            if sig is not None:
+                touches = [(a, 1, name in kernels.KERNEL_WRITTEN_ARGS)
+                           for (name, kind), a in zip(sig.args, args) if kind == kernels.ARG_PTR]
         fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches,
-                                    short=launch_is_short(int(kernel_id), [int(a) for a in args]))
+                                    short=launch_is_short(kernel_id, args))
         self.stats["launches"] += 1
         return fence
 
