@@ -8,7 +8,8 @@ ring once it is scheduled: the ring executes in order); it hears of a dependency
 signal through the fence's callback (wake), which never runs under a device lock
 (lock.py). Then run_job writes the packets into an indirect buffer taken from the IB
 pool and, in one ring transaction, INDIRECT_BUFFER(ib, length, vmid) and a FENCE with
-FENCE_IRQ.
+FENCE_IRQ; inside a submission batch (batch.py) the transaction stays open for the batch's
+next jobs on that ring and is committed when the batch exits.
 
 A job's life: Context.submit_* checks its arguments and calls KmdDevice._submit, which
 pushes a SchedJob on the scheduler entity of its timeline (never waiting). The
@@ -38,6 +39,7 @@ burn(50) did not.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -45,6 +47,7 @@ import numpy as np
 from host.hw import packets, regs
 from host.kmd import fence as fence_mod
 from host.kmd import lock as devlock
+from host.kmd.batch import EngineBatch, SubmissionBatch
 from host.kmd.errors import ContextLost, DeviceLost, InvalidArgument, InvalidContext
 from host.kmd.fence import Fence, FenceDriver
 from host.kmd.kernarg import CodeLaunch, KernargArea
@@ -108,6 +111,13 @@ class JobMixin:
     inline_jobs = True  # run short jobs on the submitting thread (see the module docstring)
     _inline_job = None  # the SchedJob _submit may run inline, while it schedules
     _inline_kick = None  # the engine whose ring _submit then runs (RB_KICK_SYNC)
+    _batch = None  # the open SubmissionBatch (batch.py)
+
+    def submission_batch(self) -> SubmissionBatch:
+        """`with kmd.submission_batch():` submissions inside get their fences at once, and
+        their ring writes are committed together when the outermost batch exits: one lock
+        hold, one ring commit and one doorbell (or RB_KICK_SYNC) per engine (batch.py)."""
+        return SubmissionBatch(self)
 
     # ------------------------------------------------------------------ flow control
     def has_headroom(self, client=None) -> bool:
@@ -151,7 +161,8 @@ class JobMixin:
         it. `touches`: the (va, size, write) ranges it accesses, for implicit sync of
         shared buffers. A `short` (bounded) job that can start at once runs to completion
         on this thread before the call returns."""
-        inline = short and self.inline_jobs and not devlock.held()
+        short = short and self.inline_jobs
+        free = not devlock.held()
         deps = []
         for f in wait or ():
             if f is None:
@@ -190,7 +201,11 @@ class JobMixin:
             ctx.last_use_ns = now
             ctx.stats["jobs_submitted"] += 1
             self.stats["jobs_submitted"] += 1
-            self._inline_job = job if inline else None
+            # a short job may run on this thread: now if it holds no device lock, or when
+            # the batch it is in exits (batch.py)
+            batch = self._batch
+            if short and (free or batch is not None and batch.owner == threading.get_ident()):
+                self._inline_job = job
             try:
                 sched.schedule(now)
             finally:
@@ -208,10 +223,11 @@ class JobMixin:
         """drm_sched backend op (lock held): write the job's IB, then INDIRECT_BUFFER and
         a FENCE into its ring; -> the hardware fence."""
         ent = job.entity
-        engine = ent.sched.engine
+        sched = ent.sched
+        engine = sched.engine
         ctx = ent.owner
         ib = job.payload
-        inline = job is self._inline_job and not ent.sched.in_flight
+        short = job is self._inline_job
         ctx.last_use_ns = job.run_ns
         if ctx.evicted_bos and not self._ctx_on_gpu(ctx):
             self._restore_evicted(ctx)  # only into free VRAM; never waits
@@ -226,15 +242,36 @@ class JobMixin:
         phys, ib_blocks = self._ib_alloc_nowait(len(ib))
         self.vram.write(phys, ib)
         ring = self.rings[engine]
-        ring.alloc(5 + fence_mod.FENCE_DW)  # never waits: hw_limit jobs fit many times over
+        ndw = 5 + fence_mod.FENCE_DW  # never waits: hw_limit jobs fit many times over
+        batch = self._batch
+        if batch is not None and batch.owner != threading.get_ident():
+            batch.flush(engine)  # not the batch's thread: not held back behind it
+            batch = None
+        if batch is None:
+            ring.alloc(ndw)
+        else:  # stage it in the batch's transaction on this ring
+            staged = batch.engines.get(engine)
+            if staged is not None and not ring.in_transaction:  # an engine reset dropped it
+                staged = None
+            if staged is not None and not ring.extend(ndw):
+                batch.flush(engine)  # the ring is too full to hold more: publish them
+                staged = None
+            if staged is None:
+                ring.alloc(ndw)
+                staged = batch.engines[engine] = EngineBatch(short and not sched.in_flight)
+            else:
+                staged.inline = staged.inline and short
+            staged.jobs += 1
         ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
         fence = self.fences[engine].emit(ring)
         self._jobs[fence] = _Job(job, ctx, engine, phys, ib_blocks,
                                  ctx._timeline_of.get(ent, 0), slot)
-        ring.commit(doorbell=not inline)
-        if inline:
-            self._inline_kick = engine
-            self.stats["jobs_inline"] += 1
+        if batch is None:
+            inline = short and not sched.in_flight
+            ring.commit(doorbell=not inline)
+            if inline:
+                self._inline_kick = engine
+                self.stats["jobs_inline"] += 1
         return fence
 
     def _hw_done(self, job: SchedJob, hw_fence: Fence) -> None:

@@ -1,0 +1,101 @@
+"""Submission batches: many jobs, one lock hold, one ring commit and one doorbell per engine.
+
+    with kmd.submission_batch():
+        ctx.submit_launch(...)
+        ctx.submit_copy(...)
+
+The thread that enters a batch holds the device lock until the outermost batch exits.
+Submissions inside it are checked and get their fences at once, as outside (the same
+errors, raised by the call that made them: a bad one leaves the others alone), and the
+scheduler hands jobs to run_job as usual; but run_job only stages each job's
+INDIRECT_BUFFER and FENCE packets in the open ring transaction of its engine (Ring.extend).
+When the outermost batch exits, every engine's transaction is committed: one WPTR write
+each. An engine that was idle when the batch's first job for it ran, and whose batched
+jobs are all short (job.py), gets RB_KICK_SYNC once the lock is released, so they run to
+completion on this thread as a lone short job would; any other engine gets a doorbell.
+
+The batch is the device's, not the thread's: if another thread reaches run_job while the
+batch is open (the batch's thread released the lock in a Condition wait), that job is not
+held back behind the batch: the engine's staged transaction is committed with a doorbell
+first, and the job is committed on its own.
+
+An engine reset (TDR) drops the staged transaction with the rest of the ring; the
+scheduler hands those jobs to the hardware again, as every job the reset abandoned.
+
+Nothing inside a batch may wait for the batch's own jobs: they reach the hardware only
+when it exits. The backend's I/O loop never waits (wouldblock.py), so it can batch the
+chains of one kick.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from host.hw import regs
+from host.kmd import lock as devlock
+
+
+class EngineBatch:
+    """The staged jobs of one engine in an open batch."""
+
+    __slots__ = ("inline", "jobs")
+
+    def __init__(self, inline: bool):
+        self.inline = inline  # idle engine, short jobs only: run them on the batch's thread
+        self.jobs = 0
+
+
+class SubmissionBatch:
+    """Context manager returned by KmdDevice.submission_batch() (re-entrant)."""
+
+    __slots__ = ("device", "owner", "may_inline", "engines", "_outer")
+
+    def __init__(self, device):
+        self.device = device
+        self.owner = None  # threading.get_ident() of the thread in the batch
+        self.may_inline = False  # that thread held no device lock when it entered
+        self.engines = {}  # engine -> EngineBatch, while its ring transaction is open
+        self._outer = False
+
+    def __enter__(self) -> "SubmissionBatch":
+        dev = self.device
+        free = not devlock.held()
+        dev.lock.acquire()
+        if dev._batch is None:
+            self._outer = True
+            self.owner = threading.get_ident()
+            self.may_inline = free
+            dev._batch = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dev = self.device
+        if not self._outer:
+            dev.lock.release()
+            return
+        kicks = []
+        try:
+            for engine, staged in self.engines.items():
+                ring = dev.rings[engine]
+                if not ring.in_transaction:  # an engine reset dropped it (TDR resubmits)
+                    continue
+                kick = staged.inline and self.may_inline
+                ring.commit(doorbell=not kick)
+                if kick:
+                    kicks.append(engine)
+                    dev.stats["jobs_inline"] += staged.jobs
+            signals = dev._take_signals()
+        finally:
+            self.engines = {}
+            dev._batch = None
+            dev.lock.release()
+        dev._signal(signals)
+        for engine in kicks:
+            dev.mmio.write(regs.REG_ENGINE(engine, regs.RB_KICK_SYNC), 1)
+
+    def flush(self, engine: int) -> None:
+        """Commit the engine's staged jobs now, with a doorbell (lock held)."""
+        staged = self.engines.pop(engine, None)
+        ring = self.device.rings[engine]
+        if staged is not None and ring.in_transaction:
+            ring.commit(doorbell=True)

@@ -1,0 +1,113 @@
+"""Submission batches (host/kmd/batch.py): the jobs of a batch are committed to each
+engine's ring in one transaction when it exits, errors stay with their own submission,
+and a job another thread submits meanwhile is not held back behind the batch."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from host.hw import regs
+from host.kmd import InvalidArgument
+from host.kmd import job as job_mod
+from spec import kernels
+
+P = regs.PAGE_SIZE
+
+
+@pytest.fixture
+def dev(make_dev):
+    return make_dev(hw_limit=32)
+
+
+def fill(ctx, va, value, n=1):
+    return ctx.submit_launch(kernels.KERNEL_FILL, (1,), (1,),
+                             [va, int(np.float32(value).view(np.uint32)), n])
+
+
+def counters(dev, engine):
+    e = dev.gpu.engines[engine]
+    return e.doorbells, e.sync_kicks, dev.rings[engine].packets_committed
+
+
+def test_sixteen_short_launches_in_a_batch_are_one_ring_commit_run_on_this_thread(dev):
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    fill(ctx, bo.va, 0.0, 1024).wait(10)
+    before = counters(dev, regs.ENGINE_COMPUTE)
+    with dev.submission_batch():
+        fences = [fill(ctx, bo.va + 4 * i, float(i + 1)) for i in range(16)]
+        assert not any(f.signaled for f in fences)  # staged until the batch exits
+    assert all(f.signaled and f.error is None for f in fences)  # RB_KICK_SYNC: done here
+    doorbells, kicks, commits = (a - b for a, b in zip(counters(dev, regs.ENGINE_COMPUTE),
+                                                      before))
+    assert (doorbells, kicks, commits) == (0, 1, 1)
+    assert list(dev.vram.view(bo.phys, 64).view(np.float32)) == [float(i + 1)
+                                                                    for i in range(16)]
+    assert ctx.stats["jobs_completed"] == 17
+
+
+def test_a_batch_with_a_long_job_rings_one_doorbell(dev):
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    before = counters(dev, regs.ENGINE_COMPUTE)
+    with dev.submission_batch():
+        fences = [fill(ctx, bo.va + 4 * i, 1.0) for i in range(4)]
+        fences.append(ctx.submit_launch(kernels.KERNEL_BURN, 1, 1,
+                                        [job_mod.INLINE_BURN_US + 1]))
+    assert all(f.wait(10) and f.error is None for f in fences)
+    doorbells, kicks, commits = (a - b for a, b in zip(counters(dev, regs.ENGINE_COMPUTE),
+                                                      before))
+    assert (doorbells, kicks, commits) == (1, 0, 1)
+
+
+def test_an_error_in_a_batch_stays_with_its_own_submission(dev):
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    with dev.submission_batch():
+        first = fill(ctx, bo.va, 1.0)
+        with pytest.raises(InvalidArgument):
+            ctx.submit_launch(kernels.KERNEL_FILL, (1,), (1,), [bo.va, 1 << 70, 1])
+        fault = fill(ctx, 1 << 40, 2.0)  # accepted; faults on the GPU
+        last = fill(ctx, bo.va + 4, 3.0)
+    assert first.wait(10) and first.error is None
+    assert fault.wait(10) and fault.error is not None
+    assert last.wait(10) and last.error is None
+    assert list(dev.vram.view(bo.phys, 8).view(np.float32)) == [1.0, 3.0]
+
+
+def test_batches_nest_and_commit_once_at_the_outermost_exit(dev):
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    before = counters(dev, regs.ENGINE_COMPUTE)
+    with dev.submission_batch():
+        with dev.submission_batch():
+            inner = fill(ctx, bo.va, 1.0)
+        assert not inner.signaled
+        outer = fill(ctx, bo.va + 4, 2.0)
+    assert inner.signaled and outer.signaled
+    assert counters(dev, regs.ENGINE_COMPUTE)[2] - before[2] == 1
+
+
+def test_another_threads_job_is_not_held_back_behind_an_open_batch(dev):
+    """The batch's thread lets go of the lock in a Condition wait; a job another thread
+    submits on the same ring then commits the batch's staged jobs and its own, and both
+    complete while the batch is still open."""
+    ctx = dev.create_context()
+    other = dev.create_context()
+    bo = ctx.alloc(P)
+    obo = other.alloc(P)
+    submitted = []
+    with dev.submission_batch():
+        staged = fill(ctx, bo.va, 1.0)
+        t = threading.Thread(target=lambda: submitted.append(fill(other, obo.va, 2.0)))
+        t.start()
+        deadline = time.monotonic() + 10
+        with dev._cond:  # releases the device lock while it waits
+            while not (staged.signaled and submitted and submitted[0].signaled) \
+                    and time.monotonic() < deadline:
+                dev._cond.wait(0.01)
+        assert staged.signaled and submitted and submitted[0].signaled
+    t.join(10)
+    assert staged.error is None and submitted[0].error is None
