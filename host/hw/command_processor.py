@@ -17,10 +17,14 @@ What each packet does:
   LAUNCH_CODE      compute engine only: run an entry of a code object on the streaming
                    multiprocessors (host/hw/sm, spec/isa.md), in the IB's VMID; the
                    reserved dword must be 0
-  FENCE            ring only: write the u64 seq at a VRAM physical address (8-aligned),
-                   wake every WAIT of the GPU, then with FENCE_IRQ raise
-                   IRQ_FENCE(engine, address=addr, data=seq, timestamp=the device clock
-                   when seq was written, i.e. when the work before the fence completed)
+  FENCE            ring only: with a stamp slot (7-dword body), write the u64 seq and the
+                   u64 device clock at the slot's VRAM physical address (16-aligned);
+                   write the u64 seq at a VRAM physical address (8-aligned), wake every
+                   WAIT of the GPU, then with FENCE_IRQ raise IRQ_FENCE(engine,
+                   address=addr, data=seq, timestamp=the device clock when seq was
+                   written, i.e. when the work before the fence completed). Without
+                   FENCE_IRQ nothing is raised: a later fence's interrupt covers it, and
+                   the stamp slot keeps its completion time for the driver
   WAIT             ring only: stall until the u64 at the VRAM physical address >= value;
                    sleeps on the GPU's fence condition (woken by every FENCE, re-checked
                    every WAIT_POLL seconds for CPU writes), stoppable by reset/shutdown;
@@ -56,9 +60,10 @@ import numpy as np
 from host.hw import kernels
 from host.hw.interrupts import Interrupt
 from host.hw.mmu import MmuFault
-from host.hw.packets import (FENCE_IRQ, LAUNCH_CODE_DW, LAUNCH_FIXED_DW, PKT_COPY,
-                             PKT_FENCE, PKT_INDIRECT_BUFFER, PKT_LAUNCH, PKT_LAUNCH_CODE,
-                             PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT)
+from host.hw.packets import (FENCE_BODY_DW, FENCE_IRQ, LAUNCH_CODE_DW, LAUNCH_FIXED_DW,
+                             PKT_COPY, PKT_FENCE, PKT_INDIRECT_BUFFER, PKT_LAUNCH, PKT_LAUNCH_CODE,
+                             PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT,
+                             STAMPED_FENCE_BODY_DW)
 from host.hw.regs import (COPY_ENGINES, ENGINE_COMPUTE, ENGINE_NAMES, IRQ_CODE_FAULT, IRQ_FENCE,
                           IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_VMIDS, VM_INVALIDATE_ALL)
 from host.hw.sm import CodeFault, CodeLaunch, StreamingMultiprocessors
@@ -76,8 +81,8 @@ COPY_SPLIT = 32 << 20
 RING_FETCH_DW = 8  # dwords fetched with a ring packet's header (its body, if it fits)
 WAIT_POLL = 0.002  # seconds between re-checks of a WAIT (CPU writes do not notify)
 RING_ONLY = frozenset({PKT_INDIRECT_BUFFER, PKT_FENCE, PKT_WAIT, PKT_TLB_FLUSH})
-BODY_DW = {PKT_INDIRECT_BUFFER: 4, PKT_COPY: 6, PKT_FENCE: 5, PKT_WAIT: 4, PKT_TLB_FLUSH: 1,
-           PKT_LAUNCH_CODE: LAUNCH_CODE_DW}
+BODY_DW = {PKT_INDIRECT_BUFFER: 4, PKT_COPY: 6, PKT_WAIT: 4, PKT_TLB_FLUSH: 1,
+           PKT_LAUNCH_CODE: LAUNCH_CODE_DW}  # FENCE: 5, or 7 with a stamp slot (_fence)
 
 
 class _Illegal(Exception):
@@ -306,14 +311,26 @@ class CommandProcessor:
         self.sm.launch(vmid, launch, ctl)
 
     def _fence(self, body, vmid, ctl):
+        slot = None
+        if len(body) == STAMPED_FENCE_BODY_DW:
+            slot = body[5] | body[6] << 32
+            if slot & 15 or slot + 16 > self.vram.size:
+                raise _Illegal(f"fence stamp slot {slot:#x} misaligned or out of range")
+        elif len(body) != FENCE_BODY_DW:
+            raise _Illegal(f"FENCE body of {len(body)} dwords, want {FENCE_BODY_DW} or "
+                           f"{STAMPED_FENCE_BODY_DW}")
         addr = body[0] | body[1] << 32
         if addr & 7 or addr + 8 > self.vram.size:
             raise _Illegal(f"VRAM address {addr:#x} (+8) misaligned or out of range")
         seq = body[2] | body[3] << 32
         cond = self.fence_cond
+        q = self.vram.qwords
         with cond:
-            self.vram.qwords[addr >> 3] = seq
             stamp = self.clock()  # the job completed now
+            if slot is not None:
+                q[slot >> 3] = seq
+                q[(slot >> 3) + 1] = stamp
+            q[addr >> 3] = seq
             cond.notify_all()
         self.fences += 1
         if body[4] & FENCE_IRQ:

@@ -10,7 +10,10 @@ errors, raised by the call that made them: a bad one leaves the others alone), a
 scheduler hands jobs to run_job as usual; but run_job only stages each job's
 INDIRECT_BUFFER and FENCE packets in the open ring transaction of its engine (Ring.extend).
 When the outermost batch exits, every engine's transaction is committed: one WPTR write
-each. An engine that was idle when the batch's first job for it ran, and whose batched
+each. The FENCEs of short jobs raise no interrupt, but the last one of a transaction, or
+of a run of short jobs before a long one, does (the interrupt retires every fence up to
+its seqno, fence.py); each still writes its own completion time into its timestamp slot,
+so the scheduler's accounting sees when each job ended. An engine that was idle when the batch's first job for it ran, and whose batched
 jobs are all short (job.py), gets RB_KICK_SYNC once the lock is released, so they run to
 completion on this thread as a lone short job would; any other engine gets a doorbell.
 
@@ -38,11 +41,21 @@ from host.kmd import lock as devlock
 class EngineBatch:
     """The staged jobs of one engine in an open batch."""
 
-    __slots__ = ("inline", "jobs")
+    __slots__ = ("inline", "jobs", "quiet")
 
     def __init__(self, inline: bool):
         self.inline = inline  # idle engine, short jobs only: run them on the batch's thread
         self.jobs = 0
+        self.quiet = False  # the last staged FENCE raises no interrupt (yet)
+
+    def commit(self, device, engine: int, doorbell: bool) -> None:
+        """Commit the engine's transaction: its last FENCE raises the interrupt."""
+        ring = device.rings[engine]
+        if not ring.in_transaction:  # an engine reset dropped it (TDR resubmits the jobs)
+            return
+        if self.quiet:
+            device.fences[engine].irq_on_last(ring)
+        ring.commit(doorbell=doorbell)
 
 
 class SubmissionBatch:
@@ -76,11 +89,10 @@ class SubmissionBatch:
         kicks = []
         try:
             for engine, staged in self.engines.items():
-                ring = dev.rings[engine]
-                if not ring.in_transaction:  # an engine reset dropped it (TDR resubmits)
+                if not dev.rings[engine].in_transaction:
                     continue
                 kick = staged.inline and self.may_inline
-                ring.commit(doorbell=not kick)
+                staged.commit(dev, engine, doorbell=not kick)
                 if kick:
                     kicks.append(engine)
                     dev.stats["jobs_inline"] += staged.jobs
@@ -96,6 +108,5 @@ class SubmissionBatch:
     def flush(self, engine: int) -> None:
         """Commit the engine's staged jobs now, with a doorbell (lock held)."""
         staged = self.engines.pop(engine, None)
-        ring = self.device.rings[engine]
-        if staged is not None and ring.in_transaction:
-            ring.commit(doorbell=True)
+        if staged is not None:
+            staged.commit(self.device, engine, doorbell=True)

@@ -7,7 +7,15 @@ it in the ring has completed, and (FENCE_IRQ) to raise IRQ_FENCE. The interrupt 
 calls process(): it reads the slot and signals, in order, every pending fence whose
 sequence number is <= the value there — sequence numbers on one ring complete in order,
 so one write-back value retires a whole prefix of the pending list, and a lost or merged
-interrupt costs nothing.
+interrupt costs nothing. So only the last of several fences committed together needs
+FENCE_IRQ (emit(flags=0), then irq_on_last()): its interrupt retires them all.
+
+A driver given a page of timestamp slots (`stamps`) emits stamped FENCEs: the command
+processor also writes (seq, completion time) into slot seq % STAMP_SLOTS, and retirement
+gives each fence the time its own work completed (Fence.timestamp), not the time of the
+interrupt that retired it. A slot that no longer holds the fence's seq (more than
+STAMP_SLOTS fences pending, or a fence forced complete by an engine reset) leaves the
+timestamp to the caller.
 
 A Fence signals exactly once. Its error (None, a GpuFault or a string) is set before it
 signals. add_done_callback(fn) calls fn(fence) exactly once: on the signalling thread
@@ -31,6 +39,9 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()  # guards every Fence's state; held only for a few statements
 FENCE_DW = 6  # dwords of one FENCE packet
+STAMPED_FENCE_DW = 8  # ... with a timestamp slot
+STAMP_SLOT_SIZE = 16  # (u64 seq, u64 completion time)
+STAMP_SLOTS = 256  # one 4 KiB page per ring
 
 
 class Fence:
@@ -152,16 +163,23 @@ def signal_all(fences, error=None) -> None:
 class FenceDriver:
     """The fence state of one engine ring."""
 
-    def __init__(self, engine: int, vram, wb_addr: int, lock=None, device=None):
+    def __init__(self, engine: int, vram, wb_addr: int, lock=None, device=None,
+                 stamps: int | None = None):
+        """stamps: VRAM physical address of STAMP_SLOTS timestamp slots (zeroed here)."""
         self.engine = engine
         self.vram = vram
         self.wb_addr = wb_addr
         self.lock = lock if lock is not None else threading.RLock()
         self.device = device
+        self.stamps = stamps
+        self.packet_dw = FENCE_DW if stamps is None else STAMPED_FENCE_DW
         self.next_seq = 1
         self.last_seq = 0  # highest sequence seen written back
         self.pending = collections.deque()
+        self._last_packet = None  # the ring's staged index of the last FENCE emitted
         vram.write_u64(wb_addr, 0)
+        if stamps is not None:
+            vram.fill(stamps, STAMP_SLOTS * STAMP_SLOT_SIZE, 0)
 
     @property
     def emitted_seq(self) -> int:
@@ -173,11 +191,21 @@ class FenceDriver:
         The fence is pending before the doorbell rings, so its interrupt cannot be missed.
         Call with the lock held; cancel() it if the ring transaction is undone."""
         seq = self.next_seq
-        ring.write(packets.fence(self.wb_addr, seq, flags))
+        self._last_packet = ring.write(self._packet(seq, flags))
         self.next_seq = seq + 1
         fence = Fence(self.engine, seq, self)
         self.pending.append(fence)
         return fence
+
+    def irq_on_last(self, ring) -> None:
+        """Make the last fence emitted into the ring's open transaction raise IRQ_FENCE."""
+        ring.rewrite(self._last_packet, self._packet(self.next_seq - 1, packets.FENCE_IRQ))
+
+    def _packet(self, seq: int, flags: int) -> bytes:
+        stamp = None
+        if self.stamps is not None:
+            stamp = self.stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
+        return packets.fence(self.wb_addr, seq, flags, stamp)
 
     def cancel(self, fence: Fence) -> None:
         """Forget the fence just emitted (its ring transaction was undone)."""
@@ -204,6 +232,13 @@ class FenceDriver:
         pending = self.pending
         while pending and pending[0].seq <= self.last_seq:
             done.append(pending.popleft())
+        if self.stamps is not None and done:
+            q = self.vram.qwords
+            base = self.stamps >> 3
+            for f in done:
+                i = base + 2 * (f.seq % STAMP_SLOTS)
+                if q[i] == f.seq and f.timestamp is None:
+                    f.timestamp = int(q[i + 1])
         return done
 
     def process(self, seq: int | None = None) -> int:

@@ -242,7 +242,8 @@ class JobMixin:
         phys, ib_blocks = self._ib_alloc_nowait(len(ib))
         self.vram.write(phys, ib)
         ring = self.rings[engine]
-        ndw = 5 + fence_mod.FENCE_DW  # never waits: hw_limit jobs fit many times over
+        fd = self.fences[engine]
+        ndw = 5 + fd.packet_dw  # never waits: hw_limit jobs fit many times over
         batch = self._batch
         if batch is not None and batch.owner != threading.get_ident():
             batch.flush(engine)  # not the batch's thread: not held back behind it
@@ -263,7 +264,16 @@ class JobMixin:
                 staged.inline = staged.inline and short
             staged.jobs += 1
         ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
-        fence = self.fences[engine].emit(ring)
+        if batch is None:
+            fence = fd.emit(ring)
+        elif short:  # its interrupt waits for the last of a run of short jobs (batch.py)
+            fence = fd.emit(ring, flags=0)
+            staged.quiet = True
+        else:  # a long job's fence interrupts, and so does the short one before it
+            if staged.quiet:
+                fd.irq_on_last(ring)
+            fence = fd.emit(ring)
+            staged.quiet = False
         self._jobs[fence] = _Job(job, ctx, engine, phys, ib_blocks,
                                  ctx._timeline_of.get(ent, 0), slot)
         if batch is None:

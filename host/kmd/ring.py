@@ -19,7 +19,8 @@ The API is transactional, as in amdgpu:
   extend(ndw) reserve room for ndw more dwords behind what the open transaction holds,
               if the ring has it now (never waits; False otherwise): several jobs of a
               submission batch go into one transaction, published by one commit.
-  write(data) stage packet bytes at the reserved position (wrapping at the end).
+  write(data) stage packet bytes at the reserved position (wrapping at the end);
+              rewrite() replaces a staged packet by another of the same size.
   commit()    pad with a NOP to the 8-dword fetch alignment, copy the staged bytes into
               the ring in one VRAM write and ring the doorbell (or, with
               commit(doorbell=False), only publish wptr through RB_WPTR).
@@ -169,7 +170,8 @@ class Ring:
         if first < len(data):
             self.vram.write(self.base, data[first:])
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes) -> int:
+        """Stage a packet; -> its index in the transaction (for rewrite())."""
         n = len(data)
         assert self._wptr_old is not None, "ring write() outside alloc()/commit()"
         assert n % 4 == 0 and self._written + n <= self._reserved, \
@@ -177,6 +179,13 @@ class Ring:
         self._written += n
         self._staged.append(data)
         self._pos = (self._pos + n) % self.size
+        return len(self._staged) - 1
+
+    def rewrite(self, index: int, data: bytes) -> None:
+        """Replace the packet write() staged as `index` in the open transaction by one of
+        the same size (e.g. set a flag of a FENCE before the commit publishes it)."""
+        assert self._wptr_old is not None and len(data) == len(self._staged[index])
+        self._staged[index] = data
 
     def commit(self, doorbell: bool = True) -> int:
         """Pad, publish the new wptr through the doorbell; -> the new wptr. Without

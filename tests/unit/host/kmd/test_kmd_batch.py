@@ -2,6 +2,7 @@
 engine's ring in one transaction when it exits, errors stay with their own submission,
 and a job another thread submits meanwhile is not held back behind the batch."""
 
+import itertools
 import threading
 import time
 
@@ -111,3 +112,41 @@ def test_another_threads_job_is_not_held_back_behind_an_open_batch(dev):
         assert staged.signaled and submitted and submitted[0].signaled
     t.join(10)
     assert staged.error is None and submitted[0].error is None
+
+
+def _ticking_clock(dev):
+    """The compute engine's clock, strictly increasing from call to call (as a fast GPU's
+    would be between two fences): each fence's completion time differs."""
+    tick = itertools.count(1)
+    dev.gpu.engines[regs.ENGINE_COMPUTE].cp.clock = lambda: time.monotonic_ns() + next(tick)
+
+
+def test_a_batch_of_short_jobs_raises_one_interrupt_and_each_job_keeps_its_end_time(dev):
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    _ticking_clock(dev)
+    sched = dev.schedulers[regs.ENGINE_COMPUTE]
+    irqs, busy = dev.gpu.irq.counts[regs.IRQ_FENCE], sched.busy_ns
+    with dev.submission_batch():
+        fences = [fill(ctx, bo.va + 4 * i, 1.0) for i in range(8)]
+    assert all(f.signaled and f.error is None for f in fences)
+    assert dev.gpu.irq.counts[regs.IRQ_FENCE] - irqs == 1
+    jobs = [f.job for f in fences]
+    hw_stamps = [j.hw_fence.timestamp for j in jobs]
+    assert hw_stamps == sorted(hw_stamps) and len(set(hw_stamps)) == 8
+    assert [j.end_ns for j in jobs] == hw_stamps  # the scheduler saw each job's own end
+    assert [f.timestamp for f in fences] == hw_stamps
+    assert sched.busy_ns - busy == sum(j.end_ns - j.start_ns for j in jobs)
+
+
+def test_a_long_job_in_a_batch_keeps_its_interrupt_and_the_short_one_before_it_too(dev):
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    irqs = dev.gpu.irq.counts[regs.IRQ_FENCE]
+    with dev.submission_batch():
+        fences = [fill(ctx, bo.va, 1.0), fill(ctx, bo.va + 4, 2.0),
+                  ctx.submit_launch(kernels.KERNEL_BURN, 1, 1, [job_mod.INLINE_BURN_US + 1]),
+                  fill(ctx, bo.va + 8, 3.0)]
+    assert all(f.wait(10) and f.error is None for f in fences)
+    # the second fill (before the long job), the long job, the last fill: not the first
+    assert dev.gpu.irq.counts[regs.IRQ_FENCE] - irqs == 3
