@@ -78,7 +78,7 @@ log = logging.getLogger("pvgpu.hw.cp")
 # over its compute units; smaller ones are not worth the handoff.
 COPY_CHUNK = 256 << 20
 COPY_SPLIT = 32 << 20
-RING_FETCH_DW = 8  # dwords fetched with a ring packet's header (its body, if it fits)
+RING_FETCH_DW = 16  # dwords fetched with a ring packet's header (its body, if it fits)
 WAIT_POLL = 0.002  # seconds between re-checks of a WAIT (CPU writes do not notify)
 RING_ONLY = frozenset({PKT_INDIRECT_BUFFER, PKT_FENCE, PKT_WAIT, PKT_TLB_FLUSH})
 BODY_DW = {PKT_INDIRECT_BUFFER: 4, PKT_COPY: 6, PKT_WAIT: 4, PKT_TLB_FLUSH: 1,

@@ -71,7 +71,7 @@ class _EngineStop(StopToken):
     """The stop token of one drain: stopped once the engine's generation moves on."""
 
     def __init__(self, engine: "Engine", gen: int):
-        super().__init__(None, engine._wake)
+        self._stopped, self._wake = None, engine._wake  # StopToken's fields
         self._engine, self._gen = engine, gen
 
     def stopped(self) -> bool:

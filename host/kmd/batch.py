@@ -86,24 +86,43 @@ class SubmissionBatch:
         if not self._outer:
             dev.lock.release()
             return
-        kicks = []
+        kicks = ()
         try:
-            for engine, staged in self.engines.items():
-                if not dev.rings[engine].in_transaction:
-                    continue
-                kick = staged.inline and self.may_inline
-                staged.commit(dev, engine, doorbell=not kick)
-                if kick:
-                    kicks.append(engine)
-                    dev.stats["jobs_inline"] += staged.jobs
+            kicks = self._commit()
             signals = dev._take_signals()
         finally:
-            self.engines = {}
-            dev._batch = None
+            if not kicks:
+                dev._batch = None
             dev.lock.release()
         dev._signal(signals)
-        for engine in kicks:
-            dev.mmio.write(regs.REG_ENGINE(engine, regs.RB_KICK_SYNC), 1)
+        while kicks:
+            for engine in kicks:
+                dev.mmio.write(regs.REG_ENGINE(engine, regs.RB_KICK_SYNC), 1)
+            # the kicked jobs' completions handed queued jobs to run_job on this thread,
+            # which staged them (the batch stayed open): commit and run those too
+            with dev.lock:
+                try:
+                    kicks = self._commit()
+                    signals = dev._take_signals()
+                finally:
+                    if not kicks:
+                        dev._batch = None
+            dev._signal(signals)
+
+    def _commit(self) -> list:
+        """Commit every staged transaction (lock held); -> the engines to kick."""
+        dev = self.device
+        kicks = []
+        engines, self.engines = self.engines, {}
+        for engine, staged in engines.items():
+            if not dev.rings[engine].in_transaction:
+                continue
+            kick = staged.inline and self.may_inline
+            staged.commit(dev, engine, doorbell=not kick)
+            if kick:
+                kicks.append(engine)
+                dev.stats["jobs_inline"] += staged.jobs
+        return kicks
 
     def flush(self, engine: int) -> None:
         """Commit the engine's staged jobs now, with a doorbell (lock held)."""

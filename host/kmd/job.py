@@ -89,6 +89,15 @@ class _Job:
         self.kernarg = kernarg  # the parameter-buffer slot of a code launch (kernarg.py)
 
 
+def _ring_idle(sched: GpuScheduler) -> bool:
+    """Whether the hardware has nothing of this ring's in-flight jobs left to run: their
+    fences have all signalled (their completion may not have reached the scheduler yet)."""
+    for j in sched.in_flight:
+        if j.hw_fence is None or not j.hw_fence.signaled:
+            return False
+    return True
+
+
 def launch_is_short(kernel_id: int, args) -> bool:
     """Whether a built-in launch is bounded enough to run on the submitting thread: the
     product of its size arguments (n; m*n*k; rows*cols) is at most INLINE_LAUNCH_ELEMENTS,
@@ -192,10 +201,10 @@ class JobMixin:
             if resvs:
                 with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
                     deps += self.prime.implicit_deps(resvs)
-                    job = sched.push(SchedJob(ent, ib, deps), now)
+                    job = sched.push(SchedJob(ent, ib, deps, short), now)
                     self.prime.add_job_fence(resvs, job.finished)
             else:
-                job = sched.push(SchedJob(ent, ib, deps), now)
+                job = sched.push(SchedJob(ent, ib, deps, short), now)
             ent.last_finished = job.finished
             ctx.last_fence = job.finished
             ctx.last_use_ns = now
@@ -227,7 +236,6 @@ class JobMixin:
         engine = sched.engine
         ctx = ent.owner
         ib = job.payload
-        short = job is self._inline_job
         ctx.last_use_ns = job.run_ns
         if ctx.evicted_bos and not self._ctx_on_gpu(ctx):
             self._restore_evicted(ctx)  # only into free VRAM; never waits
@@ -248,6 +256,7 @@ class JobMixin:
         if batch is not None and batch.owner != threading.get_ident():
             batch.flush(engine)  # not the batch's thread: not held back behind it
             batch = None
+        short = job.short
         if batch is None:
             ring.alloc(ndw)
         else:  # stage it in the batch's transaction on this ring
@@ -259,7 +268,7 @@ class JobMixin:
                 staged = None
             if staged is None:
                 ring.alloc(ndw)
-                staged = batch.engines[engine] = EngineBatch(short and not sched.in_flight)
+                staged = batch.engines[engine] = EngineBatch(short and _ring_idle(sched))
             else:
                 staged.inline = staged.inline and short
             staged.jobs += 1
@@ -277,7 +286,7 @@ class JobMixin:
         self._jobs[fence] = _Job(job, ctx, engine, phys, ib_blocks,
                                  ctx._timeline_of.get(ent, 0), slot)
         if batch is None:
-            inline = short and not sched.in_flight
+            inline = job is self._inline_job and not sched.in_flight
             ring.commit(doorbell=not inline)
             if inline:
                 self._inline_kick = engine

@@ -105,9 +105,9 @@ class SchedJob:
     """One unit of hardware work: `payload` is opaque to the scheduler (the driver's IB)."""
 
     __slots__ = ("entity", "deps", "payload", "scheduled", "finished", "hw_fence", "seq",
-                 "arrival_ns", "run_ns", "start_ns", "end_ns", "karma", "resubmits")
+                 "arrival_ns", "run_ns", "start_ns", "end_ns", "karma", "resubmits", "short")
 
-    def __init__(self, entity: "SchedEntity", payload, deps=()):
+    def __init__(self, entity: "SchedEntity", payload, deps=(), short: bool = False):
         self.entity = entity
         self.payload = payload
         self.deps = [d for d in deps if d is not None]
@@ -118,6 +118,7 @@ class SchedJob:
         self.arrival_ns = self.run_ns = self.start_ns = self.end_ns = None
         self.karma = 0
         self.resubmits = 0
+        self.short = short  # bounded: may run on a submitting thread (the driver's call)
 
     def __repr__(self) -> str:
         return f"SchedJob({self.entity.name}#{self.seq})"

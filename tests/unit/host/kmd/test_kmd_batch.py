@@ -150,3 +150,21 @@ def test_a_long_job_in_a_batch_keeps_its_interrupt_and_the_short_one_before_it_t
     assert all(f.wait(10) and f.error is None for f in fences)
     # the second fill (before the long job), the long job, the last fill: not the first
     assert dev.gpu.irq.counts[regs.IRQ_FENCE] - irqs == 3
+
+
+def test_short_jobs_queued_behind_hw_limit_still_run_on_the_batchs_thread(make_dev):
+    """With hw_limit 2, a batch of 16 short launches stages 2; their completion hands the
+    next 2 to run_job on the exiting thread, which stages and kicks them, and so on: all
+    16 run there, no doorbell wakes the engine's thread."""
+    dev = make_dev(hw_limit=2)
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    engine = dev.gpu.engines[regs.ENGINE_COMPUTE]
+    inline, doorbells = dev.stats["jobs_inline"], engine.doorbells
+    with dev.submission_batch():
+        fences = [fill(ctx, bo.va + 4 * i, float(i + 1)) for i in range(16)]
+    assert all(f.signaled and f.error is None for f in fences)
+    assert dev.stats["jobs_inline"] - inline == 16
+    assert engine.doorbells == doorbells
+    assert list(dev.vram.view(bo.phys, 64).view(np.float32)) == [float(i + 1)
+                                                                 for i in range(16)]
