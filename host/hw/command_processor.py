@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import logging
 import struct
+import threading
 import time
 
 import numpy as np
@@ -94,6 +95,16 @@ def _u64(lo: int, hi: int) -> int:
 
 
 _DWORDS = [struct.Struct(f"<{n}I") for n in range(2 * RING_FETCH_DW + 1)]
+_SEQ = struct.Struct("<Q")
+_SEQ_STAMP = struct.Struct("<QQ")
+
+
+class FenceCondition(threading.Condition):
+    """The GPU's fence condition: every FENCE notifies it if a WAIT is waiting on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.waiting = 0  # WAIT packets waiting now (changed with the condition held)
 
 
 def _dwords(buf, addr: int, ndw: int) -> tuple:
@@ -324,14 +335,14 @@ class CommandProcessor:
             raise _Illegal(f"VRAM address {addr:#x} (+8) misaligned or out of range")
         seq = body[2] | body[3] << 32
         cond = self.fence_cond
-        q = self.vram.qwords
+        buf = self.vram.buf
         with cond:
             stamp = self.clock()  # the job completed now
             if slot is not None:
-                q[slot >> 3] = seq
-                q[(slot >> 3) + 1] = stamp
-            q[addr >> 3] = seq
-            cond.notify_all()
+                _SEQ_STAMP.pack_into(buf, slot, seq, stamp)
+            _SEQ.pack_into(buf, addr, seq)
+            if cond.waiting:
+                cond.notify_all()
         self.fences += 1
         if body[4] & FENCE_IRQ:
             self._raise(ctl, Interrupt(IRQ_FENCE, self.engine, 0, addr, 0, seq, stamp))
@@ -341,9 +352,14 @@ class CommandProcessor:
         value = _u64(body[2], body[3])
         self.waits += 1
         q = self.vram.qwords
-        with self.fence_cond:
-            while int(q[addr >> 3]) < value and not ctl.stopped():
-                self.fence_cond.wait(WAIT_POLL)
+        cond = self.fence_cond
+        with cond:
+            cond.waiting += 1
+            try:
+                while int(q[addr >> 3]) < value and not ctl.stopped():
+                    cond.wait(WAIT_POLL)
+            finally:
+                cond.waiting -= 1
 
     def _tlb_flush(self, body, vmid, ctl):
         target = body[0]

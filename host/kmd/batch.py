@@ -13,9 +13,15 @@ When the outermost batch exits, every engine's transaction is committed: one WPT
 each. The FENCEs of short jobs raise no interrupt, but the last one of a transaction, or
 of a run of short jobs before a long one, does (the interrupt retires every fence up to
 its seqno, fence.py); each still writes its own completion time into its timestamp slot,
-so the scheduler's accounting sees when each job ended. An engine that was idle when the batch's first job for it ran, and whose batched
-jobs are all short (job.py), gets RB_KICK_SYNC once the lock is released, so they run to
+so the scheduler's accounting sees when each job ended.
+
+An engine that was idle when the batch's first job for it ran, and whose batched jobs are
+all short (job.py), gets RB_KICK_SYNC once the lock is released, so they run to
 completion on this thread as a lone short job would; any other engine gets a doorbell.
+The batch stays open while the kicked jobs run: their completions hand the jobs queued
+behind them (the scheduler's hw_limit) to run_job on this thread, which stages them in
+turn, and the exit commits and kicks again until a round stages nothing to kick. So a
+batch of many short jobs runs them all on this thread, hw_limit at a time.
 
 The batch is the device's, not the thread's: if another thread reaches run_job while the
 batch is open (the batch's thread released the lock in a Condition wait), that job is not

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import struct
 import threading
 
 from host.hw import packets
@@ -42,6 +43,8 @@ FENCE_DW = 6  # dwords of one FENCE packet
 STAMPED_FENCE_DW = 8  # ... with a timestamp slot
 STAMP_SLOT_SIZE = 16  # (u64 seq, u64 completion time)
 STAMP_SLOTS = 256  # one 4 KiB page per ring
+_SEQ = struct.Struct("<Q")
+_SEQ_STAMP = struct.Struct("<QQ")
 
 
 class Fence:
@@ -214,7 +217,7 @@ class FenceDriver:
         self.next_seq -= 1
 
     def read_wb(self) -> int:
-        return int(self.vram.qwords[self.wb_addr >> 3])  # 8-aligned, inside VRAM
+        return _SEQ.unpack_from(self.vram.buf, self.wb_addr)[0]  # 8-aligned, inside VRAM
 
     def retire(self, seq: int | None = None) -> list:
         """Pop every pending fence the hardware has completed; -> them, in order."""
@@ -233,12 +236,12 @@ class FenceDriver:
         while pending and pending[0].seq <= self.last_seq:
             done.append(pending.popleft())
         if self.stamps is not None and done:
-            q = self.vram.qwords
-            base = self.stamps >> 3
+            buf, base = self.vram.buf, self.stamps
             for f in done:
-                i = base + 2 * (f.seq % STAMP_SLOTS)
-                if q[i] == f.seq and f.timestamp is None:
-                    f.timestamp = int(q[i + 1])
+                slot = base + STAMP_SLOT_SIZE * (f.seq % STAMP_SLOTS)
+                seq, stamp = _SEQ_STAMP.unpack_from(buf, slot)
+                if seq == f.seq and f.timestamp is None:
+                    f.timestamp = stamp
         return done
 
     def process(self, seq: int | None = None) -> int:

@@ -31,7 +31,8 @@ def test_a_kick_of_sixteen_launches_is_one_ring_commit_and_errors_stay_in_their_
     va, _ = struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, body)
     kmd = backend.kmds[0]
     engine = kmd.gpu.engines[regs.ENGINE_COMPUTE]
-    before = (engine.doorbells + engine.sync_kicks, kmd.rings[regs.ENGINE_COMPUTE].packets_committed)
+    ring = kmd.rings[regs.ENGINE_COMPUTE]
+    before = (engine.doorbells + engine.sync_kicks, ring.packets_committed)
 
     chains = []  # (head, response address, expected response type)
     for i in range(17):
@@ -61,7 +62,7 @@ def test_a_kick_of_sixteen_launches_is_one_ring_commit_and_errors_stay_in_their_
             assert hdr[0] == wire.RESP_ERR_INVALID_CONTEXT_ID, hex(hdr[0])
         else:
             assert hdr[0] == wire.RESP_OK_NODATA, hex(hdr[0])
-    after = (engine.doorbells + engine.sync_kicks, kmd.rings[regs.ENGINE_COMPUTE].packets_committed)
+    after = (engine.doorbells + engine.sync_kicks, ring.packets_committed)
     assert (after[0] - before[0], after[1] - before[1]) == (1, 1)  # one commit, one kick
 
     n = 17

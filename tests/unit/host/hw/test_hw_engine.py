@@ -131,6 +131,17 @@ def test_wait_sees_cpu_writes(dev):
     dev.wait_irq(IRQ_FENCE, 9)
 
 
+def test_a_fence_notifies_the_fence_condition_only_while_a_wait_waits(dev):
+    """A stalled WAIT is counted on the GPU's fence condition (FENCE packets notify it only
+    then), and the count drops when the WAIT is released."""
+    cond = dev.gpu.fence_cond
+    dev.comp.submit(P.wait(fence_addr(5), 1) + P.fence(fence_addr(6), 9))
+    poll(lambda: cond.waiting == 1)
+    dev.copy.submit(P.fence(fence_addr(5), 1))  # releases it
+    dev.wait_irq(IRQ_FENCE, 9)
+    poll(lambda: cond.waiting == 0)
+
+
 def test_ring_wraparound_with_packets_straddling_the_end(dev):
     ring = dev.comp
     ring.submit(P.nop(1013) + P.fence(fence_addr(0), 10))  # 4076 bytes
