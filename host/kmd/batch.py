@@ -51,16 +51,21 @@ class EngineBatch:
 
     def __init__(self, inline: bool):
         self.inline = inline  # idle engine, short jobs only: run them on the batch's thread
-        self.jobs = 0
+        self.jobs = []  # their SchedJobs
         self.quiet = False  # the last staged FENCE raises no interrupt (yet)
 
     def commit(self, device, engine: int, doorbell: bool) -> None:
-        """Commit the engine's transaction: its last FENCE raises the interrupt."""
+        """Commit the engine's transaction: its last FENCE raises the interrupt. The jobs
+        reach the hardware now, so their device time starts now (the scheduler charges
+        a job from its run_ns or its predecessor's end, whichever is later)."""
         ring = device.rings[engine]
         if not ring.in_transaction:  # an engine reset dropped it (TDR resubmits the jobs)
             return
         if self.quiet:
             device.fences[engine].irq_on_last(ring)
+        now = device.clock_ns()
+        for job in self.jobs:
+            job.run_ns = now
         ring.commit(doorbell=doorbell)
 
 
@@ -127,7 +132,7 @@ class SubmissionBatch:
             staged.commit(dev, engine, doorbell=not kick)
             if kick:
                 kicks.append(engine)
-                dev.stats["jobs_inline"] += staged.jobs
+                dev.stats["jobs_inline"] += len(staged.jobs)
         return kicks
 
     def flush(self, engine: int) -> None:

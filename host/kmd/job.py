@@ -271,7 +271,7 @@ class JobMixin:
                 staged = batch.engines[engine] = EngineBatch(short and _ring_idle(sched))
             else:
                 staged.inline = staged.inline and short
-            staged.jobs += 1
+            staged.jobs.append(job)
         ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
         if batch is None:
             fence = fd.emit(ring)

@@ -168,3 +168,19 @@ def test_short_jobs_queued_behind_hw_limit_still_run_on_the_batchs_thread(make_d
     assert engine.doorbells == doorbells
     assert list(dev.vram.view(bo.phys, 64).view(np.float32)) == [float(i + 1)
                                                                  for i in range(16)]
+
+
+def test_a_staged_jobs_device_time_starts_when_the_batch_commits_it(dev):
+    """Chains decoded after a job was staged do not count as its device time: the
+    scheduler charges it from the commit at the batch's exit."""
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    real = dev.clock_ns
+    offset = [0]
+    dev.clock_ns = lambda: real() + offset[0]  # the KMD's clock, which the test moves on
+    with dev.submission_batch():
+        f = fill(ctx, bo.va, 1.0)
+        offset[0] = 1_000_000_000  # 1 s of other chains before the batch exits
+        committed_after = dev.clock_ns()
+    assert f.signaled and f.error is None
+    assert f.job.start_ns >= committed_after
