@@ -238,24 +238,26 @@ class VirtioGpuDevice:
             return False
         added = False
         mem = self.session.mem
-        while True:
-            if self.blocked:
-                return added  # a command waits for the GPU: the chains behind it stay
-            if not self.kmd.has_headroom(self.session) and self._stall():
-                # Backpressure: leave the chains in the avail ring (the driver sees its
-                # queue fill up) and resume when the oldest job on the GPU completes, so
-                # the host's I/O loop never waits inside the KMD.
-                return added
-            try:
-                chain = self.queue.pop()
-            except VirtqError as e:
-                self.stats["bad_chains"] += 1
-                self.needs_reset(f"[{e.clause}] {e.message}")
-                return added
-            if chain is None:
-                return added
-            self.stats["chains"] += 1
-            added |= self._execute(chain, mem)
+        # the kick's jobs: one KMD lock hold, one ring commit and doorbell per engine
+        with self.kmd.submission_batch():
+            while True:
+                if self.blocked:
+                    return added  # a command waits for the GPU: the chains behind it stay
+                if not self.kmd.has_headroom(self.session) and self._stall():
+                    # Backpressure: leave the chains in the avail ring (the driver sees its
+                    # queue fill up) and resume when the oldest job on the GPU completes, so
+                    # the host's I/O loop never waits inside the KMD.
+                    return added
+                try:
+                    chain = self.queue.pop()
+                except VirtqError as e:
+                    self.stats["bad_chains"] += 1
+                    self.needs_reset(f"[{e.clause}] {e.message}")
+                    return added
+                if chain is None:
+                    return added
+                self.stats["chains"] += 1
+                added |= self._execute(chain, mem)
 
     def _execute(self, chain, mem) -> bool:
         if chain.writable_len < wire.MIN_RESPONSE_SIZE:

@@ -17,10 +17,14 @@ What each packet does:
   LAUNCH_CODE      compute engine only: run an entry of a code object on the streaming
                    multiprocessors (host/hw/sm, spec/isa.md), in the IB's VMID; the
                    reserved dword must be 0
-  FENCE            ring only: write the u64 seq at a VRAM physical address (8-aligned),
-                   wake every WAIT of the GPU, then with FENCE_IRQ raise
-                   IRQ_FENCE(engine, address=addr, data=seq, timestamp=the device clock
-                   when seq was written, i.e. when the work before the fence completed)
+  FENCE            ring only: with a stamp slot (7-dword body), write the u64 seq and the
+                   u64 device clock at the slot's VRAM physical address (16-aligned);
+                   write the u64 seq at a VRAM physical address (8-aligned), wake every
+                   WAIT of the GPU, then with FENCE_IRQ raise IRQ_FENCE(engine,
+                   address=addr, data=seq, timestamp=the device clock when seq was
+                   written, i.e. when the work before the fence completed). Without
+                   FENCE_IRQ nothing is raised: a later fence's interrupt covers it, and
+                   the stamp slot keeps its completion time for the driver
   WAIT             ring only: stall until the u64 at the VRAM physical address >= value;
                    sleeps on the GPU's fence condition (woken by every FENCE, re-checked
                    every WAIT_POLL seconds for CPU writes), stoppable by reset/shutdown;
@@ -48,6 +52,8 @@ fence value).
 from __future__ import annotations
 
 import logging
+import struct
+import threading
 import time
 
 import numpy as np
@@ -55,9 +61,10 @@ import numpy as np
 from host.hw import kernels
 from host.hw.interrupts import Interrupt
 from host.hw.mmu import MmuFault
-from host.hw.packets import (FENCE_IRQ, LAUNCH_CODE_DW, LAUNCH_FIXED_DW, PKT_COPY,
-                             PKT_FENCE, PKT_INDIRECT_BUFFER, PKT_LAUNCH, PKT_LAUNCH_CODE,
-                             PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT, split_header)
+from host.hw.packets import (FENCE_BODY_DW, FENCE_IRQ, LAUNCH_CODE_DW, LAUNCH_FIXED_DW,
+                             PKT_COPY, PKT_FENCE, PKT_INDIRECT_BUFFER, PKT_LAUNCH, PKT_LAUNCH_CODE,
+                             PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT,
+                             STAMPED_FENCE_BODY_DW)
 from host.hw.regs import (COPY_ENGINES, ENGINE_COMPUTE, ENGINE_NAMES, IRQ_CODE_FAULT, IRQ_FENCE,
                           IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_VMIDS, VM_INVALIDATE_ALL)
 from host.hw.sm import CodeFault, CodeLaunch, StreamingMultiprocessors
@@ -73,11 +80,11 @@ log = logging.getLogger("pvgpu.hw.cp")
 COPY_CHUNK = 256 << 20
 COPY_SPLIT = 8 << 20
 LANE_PIECE = 2 << 20
-RING_FETCH_DW = 8  # dwords fetched with a ring packet's header (its body, if it fits)
+RING_FETCH_DW = 16  # dwords fetched with a ring packet's header (its body, if it fits)
 WAIT_POLL = 0.002  # seconds between re-checks of a WAIT (CPU writes do not notify)
 RING_ONLY = frozenset({PKT_INDIRECT_BUFFER, PKT_FENCE, PKT_WAIT, PKT_TLB_FLUSH})
-BODY_DW = {PKT_INDIRECT_BUFFER: 4, PKT_COPY: 6, PKT_FENCE: 5, PKT_WAIT: 4, PKT_TLB_FLUSH: 1,
-           PKT_LAUNCH_CODE: LAUNCH_CODE_DW}
+BODY_DW = {PKT_INDIRECT_BUFFER: 4, PKT_COPY: 6, PKT_WAIT: 4, PKT_TLB_FLUSH: 1,
+           PKT_LAUNCH_CODE: LAUNCH_CODE_DW}  # FENCE: 5, or 7 with a stamp slot (_fence)
 
 
 class _Illegal(Exception):
@@ -86,6 +93,25 @@ class _Illegal(Exception):
 
 def _u64(lo: int, hi: int) -> int:
     return lo | (hi << 32)
+
+
+_DWORDS = [struct.Struct(f"<{n}I") for n in range(2 * RING_FETCH_DW + 1)]
+_SEQ = struct.Struct("<Q")
+_SEQ_STAMP = struct.Struct("<QQ")
+
+
+class FenceCondition(threading.Condition):
+    """The GPU's fence condition: every FENCE notifies it if a WAIT is waiting on it."""
+
+    def __init__(self):
+        super().__init__()
+        self.waiting = 0  # WAIT packets waiting now (changed with the condition held)
+
+
+def _dwords(buf, addr: int, ndw: int) -> tuple:
+    """ndw little-endian dwords of VRAM at physical addr (the caller checked the range)."""
+    fmt = _DWORDS[ndw] if ndw < len(_DWORDS) else struct.Struct(f"<{ndw}I")
+    return fmt.unpack_from(buf, addr)
 
 
 class CommandProcessor:
@@ -131,15 +157,12 @@ class CommandProcessor:
         return out
 
     # ----------------------------------------------------------------- the ring
-    def _ring_dwords(self, base: int, size: int, off: int, ndw: int) -> list:
-        mem = self.vram.mem
-        nbytes = 4 * ndw
-        if off + nbytes <= size:
-            raw = mem[base + off:base + off + nbytes]
-        else:
-            first = size - off
-            raw = np.concatenate((mem[base + off:base + size], mem[base:base + nbytes - first]))
-        return raw.view("<u4").tolist()
+    def _ring_dwords(self, base: int, size: int, off: int, ndw: int) -> tuple:
+        buf = self.vram.buf
+        if off + 4 * ndw <= size:
+            return _dwords(buf, base + off, ndw)
+        first = (size - off) // 4
+        return _dwords(buf, base + off, first) + _dwords(buf, base, ndw - first)
 
     def run_ring_packet(self, base: int, size: int, rptr: int, wptr: int,
                         ctl: kernels.StopToken) -> int:
@@ -148,7 +171,7 @@ class CommandProcessor:
         avail = ((wptr - rptr) % size) // 4
         head = self._ring_dwords(base, size, rptr, min(avail, RING_FETCH_DW))
         hdr = head[0]
-        opcode, ndw = split_header(hdr)
+        opcode, ndw = hdr & 0xFF, (hdr >> 8) & 0xFFFF  # split_header
         if 1 + ndw > avail:
             self._illegal(ctl, 0, rptr, hdr, f"packet of {1 + ndw} dwords runs past WPTR")
             return wptr
@@ -159,8 +182,9 @@ class CommandProcessor:
         self._execute(opcode, body, 0, False, ctl, rptr, hdr)
         end = 1 + ndw
         if end < len(head):  # a NOP fetched with the packet (the ring's padding) is done too
-            nop, pad = split_header(head[end])
-            if nop == PKT_NOP and end + 1 + pad <= avail:
+            nop = head[end]
+            pad = (nop >> 8) & 0xFFFF
+            if nop & 0xFF == PKT_NOP and end + 1 + pad <= avail:
                 self.packets += 1
                 end += 1 + pad
         return (rptr + 4 * end) % size
@@ -229,11 +253,11 @@ class CommandProcessor:
             raise _Illegal(f"IB vmid {ib_vmid}")
         self._vram_addr(addr, 4 * length, 4)
         self.ibs += 1
-        dws = self.vram.mem[addr:addr + 4 * length].view("<u4").tolist()
+        dws = _dwords(self.vram.buf, addr, length)
         i = 0
         while i < length and not ctl.stopped():
             hdr = dws[i]
-            opcode, ndw = split_header(hdr)
+            opcode, ndw = hdr & 0xFF, (hdr >> 8) & 0xFFFF  # split_header
             if i + 1 + ndw > length:
                 self._illegal(ctl, ib_vmid, 4 * i, hdr, "packet runs past the end of the IB")
                 return
@@ -279,7 +303,7 @@ class CommandProcessor:
         grid, block, nargs = body[1:4], body[4:7], body[7]
         if len(body) != LAUNCH_FIXED_DW + 2 * nargs:
             raise _Illegal(f"LAUNCH body of {len(body)} dwords for {nargs} arguments")
-        args = [_u64(body[j], body[j + 1]) for j in range(LAUNCH_FIXED_DW, len(body), 2)]
+        args = [body[j] | body[j + 1] << 32 for j in range(LAUNCH_FIXED_DW, len(body), 2)]
         self.launches += 1
         try:
             kernels.launch(kernel_id, grid, block, args,
@@ -299,12 +323,27 @@ class CommandProcessor:
         self.sm.launch(vmid, launch, ctl)
 
     def _fence(self, body, vmid, ctl):
-        addr = self._vram_addr(_u64(body[0], body[1]), 8, 8)
-        seq = _u64(body[2], body[3])
-        with self.fence_cond:
-            self.vram.qwords[addr >> 3] = seq
+        slot = None
+        if len(body) == STAMPED_FENCE_BODY_DW:
+            slot = body[5] | body[6] << 32
+            if slot & 15 or slot + 16 > self.vram.size:
+                raise _Illegal(f"fence stamp slot {slot:#x} misaligned or out of range")
+        elif len(body) != FENCE_BODY_DW:
+            raise _Illegal(f"FENCE body of {len(body)} dwords, want {FENCE_BODY_DW} or "
+                           f"{STAMPED_FENCE_BODY_DW}")
+        addr = body[0] | body[1] << 32
+        if addr & 7 or addr + 8 > self.vram.size:
+            raise _Illegal(f"VRAM address {addr:#x} (+8) misaligned or out of range")
+        seq = body[2] | body[3] << 32
+        cond = self.fence_cond
+        buf = self.vram.buf
+        with cond:
             stamp = self.clock()  # the job completed now
-            self.fence_cond.notify_all()
+            if slot is not None:
+                _SEQ_STAMP.pack_into(buf, slot, seq, stamp)
+            _SEQ.pack_into(buf, addr, seq)
+            if cond.waiting:
+                cond.notify_all()
         self.fences += 1
         if body[4] & FENCE_IRQ:
             self._raise(ctl, Interrupt(IRQ_FENCE, self.engine, 0, addr, 0, seq, stamp))
@@ -314,9 +353,14 @@ class CommandProcessor:
         value = _u64(body[2], body[3])
         self.waits += 1
         q = self.vram.qwords
-        with self.fence_cond:
-            while int(q[addr >> 3]) < value and not ctl.stopped():
-                self.fence_cond.wait(WAIT_POLL)
+        cond = self.fence_cond
+        with cond:
+            cond.waiting += 1
+            try:
+                while int(q[addr >> 3]) < value and not ctl.stopped():
+                    cond.wait(WAIT_POLL)
+            finally:
+                cond.waiting -= 1
 
     def _tlb_flush(self, body, vmid, ctl):
         target = body[0]

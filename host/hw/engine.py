@@ -67,6 +67,17 @@ log = logging.getLogger("pvgpu.hw.engine")
 RESET_TIMEOUT = 1.0
 
 
+class _EngineStop(StopToken):
+    """The stop token of one drain: stopped once the engine's generation moves on."""
+
+    def __init__(self, engine: "Engine", gen: int):
+        self._stopped, self._wake = None, engine._wake  # StopToken's fields
+        self._engine, self._gen = engine, gen
+
+    def stopped(self) -> bool:
+        return self._engine._gen != self._gen
+
+
 class Engine:
     def __init__(self, engine: int, vram, mmu, irq, fence_cond, name: str = "gpu", cus=None,
                  clock=time.monotonic_ns):
@@ -76,11 +87,14 @@ class Engine:
         self.clock = clock  # () -> device time in ns (Gpu.clock_ns)
         self.name = f"{name}.{ENGINE_NAMES.get(engine, engine)}"
         self.cp = CommandProcessor(engine, vram, mmu, irq, fence_cond, name, cus, clock)
-        self._cond = threading.Condition()  # the registers; the engine's thread waits on it
-        self._idle = threading.Condition(self._cond._lock)  # a reset waits on it for the executor
+        self._regs = threading.RLock()  # the registers
+        self._cond = threading.Condition(self._regs)  # the engine's thread waits on it
+        self._idle = threading.Condition(self._regs)  # a reset waits on it for the executor
         self._wake = threading.Event()  # set on reset/shutdown: cuts sleeps short
         self._base = 0
         self._size = 0
+        self._ring_valid = False  # _ring_ok(), kept up to date by the RB_BASE/RB_SIZE writes
+        self._ptr_mask = ~3  # what a written WPTR is ANDed with (_mask_wptr)
         self._rptr = 0
         self._wptr = 0
         self._gen = 0  # bumped by reset and shutdown: work of an older gen is abandoned
@@ -90,6 +104,7 @@ class Engine:
         self._busy_since = None  # clock() when the executing packet started, None when idle
         self._thread: threading.Thread | None = None
         self._executor = None  # the thread executing packets now (the engine's or a kicker)
+        self._reset_waiters = 0  # resets waiting on _idle for the executor to leave
         self.doorbells = 0
         self.sync_kicks = 0  # RB_KICK_SYNC writes that ran the ring on the writing thread
         self.resets = 0
@@ -110,36 +125,41 @@ class Engine:
         mmio.define(r(RB_KICK_SYNC), "RB_KICK_SYNC", WO, on_write=self.kick_sync)
 
     def _set_base(self, value: int) -> None:
-        with self._cond:
+        with self._regs:
             self._base = value
+            self._configure()
 
     def _set_size(self, value: int) -> None:
-        with self._cond:
+        with self._regs:
             self._size = value
+            self._configure()
+
+    def _configure(self) -> None:
+        """Re-derive the ring's validity and the WPTR mask from RB_BASE/RB_SIZE."""
+        size, base = self._size, self._base
+        self._ring_valid = (size >= PAGE_SIZE and size & (size - 1) == 0
+                            and base % PAGE_SIZE == 0 and base + size <= self.vram.size)
+        self._ptr_mask = (size - 1) & ~3 if self._ring_valid else ~3
 
     def _ring_ok(self) -> bool:
-        size, base = self._size, self._base
-        return (size >= PAGE_SIZE and size & (size - 1) == 0 and base % PAGE_SIZE == 0
-                and base + size <= self.vram.size)
+        return self._ring_valid
 
     def _mask_wptr(self, value: int) -> int:
-        if self._ring_ok():
-            value &= self._size - 1
-        return value & ~3
+        return value & self._ptr_mask
 
     def _set_wptr(self, value: int) -> None:
-        with self._cond:
-            self._wptr = self._mask_wptr(value)
+        with self._regs:
+            self._wptr = value & self._ptr_mask
 
     def doorbell(self, value: int) -> None:
-        with self._cond:
-            self._wptr = self._mask_wptr(value)
+        with self._regs:
+            self._wptr = value & self._ptr_mask
             self.doorbells += 1
             self._cond.notify_all()
 
     def kick_sync(self, _value: int = 0) -> None:
         """RB_KICK_SYNC: drain the ring on this thread if the engine is idle."""
-        with self._cond:
+        with self._regs:
             if (self._thread is None or self._shutdown or self._exec_gen is not None
                     or self._rptr == self._wptr):
                 self.doorbells += 1
@@ -157,7 +177,7 @@ class Engine:
     @property
     def busy_ns(self) -> int:
         """Total ns spent executing packets, the one executing now included (RB_BUSY_NS)."""
-        with self._cond:
+        with self._regs:
             total, since = self._busy_total, self._busy_since
             if since is not None:
                 total += max(0, self.clock() - since)
@@ -177,11 +197,15 @@ class Engine:
             self._cond.notify_all()
         with self.fence_cond:  # a WAIT notices at once
             self.fence_cond.notify_all()
-        me = threading.current_thread()
-        if me is not self._thread and me is not self._executor:
+        if (threading.current_thread() is not self._thread
+                and threading.get_ident() != self._executor):
             with self._idle:
-                self._idle.wait_for(
-                    lambda: self._exec_gen is None or self._exec_gen >= target, RESET_TIMEOUT)
+                self._reset_waiters += 1
+                try:
+                    self._idle.wait_for(
+                        lambda: self._exec_gen is None or self._exec_gen >= target, RESET_TIMEOUT)
+                finally:
+                    self._reset_waiters -= 1
 
     # ------------------------------------------------------------- the thread
     def start(self) -> None:
@@ -226,31 +250,33 @@ class Engine:
     def _claim(self) -> int:
         """Make the calling thread the executor (under _cond); -> the generation it runs."""
         gen = self._gen
-        self._wake.clear()
+        if self._wake.is_set():
+            self._wake.clear()
         self._exec_gen = gen
-        self._executor = threading.current_thread()
+        self._executor = threading.get_ident()
         self._busy_since = self.clock()
         return gen
 
     def _drain(self, gen: int, stop_at: int | None = None) -> None:
         """Execute ring packets from RPTR until RPTR == WPTR (or `stop_at`), a reset or
         a shutdown."""
-        ctl = StopToken(lambda: self._gen != gen, self._wake)
-        with self._cond:
+        ctl = _EngineStop(self, gen)
+        run_packet = self.cp.run_ring_packet
+        with self._regs:
             base, size, rptr, wptr = self._base, self._size, self._rptr, self._wptr
-            ring_ok = self._ring_ok() and rptr < size and wptr < size
+            ring_ok = self._ring_valid and rptr < size
         while True:
             new_rptr = wptr
             try:
                 if ring_ok:
-                    new_rptr = self.cp.run_ring_packet(base, size, rptr, wptr, ctl)
+                    new_rptr = run_packet(base, size, rptr, wptr, ctl)
                 else:
                     self.cp.ring_error(ctl, base, size)
             except Exception:  # noqa: BLE001 - the engine must survive anything
                 self.internal_errors += 1
                 log.exception("%s: internal error; dropping the ring's pending packets",
                               self.name)
-            with self._cond:
+            with self._regs:
                 if self._gen == gen:
                     self._rptr = new_rptr
                 if (self._gen != gen or self._shutdown or self._rptr == self._wptr
@@ -261,12 +287,13 @@ class Engine:
                     self._busy_since = None
                     # a reset's wait hears of it; the engine's thread only if work is left
                     # (woken for nothing, it could steal the next kick's job)
-                    self._idle.notify_all()
+                    if self._reset_waiters:
+                        self._idle.notify_all()
                     if self._rptr != self._wptr:
                         self._cond.notify_all()
                     return
                 base, size, rptr, wptr = self._base, self._size, self._rptr, self._wptr
-                ring_ok = self._ring_ok() and rptr < size and wptr < size
+                ring_ok = self._ring_valid and rptr < size
 
     def stats(self) -> dict:
         return dict(self.cp.stats(), doorbells=self.doorbells, sync_kicks=self.sync_kicks,

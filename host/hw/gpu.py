@@ -27,9 +27,9 @@ private fabric.
 
 from __future__ import annotations
 
-import threading
 import time
 
+from host.hw.command_processor import FenceCondition
 from host.hw.compute_units import ComputeUnits
 from host.hw.engine import Engine
 from host.hw.interrupts import InterruptController
@@ -67,7 +67,7 @@ class Gpu:
         self.mmio = RegisterFile(tag)
         self.irq = InterruptController(tag)
         self.mmu = Mmu(self.vram, sysmem, tag, fabric, self.pci.index)
-        self.fence_cond = threading.Condition()  # every FENCE write notifies it
+        self.fence_cond = FenceCondition()  # FENCE writes notify the WAITs on it
         self.cus = ComputeUnits(compute_units, tag)
         self.dma_lanes = ComputeUnits(compute_units, tag + ".dma")  # of both copy engines
         self.engines = [Engine(e, self.vram, self.mmu, self.irq, self.fence_cond, tag,
@@ -88,10 +88,8 @@ class Gpu:
         for engine in self.engines:
             engine.attach(m)
 
-    @staticmethod
-    def clock_ns() -> int:
-        """The device clock in ns: time.monotonic_ns() (the host's monotonic base)."""
-        return time.monotonic_ns()
+    # the device clock in ns: time.monotonic_ns() itself (the host's monotonic base)
+    clock_ns = staticmethod(time.monotonic_ns)
 
     def _vm_invalidate(self, value: int) -> None:
         if value == VM_INVALIDATE_ALL:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from host.hw.regs import ENGINE_NAMES, IRQ_NAMES
 
@@ -33,8 +33,9 @@ log = logging.getLogger("pvgpu.hw.irq")
 MAX_LATCHED = 4096
 
 
-@dataclass(frozen=True)
-class Interrupt:
+class Interrupt(NamedTuple):
+    """One interrupt vector entry (immutable; a tuple, cheap to make per fence)."""
+
     source: int  # regs.IRQ_*
     engine: int  # regs.ENGINE_*
     vmid: int = 0

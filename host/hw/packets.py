@@ -11,8 +11,12 @@ run in, so every address inside an IB is a GPU virtual address of that VMID.
                                                       an IB may not contain IB/FENCE/TLB_FLUSH
   COPY            src_lo src_hi dst_lo dst_hi size_lo size_hi       copy engine only
   LAUNCH          kernel_id gx gy gz bx by bz nargs (arg_lo arg_hi)*nargs   compute only
-  FENCE           addr_lo addr_hi seq_lo seq_hi flags  write u64 seq at VRAM physical addr;
-                                                      FENCE_IRQ raises IRQ_FENCE(seq)
+  FENCE           addr_lo addr_hi seq_lo seq_hi flags [stamp_lo stamp_hi]
+                                                      write u64 seq at VRAM physical addr;
+                                                      FENCE_IRQ raises IRQ_FENCE(seq); with
+                                                      stamp (a 7-dword body), first write the
+                                                      u64 seq and the u64 completion time at
+                                                      VRAM physical stamp (16 bytes)
   WAIT            addr_lo addr_hi value_lo value_hi    stall until u64 at addr >= value
   TLB_FLUSH       vmid                                 drop the TLB entries of vmid
   LAUNCH_CODE     object_lo object_hi entry_lo entry_hi gx gy gz bx by bz dyn_shared
@@ -57,12 +61,23 @@ def _lo_hi(v: int) -> tuple:
 
 def nop(total_dw: int = 1) -> bytes:
     """A NOP that occupies exactly total_dw dwords (used for padding)."""
+    if total_dw < len(_NOPS):
+        return _NOPS[total_dw]
     assert total_dw >= 1
     return struct.pack("<I", header(PKT_NOP, total_dw - 1)) + bytes(4 * (total_dw - 1))
 
 
+_NOPS = [b""] + [struct.pack("<I", header(PKT_NOP, n - 1)) + bytes(4 * (n - 1))
+                 for n in range(1, 9)]  # the ring's padding: built once
+_IB_HEADER = header(PKT_INDIRECT_BUFFER, 4)
+_FENCE_HEADER = header(PKT_FENCE, 5)
+_STAMPED_FENCE_HEADER = header(PKT_FENCE, 7)
+FENCE_BODY_DW = 5  # ... and STAMPED_FENCE_BODY_DW with a timestamp slot
+STAMPED_FENCE_BODY_DW = 7
+
+
 def indirect_buffer(addr: int, length_dw: int, vmid: int) -> bytes:
-    return struct.pack("<5I", header(PKT_INDIRECT_BUFFER, 4), *_lo_hi(addr), length_dw, vmid)
+    return struct.pack("<5I", _IB_HEADER, addr & 0xFFFFFFFF, addr >> 32, length_dw, vmid)
 
 
 def copy(src: int, dst: int, size: int) -> bytes:
@@ -70,13 +85,19 @@ def copy(src: int, dst: int, size: int) -> bytes:
 
 
 def launch(kernel_id: int, grid, block, args) -> bytes:
-    body = struct.pack("<8I", kernel_id, *grid, *block, len(args))
-    body += b"".join(struct.pack("<Q", a & 0xFFFFFFFFFFFFFFFF) for a in args)
-    return struct.pack("<I", header(PKT_LAUNCH, len(body) // 4)) + body
+    n = len(args)
+    return struct.pack(f"<9I{n}Q", header(PKT_LAUNCH, LAUNCH_FIXED_DW + 2 * n), kernel_id,
+                       *grid, *block, n, *[a & 0xFFFFFFFFFFFFFFFF for a in args])
 
 
-def fence(addr: int, seq: int, flags: int = FENCE_IRQ) -> bytes:
-    return struct.pack("<6I", header(PKT_FENCE, 5), *_lo_hi(addr), *_lo_hi(seq), flags)
+def fence(addr: int, seq: int, flags: int = FENCE_IRQ, stamp: int | None = None) -> bytes:
+    """FENCE; `stamp`: the 16-byte, 16-aligned VRAM slot that gets (seq, completion time)."""
+    if stamp is None:
+        return struct.pack("<6I", _FENCE_HEADER, addr & 0xFFFFFFFF, addr >> 32,
+                           seq & 0xFFFFFFFF, (seq >> 32) & 0xFFFFFFFF, flags)
+    return struct.pack("<8I", _STAMPED_FENCE_HEADER, addr & 0xFFFFFFFF, addr >> 32,
+                       seq & 0xFFFFFFFF, (seq >> 32) & 0xFFFFFFFF, flags,
+                       stamp & 0xFFFFFFFF, stamp >> 32)
 
 
 def wait(addr: int, value: int) -> bytes:

@@ -7,7 +7,8 @@ so clearing costs no first touch of pages never written and no O(size) memset.
 
 Addresses here are VRAM *physical* addresses. The CPU reaches VRAM through the BAR (the
 KMD uses read/write/view: packets, page tables, fence memory); the hardware blocks use
-`mem` and `qwords` directly after their own checks.
+`mem`, `qwords` and `buf` (the mapping itself, for struct.unpack_from) directly after
+their own checks.
 
 Every accessor is bounds-checked and raises VramRangeError (an IndexError) for a range
 outside [0, size). Integers are little-endian.
@@ -38,6 +39,7 @@ class Vram:
             raise ValueError(f"VRAM size must be a positive multiple of {PAGE_SIZE}")
         self.size = size
         self._map = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE)  # anonymous, zero-filled
+        self.buf = self._map
         self.mem = np.frombuffer(self._map, dtype=np.uint8)
         self.qwords = self.mem.view("<u8")  # page-table entries, fences (aligned u64)
 
@@ -56,6 +58,12 @@ class Vram:
 
     def write(self, addr: int, data) -> None:
         """Write a bytes-like object or a numpy array (its raw bytes) at addr."""
+        if type(data) is bytes:  # packets and IBs: a plain buffer copy
+            n = len(data)
+            if addr < 0 or addr + n > self.size:
+                self.check(addr, n)
+            self._map[addr:addr + n] = data
+            return
         if isinstance(data, np.ndarray):
             src = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         else:

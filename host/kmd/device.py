@@ -105,7 +105,8 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
             ib_pool_size = min(DEFAULT_IB_POOL_SIZE, max(64 << 10, vram_size // 64))
         ib_pool_size = round_up(ib_pool_size, PAGE_SIZE)
 
-        # Driver-owned VRAM: page 0 (never a page table), fence page, rings, IB pool.
+        # Driver-owned VRAM: page 0 (never a page table), fence page, rings and their fence
+        # timestamp pages, IB pool.
         self._kernel_blocks = self.mm.alloc_blocks(PAGE_SIZE, start=0, end=PAGE_SIZE)
         fence_block = self._kernel_alloc(PAGE_SIZE)
         self.vram.fill(fence_block.offset, PAGE_SIZE, 0)
@@ -117,8 +118,9 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
             self.vram.fill(ring_block.offset, ring_size, 0)
             self.rings.append(Ring(self.mmio, self.vram, e, ring_block.offset, ring_size,
                                    timeout=timeout, sleep=self._cond.wait))
+            stamps = self._kernel_alloc(PAGE_SIZE)  # the ring's fence timestamp slots
             self.fences.append(FenceDriver(e, self.vram, self.fence_page + FENCE_SLOT_STRIDE * e,
-                                           lock=self.lock, device=self))
+                                           lock=self.lock, device=self, stamps=stamps.offset))
         ib_block = self._kernel_alloc(ib_pool_size)
         self.ib_pool = IbPool(ib_block.offset, ib_pool_size)
         self.kernel_vram = sum(b.size for b in self._kernel_blocks)

@@ -7,7 +7,15 @@ it in the ring has completed, and (FENCE_IRQ) to raise IRQ_FENCE. The interrupt 
 calls process(): it reads the slot and signals, in order, every pending fence whose
 sequence number is <= the value there — sequence numbers on one ring complete in order,
 so one write-back value retires a whole prefix of the pending list, and a lost or merged
-interrupt costs nothing.
+interrupt costs nothing. So only the last of several fences committed together needs
+FENCE_IRQ (emit(flags=0), then irq_on_last()): its interrupt retires them all.
+
+A driver given a page of timestamp slots (`stamps`) emits stamped FENCEs: the command
+processor also writes (seq, completion time) into slot seq % STAMP_SLOTS, and retirement
+gives each fence the time its own work completed (Fence.timestamp), not the time of the
+interrupt that retired it. A slot that no longer holds the fence's seq (more than
+STAMP_SLOTS fences pending, or a fence forced complete by an engine reset) leaves the
+timestamp to the caller.
 
 A Fence signals exactly once. Its error (None, a GpuFault or a string) is set before it
 signals. add_done_callback(fn) calls fn(fence) exactly once: on the signalling thread
@@ -22,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import struct
 import threading
 
 from host.hw import packets
@@ -31,6 +40,11 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()  # guards every Fence's state; held only for a few statements
 FENCE_DW = 6  # dwords of one FENCE packet
+STAMPED_FENCE_DW = 8  # ... with a timestamp slot
+STAMP_SLOT_SIZE = 16  # (u64 seq, u64 completion time)
+STAMP_SLOTS = 256  # one 4 KiB page per ring
+_SEQ = struct.Struct("<Q")
+_SEQ_STAMP = struct.Struct("<QQ")
 
 
 class Fence:
@@ -115,7 +129,8 @@ class Fence:
             callbacks = self._mark(error)
         if callbacks is None:
             return False
-        _run(self, callbacks)
+        if callbacks:
+            _run(self, callbacks)
         return True
 
     def __repr__(self) -> str:
@@ -142,7 +157,7 @@ def signal_all(fences, error=None) -> None:
     with _lock:
         for f in fences:
             callbacks = f._mark(error)
-            if callbacks is not None:
+            if callbacks:
                 marked.append((f, callbacks))
     for f, callbacks in marked:
         _run(f, callbacks)
@@ -151,16 +166,23 @@ def signal_all(fences, error=None) -> None:
 class FenceDriver:
     """The fence state of one engine ring."""
 
-    def __init__(self, engine: int, vram, wb_addr: int, lock=None, device=None):
+    def __init__(self, engine: int, vram, wb_addr: int, lock=None, device=None,
+                 stamps: int | None = None):
+        """stamps: VRAM physical address of STAMP_SLOTS timestamp slots (zeroed here)."""
         self.engine = engine
         self.vram = vram
         self.wb_addr = wb_addr
         self.lock = lock if lock is not None else threading.RLock()
         self.device = device
+        self.stamps = stamps
+        self.packet_dw = FENCE_DW if stamps is None else STAMPED_FENCE_DW
         self.next_seq = 1
         self.last_seq = 0  # highest sequence seen written back
         self.pending = collections.deque()
+        self._last_packet = None  # the ring's staged index of the last FENCE emitted
         vram.write_u64(wb_addr, 0)
+        if stamps is not None:
+            vram.fill(stamps, STAMP_SLOTS * STAMP_SLOT_SIZE, 0)
 
     @property
     def emitted_seq(self) -> int:
@@ -172,11 +194,21 @@ class FenceDriver:
         The fence is pending before the doorbell rings, so its interrupt cannot be missed.
         Call with the lock held; cancel() it if the ring transaction is undone."""
         seq = self.next_seq
-        ring.write(packets.fence(self.wb_addr, seq, flags))
+        self._last_packet = ring.write(self._packet(seq, flags))
         self.next_seq = seq + 1
         fence = Fence(self.engine, seq, self)
         self.pending.append(fence)
         return fence
+
+    def irq_on_last(self, ring) -> None:
+        """Make the last fence emitted into the ring's open transaction raise IRQ_FENCE."""
+        ring.rewrite(self._last_packet, self._packet(self.next_seq - 1, packets.FENCE_IRQ))
+
+    def _packet(self, seq: int, flags: int) -> bytes:
+        stamp = None
+        if self.stamps is not None:
+            stamp = self.stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
+        return packets.fence(self.wb_addr, seq, flags, stamp)
 
     def cancel(self, fence: Fence) -> None:
         """Forget the fence just emitted (its ring transaction was undone)."""
@@ -185,20 +217,32 @@ class FenceDriver:
         self.next_seq -= 1
 
     def read_wb(self) -> int:
-        return self.vram.read_u64(self.wb_addr)
+        return _SEQ.unpack_from(self.vram.buf, self.wb_addr)[0]  # 8-aligned, inside VRAM
 
     def retire(self, seq: int | None = None) -> list:
         """Pop every pending fence the hardware has completed; -> them, in order."""
         with self.lock:
-            value = self.read_wb()
-            if seq is not None and seq <= self.emitted_seq:
-                value = max(value, seq)
-            self.last_seq = max(self.last_seq, value)
-            done = []
-            pending = self.pending
-            while pending and pending[0].seq <= self.last_seq:
-                done.append(pending.popleft())
-            return done
+            return self.retire_locked(seq)
+
+    def retire_locked(self, seq: int | None = None) -> list:
+        """retire(), for a caller that holds the lock."""
+        value = self.read_wb()
+        if seq is not None and value < seq < self.next_seq:  # seq <= emitted_seq
+            value = seq
+        if value > self.last_seq:
+            self.last_seq = value
+        done = []
+        pending = self.pending
+        while pending and pending[0].seq <= self.last_seq:
+            done.append(pending.popleft())
+        if self.stamps is not None and done:
+            buf, base = self.vram.buf, self.stamps
+            for f in done:
+                slot = base + STAMP_SLOT_SIZE * (f.seq % STAMP_SLOTS)
+                seq, stamp = _SEQ_STAMP.unpack_from(buf, slot)
+                if seq == f.seq and f.timestamp is None:
+                    f.timestamp = stamp
+        return done
 
     def process(self, seq: int | None = None) -> int:
         """Interrupt-time fence processing; -> number of fences signalled."""

@@ -44,7 +44,7 @@ class IbPool:
         return head - tail
 
     def alloc(self, nbytes: int) -> int | None:
-        n = round_up(max(nbytes, 1), self.align)
+        n = -(-max(nbytes, 1) // self.align) * self.align
         if n >= self.size:
             return None
         if not self._live:

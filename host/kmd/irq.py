@@ -32,7 +32,7 @@ class IrqMixin:
         fd = self.fences[irq.engine]
         if irq.source == regs.IRQ_FENCE:
             self.stats["irq_fence"] += 1
-            self._retire(fd, fd.retire(irq.data), timestamp=getattr(irq, "timestamp", None) or None)
+            self._retire_fence_irq(fd, irq.data, irq.timestamp or None)
         elif irq.source == regs.IRQ_PAGE_FAULT:
             self.stats["irq_page_fault"] += 1
             self._job_error(fd, irq.vmid, GpuFault(irq.vmid, irq.address, irq.access, irq.engine))

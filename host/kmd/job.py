@@ -8,7 +8,8 @@ ring once it is scheduled: the ring executes in order); it hears of a dependency
 signal through the fence's callback (wake), which never runs under a device lock
 (lock.py). Then run_job writes the packets into an indirect buffer taken from the IB
 pool and, in one ring transaction, INDIRECT_BUFFER(ib, length, vmid) and a FENCE with
-FENCE_IRQ.
+FENCE_IRQ; inside a submission batch (batch.py) the transaction stays open for the batch's
+next jobs on that ring and is committed when the batch exits.
 
 A job's life: Context.submit_* checks its arguments and calls KmdDevice._submit, which
 pushes a SchedJob on the scheduler entity of its timeline (never waiting). The
@@ -38,7 +39,7 @@ burn(50) did not.
 from __future__ import annotations
 
 import logging
-import time
+import threading
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -46,6 +47,7 @@ import numpy as np
 from host.hw import packets, regs
 from host.kmd import fence as fence_mod
 from host.kmd import lock as devlock
+from host.kmd.batch import EngineBatch, SubmissionBatch
 from host.kmd.errors import ContextLost, DeviceLost, InvalidArgument, InvalidContext
 from host.kmd.fence import Fence, FenceDriver
 from host.kmd.kernarg import CodeLaunch, KernargArea
@@ -73,18 +75,27 @@ _U32 = (1 << 32) - 1
 
 
 class _Job:
-    __slots__ = ("fence", "context", "kind", "ib", "ib_block", "submitted", "timeline",
-                 "kernarg")
+    """A job on the hardware: what its hardware fence's retirement gives back."""
 
-    def __init__(self, fence, context, kind, ib, ib_block, timeline: int = 0, kernarg=None):
-        self.fence = fence
+    __slots__ = ("sched_job", "context", "kind", "ib", "ib_block", "timeline", "kernarg")
+
+    def __init__(self, sched_job, context, kind, ib, ib_block, timeline: int = 0, kernarg=None):
+        self.sched_job = sched_job  # the scheduler's job, handed to _hw_done on retirement
         self.context = context
         self.kind = kind  # the engine
         self.ib = ib
         self.ib_block = ib_block
         self.timeline = timeline
         self.kernarg = kernarg  # the parameter-buffer slot of a code launch (kernarg.py)
-        self.submitted = time.monotonic()
+
+
+def _ring_idle(sched: GpuScheduler) -> bool:
+    """Whether the hardware has nothing of this ring's in-flight jobs left to run: their
+    fences have all signalled (their completion may not have reached the scheduler yet)."""
+    for j in sched.in_flight:
+        if j.hw_fence is None or not j.hw_fence.signaled:
+            return False
+    return True
 
 
 def launch_is_short(kernel_id: int, args) -> bool:
@@ -109,6 +120,13 @@ class JobMixin:
     inline_jobs = True  # run short jobs on the submitting thread (see the module docstring)
     _inline_job = None  # the SchedJob _submit may run inline, while it schedules
     _inline_kick = None  # the engine whose ring _submit then runs (RB_KICK_SYNC)
+    _batch = None  # the open SubmissionBatch (batch.py)
+
+    def submission_batch(self) -> SubmissionBatch:
+        """`with kmd.submission_batch():` submissions inside get their fences at once, and
+        their ring writes are committed together when the outermost batch exits: one lock
+        hold, one ring commit and one doorbell (or RB_KICK_SYNC) per engine (batch.py)."""
+        return SubmissionBatch(self)
 
     # ------------------------------------------------------------------ flow control
     def has_headroom(self, client=None) -> bool:
@@ -152,7 +170,8 @@ class JobMixin:
         it. `touches`: the (va, size, write) ranges it accesses, for implicit sync of
         shared buffers. A `short` (bounded) job that can start at once runs to completion
         on this thread before the call returns."""
-        inline = short and self.inline_jobs and not devlock.held()
+        short = short and self.inline_jobs
+        free = not devlock.held()
         deps = []
         for f in wait or ():
             if f is None:
@@ -182,16 +201,20 @@ class JobMixin:
             if resvs:
                 with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
                     deps += self.prime.implicit_deps(resvs)
-                    job = sched.push(SchedJob(ent, ib, deps), now)
+                    job = sched.push(SchedJob(ent, ib, deps, short), now)
                     self.prime.add_job_fence(resvs, job.finished)
             else:
-                job = sched.push(SchedJob(ent, ib, deps), now)
+                job = sched.push(SchedJob(ent, ib, deps, short), now)
             ent.last_finished = job.finished
             ctx.last_fence = job.finished
             ctx.last_use_ns = now
             ctx.stats["jobs_submitted"] += 1
             self.stats["jobs_submitted"] += 1
-            self._inline_job = job if inline else None
+            # a short job may run on this thread: now if it holds no device lock, or when
+            # the batch it is in exits (batch.py)
+            batch = self._batch
+            if short and (free or batch is not None and batch.owner == threading.get_ident()):
+                self._inline_job = job
             try:
                 sched.schedule(now)
             finally:
@@ -208,11 +231,12 @@ class JobMixin:
     def run_job(self, job: SchedJob) -> Fence:
         """drm_sched backend op (lock held): write the job's IB, then INDIRECT_BUFFER and
         a FENCE into its ring; -> the hardware fence."""
-        engine = job.entity.sched.engine
-        ctx = job.entity.owner
+        ent = job.entity
+        sched = ent.sched
+        engine = sched.engine
+        ctx = ent.owner
         ib = job.payload
-        inline = job is self._inline_job and not job.entity.sched.in_flight
-        ctx.last_use_ns = self.clock_ns()
+        ctx.last_use_ns = job.run_ns
         if ctx.evicted_bos and not self._ctx_on_gpu(ctx):
             self._restore_evicted(ctx)  # only into free VRAM; never waits
         if ctx.stale_imports:
@@ -226,16 +250,47 @@ class JobMixin:
         phys, ib_blocks = self._ib_alloc_nowait(len(ib))
         self.vram.write(phys, ib)
         ring = self.rings[engine]
-        ring.alloc(5 + fence_mod.FENCE_DW)  # never waits: hw_limit jobs fit many times over
+        fd = self.fences[engine]
+        ndw = 5 + fd.packet_dw  # never waits: hw_limit jobs fit many times over
+        batch = self._batch
+        if batch is not None and batch.owner != threading.get_ident():
+            batch.flush(engine)  # not the batch's thread: not held back behind it
+            batch = None
+        short = job.short
+        if batch is None:
+            ring.alloc(ndw)
+        else:  # stage it in the batch's transaction on this ring
+            staged = batch.engines.get(engine)
+            if staged is not None and not ring.in_transaction:  # an engine reset dropped it
+                staged = None
+            if staged is not None and not ring.extend(ndw):
+                batch.flush(engine)  # the ring is too full to hold more: publish them
+                staged = None
+            if staged is None:
+                ring.alloc(ndw)
+                staged = batch.engines[engine] = EngineBatch(short and _ring_idle(sched))
+            else:
+                staged.inline = staged.inline and short
+            staged.jobs.append(job)
         ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
-        fence = self.fences[engine].emit(ring)
-        self._jobs[fence] = _Job(fence, ctx, engine, phys, ib_blocks,
-                                 ctx._timeline_of.get(job.entity, 0), slot)
-        ring.commit(doorbell=not inline)
-        if inline:
-            self._inline_kick = engine
-            self.stats["jobs_inline"] += 1
-        fence.add_done_callback(lambda f, job=job: self._hw_done(job, f))
+        if batch is None:
+            fence = fd.emit(ring)
+        elif short:  # its interrupt waits for the last of a run of short jobs (batch.py)
+            fence = fd.emit(ring, flags=0)
+            staged.quiet = True
+        else:  # a long job's fence interrupts, and so does the short one before it
+            if staged.quiet:
+                fd.irq_on_last(ring)
+            fence = fd.emit(ring)
+            staged.quiet = False
+        self._jobs[fence] = _Job(job, ctx, engine, phys, ib_blocks,
+                                 ctx._timeline_of.get(ent, 0), slot)
+        if batch is None:
+            inline = job is self._inline_job and not sched.in_flight
+            ring.commit(doorbell=not inline)
+            if inline:
+                self._inline_kick = engine
+                self.stats["jobs_inline"] += 1
         return fence
 
     def _hw_done(self, job: SchedJob, hw_fence: Fence) -> None:
@@ -263,7 +318,8 @@ class JobMixin:
     def _take_signals(self) -> list:
         out = []
         for sched in self.schedulers:
-            out += sched.take_signals()
+            if sched.signals:
+                out += sched.take_signals()
         return out
 
     @staticmethod
@@ -276,30 +332,59 @@ class JobMixin:
         """Bookkeeping for completed fences, then signal them (outside the lock)."""
         if not done:
             return
+        with self.lock:
+            finished = self._retire_locked(fd, done, error, timestamp)
+        self._retired(done, error, finished)
+
+    def _retire_fence_irq(self, fd: FenceDriver, seq: int, timestamp=None) -> None:
+        """IRQ_FENCE: retire what the write-back slot (or `seq`) covers, in one lock hold."""
+        with self.lock:
+            done = fd.retire_locked(seq)
+            if not done:
+                return
+            finished = self._retire_locked(fd, done, None, timestamp)
+        self._retired(done, None, finished)
+
+    def _retire_locked(self, fd: FenceDriver, done: list, error, timestamp) -> list:
+        """Give back the jobs' IB space and parameter slots, count them; -> [(SchedJob,
+        hardware fence)] for the scheduler."""
         if timestamp is None:
             timestamp = self.clock_ns()
         for f in done:
             if f.timestamp is None:
                 f.timestamp = timestamp
-        with self.lock:
-            if error is not None:
-                for f in done:
-                    if fd.pending and fd.pending[0] is f:
-                        fd.pending.popleft()
-                    elif f in fd.pending:
-                        fd.pending.remove(f)
+        if error is not None:
             for f in done:
-                job = self._jobs.pop(f, None)
-                if job is None:
-                    continue
-                self._ib_free(job.ib, job.ib_block)
-                if job.kernarg is not None:
-                    job.context.kernargs.give_back(job.kernarg)
-                job.context.stats["jobs_completed"] += 1
-                if f.error is not None or error is not None:
-                    job.context.stats["jobs_failed"] += 1
-            self._cond.notify_all()
+                if fd.pending and fd.pending[0] is f:
+                    fd.pending.popleft()
+                elif f in fd.pending:
+                    fd.pending.remove(f)
+        finished = []
+        for f in done:
+            job = self._jobs.pop(f, None)
+            if job is None:
+                continue
+            self._ib_free(job.ib, job.ib_block)
+            if job.kernarg is not None:
+                job.context.kernargs.give_back(job.kernarg)
+            stats = job.context.stats
+            stats["jobs_completed"] += 1
+            if f.error is not None or error is not None:
+                stats["jobs_failed"] += 1
+            finished.append((job.sched_job, f))
+        self._cond.notify_all()
+        return finished
+
+    def _retired(self, done: list, error, finished: list) -> None:
+        """After _retire_locked, no lock held: signal the hardware fences, then hand the
+        jobs to the scheduler."""
         fence_mod.signal_all(done, error)
+        if finished:
+            devlock.call_soon(self._jobs_done, finished)
+
+    def _jobs_done(self, finished) -> None:
+        for job, hw_fence in finished:
+            self._hw_done(job, hw_fence)
 
 
 class ContextSubmitMixin:
@@ -363,14 +448,17 @@ class ContextSubmitMixin:
         for a in args:
             if not isinstance(a, (int, np.integer)) or not -(1 << 63) <= a <= _U64:
                 raise InvalidArgument(f"bad kernel argument {a!r}")
-        ib = packets.launch(int(kernel_id), grid, block, [int(a) for a in args])
+        kernel_id = int(kernel_id)
+        args = [int(a) for a in args]
+        ib = packets.launch(kernel_id, grid, block, args)
         touches = ()
-        sig = kernels.BUILTIN_KERNELS.get(int(kernel_id))
-        if self.shared and sig is not None:
-            touches = [(int(a), 1, name in kernels.KERNEL_WRITTEN_ARGS)
-                       for (name, kind), a in zip(sig.args, args) if kind == kernels.ARG_PTR]
+        if self.shared:
+            sig = kernels.BUILTIN_KERNELS.get(kernel_id)
+            if sig is not None:
+                touches = [(a, 1, name in kernels.KERNEL_WRITTEN_ARGS)
+                           for (name, kind), a in zip(sig.args, args) if kind == kernels.ARG_PTR]
         fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches,
-                                    short=launch_is_short(int(kernel_id), [int(a) for a in args]))
+                                    short=launch_is_short(kernel_id, args))
         self.stats["launches"] += 1
         return fence
 

@@ -16,7 +16,11 @@ The API is transactional, as in amdgpu:
               instead of a hang if the engine is stuck. The wait calls `sleep(interval)`,
               which the device binds to a condition wait that releases its lock, so the
               interrupt handler (on the engine thread) is never blocked by a full ring.
-  write(data) stage packet bytes at the reserved position (wrapping at the end).
+  extend(ndw) reserve room for ndw more dwords behind what the open transaction holds,
+              if the ring has it now (never waits; False otherwise): several jobs of a
+              submission batch go into one transaction, published by one commit.
+  write(data) stage packet bytes at the reserved position (wrapping at the end);
+              rewrite() replaces a staged packet by another of the same size.
   commit()    pad with a NOP to the 8-dword fetch alignment, copy the staged bytes into
               the ring in one VRAM write and ring the doorbell (or, with
               commit(doorbell=False), only publish wptr through RB_WPTR).
@@ -60,8 +64,10 @@ class Ring:
         self._reserved = 0  # bytes reserved by alloc()
         self._written = 0  # bytes written since alloc()
         self._staged = []  # bytes written since alloc(), not yet in VRAM (commit() puts them)
-        self.packets_committed = 0
+        self.packets_committed = 0  # transactions committed (one WPTR write each)
         self.full_waits = 0
+        self._doorbell = regs.REG_ENGINE(engine, regs.RB_DOORBELL)
+        self._wptr_reg = regs.REG_ENGINE(engine, regs.RB_WPTR)
 
     def _reg(self, reg: int) -> int:
         return regs.REG_ENGINE(self.engine, reg)
@@ -101,15 +107,34 @@ class Ring:
     def idle(self) -> bool:
         return self.read_rptr() == self.wptr
 
+    @property
+    def in_transaction(self) -> bool:
+        """Whether alloc() has opened a transaction that is not committed or undone yet."""
+        return self._wptr_old is not None
+
     def alloc(self, ndw: int) -> None:
         assert self._wptr_old is None, "ring alloc() while a transaction is open"
+        self._reserve(ndw, wait=True)
+
+    def extend(self, ndw: int) -> bool:
+        """Reserve room for ndw more dwords in the open transaction, behind what it holds,
+        if the ring has that room now; -> False (nothing reserved) if it has not: the
+        caller commits the transaction and alloc()s anew. Never waits."""
+        assert self._wptr_old is not None, "ring extend() without alloc()"
+        return self._reserve(ndw, wait=False)
+
+    def _reserve(self, ndw: int, wait: bool) -> bool:
         if ndw <= 0 or ndw > self.max_dw:
             raise InvalidArgument(f"ring alloc of {ndw} dwords (max {self.max_dw})")
+        size, wptr = self.size, self.wptr
+        pos = wptr if self._wptr_old is None else self._pos
         nbytes = 4 * (-(-ndw // ALIGN_DW) * ALIGN_DW)
-        skip = self.size - self.wptr if self.wptr + nbytes > self.size else 0
-        need = skip + nbytes
+        skip = size - pos if pos + nbytes > size else 0
+        need = (pos - wptr) % size + skip + nbytes  # what the transaction then holds
         # need < free: the pointers must never become equal through the driver writing
         if need >= self._free_bytes(self._rptr) and need >= self._free_bytes(self.read_rptr()):
+            if not wait:
+                return False
             self.full_waits += 1
             deadline = time.monotonic() + self.timeout
             while need >= self._free_bytes(self.read_rptr()):
@@ -117,15 +142,16 @@ class Ring:
                     raise RingFull(f"{self.name} ring full: {need} bytes needed, wptr "
                                    f"{self.wptr:#x} rptr {self._rptr:#x}")
                 self.sleep(0.0005)
-        self._wptr_old = self.wptr
-        self._pos = self.wptr
+        if self._wptr_old is None:
+            self._wptr_old = self._pos = wptr
         while skip:  # one NOP to the end of the ring (several if it is huge)
             dw = min(skip // 4, packets.MAX_BODY_DW + 1)
             self._write_raw(packets.nop(dw))
             skip -= 4 * dw
-        assert self._pos == self.wptr or self._pos == 0
+        assert self._pos == pos or self._pos == 0
         self._reserved = nbytes
         self._written = 0
+        return True
 
     def _write_raw(self, data: bytes) -> None:
         """Stage packet bytes at _pos; _flush() copies them into VRAM in one go."""
@@ -133,8 +159,9 @@ class Ring:
         self._pos = (self._pos + len(data)) % self.size
 
     def _flush(self) -> None:
-        data = b"".join(self._staged)
-        self._staged.clear()
+        staged = self._staged
+        data = staged[0] if len(staged) == 1 else b"".join(staged)
+        staged.clear()
         if not data:
             return
         pos = self._wptr_old
@@ -143,12 +170,22 @@ class Ring:
         if first < len(data):
             self.vram.write(self.base, data[first:])
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes) -> int:
+        """Stage a packet; -> its index in the transaction (for rewrite())."""
+        n = len(data)
         assert self._wptr_old is not None, "ring write() outside alloc()/commit()"
-        assert len(data) % 4 == 0
-        assert self._written + len(data) <= self._reserved, "ring write() beyond the reservation"
-        self._written += len(data)
-        self._write_raw(data)
+        assert n % 4 == 0 and self._written + n <= self._reserved, \
+            "ring write() of a partial dword or beyond the reservation"
+        self._written += n
+        self._staged.append(data)
+        self._pos = (self._pos + n) % self.size
+        return len(self._staged) - 1
+
+    def rewrite(self, index: int, data: bytes) -> None:
+        """Replace the packet write() staged as `index` in the open transaction by one of
+        the same size (e.g. set a flag of a FENCE before the commit publishes it)."""
+        assert self._wptr_old is not None and len(data) == len(self._staged[index])
+        self._staged[index] = data
 
     def commit(self, doorbell: bool = True) -> int:
         """Pad, publish the new wptr through the doorbell; -> the new wptr. Without
@@ -162,7 +199,7 @@ class Ring:
         self.wptr = self._pos
         self._wptr_old = None
         self.packets_committed += 1
-        self.mmio.write(self._reg(regs.RB_DOORBELL if doorbell else regs.RB_WPTR), self.wptr)
+        self.mmio.write(self._doorbell if doorbell else self._wptr_reg, self.wptr)
         return self.wptr
 
     def undo(self) -> None:

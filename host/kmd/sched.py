@@ -105,9 +105,9 @@ class SchedJob:
     """One unit of hardware work: `payload` is opaque to the scheduler (the driver's IB)."""
 
     __slots__ = ("entity", "deps", "payload", "scheduled", "finished", "hw_fence", "seq",
-                 "arrival_ns", "run_ns", "start_ns", "end_ns", "karma", "resubmits")
+                 "arrival_ns", "run_ns", "start_ns", "end_ns", "karma", "resubmits", "short")
 
-    def __init__(self, entity: "SchedEntity", payload, deps=()):
+    def __init__(self, entity: "SchedEntity", payload, deps=(), short: bool = False):
         self.entity = entity
         self.payload = payload
         self.deps = [d for d in deps if d is not None]
@@ -118,6 +118,7 @@ class SchedJob:
         self.arrival_ns = self.run_ns = self.start_ns = self.end_ns = None
         self.karma = 0
         self.resubmits = 0
+        self.short = short  # bounded: may run on a submitting thread (the driver's call)
 
     def __repr__(self) -> str:
         return f"SchedJob({self.entity.name}#{self.seq})"
@@ -229,7 +230,7 @@ class GpuScheduler:
         self._head_since = None  # when the current head job became the head
         self._last_end = now
         self._seq = itertools.count(1)
-        self._signals = []  # (fence, error) to signal once the lock is released
+        self.signals = []  # (fence, error) to signal once the lock is released (take_signals)
         self._queued = {}  # owner -> jobs waiting in its entities
         self.n_queued = 0
         self.busy_ns = 0
@@ -309,7 +310,10 @@ class GpuScheduler:
                 and job.hw_fence is not None)
 
     def _ready(self, ent: SchedEntity) -> bool:
-        return bool(ent.jobs) and all(self._dep_ok(d) for d in ent.jobs[0].deps)
+        if not ent.jobs:
+            return False
+        deps = ent.jobs[0].deps
+        return not deps or all(self._dep_ok(d) for d in deps)
 
     # ------------------------------------------------------------------ selection
     def _pick_fifo(self, entities):
@@ -415,7 +419,7 @@ class GpuScheduler:
         v.in_flight += 1
         v.last_active = now
         self.stats["jobs_run"] += 1
-        self._signals.append((job.scheduled, None))
+        self.signals.append((job.scheduled, None))
 
     def job_done(self, job: SchedJob, hw_fence, end_ns: int, now: int | None = None) -> bool:
         """The hardware fence of `job` signalled at device time end_ns; -> False if that
@@ -445,8 +449,8 @@ class GpuScheduler:
     def _finish(self, job: SchedJob, error, timestamp: int) -> None:
         job.finished.timestamp = timestamp
         if job.scheduled is not None and not job.scheduled.signaled:
-            self._signals.append((job.scheduled, None))
-        self._signals.append((job.finished, error))
+            self.signals.append((job.scheduled, None))
+        self.signals.append((job.finished, error))
         self.stats["jobs_failed" if error is not None else "jobs_completed"] += 1
 
     def _cancel_queued(self, ent: SchedEntity, error) -> int:
@@ -460,18 +464,18 @@ class GpuScheduler:
 
     def take_signals(self) -> list:
         """-> [(fence, error)] to signal, in order, once the driver's lock is released."""
-        out, self._signals = self._signals, []
+        out, self.signals = self.signals, []
         return out
 
     # ------------------------------------------------------------------ timers
     def next_deadline(self) -> int | None:
         """The next time timed_out() or schedule() needs to be called (ns), or None."""
-        deadlines = []
+        deadline = self.hold_until
         if self.in_flight and self._head_since is not None and not self.stopped:
-            deadlines.append(self._head_since + self.timeout_ns)
-        if self.hold_until is not None:
-            deadlines.append(self.hold_until)
-        return min(deadlines) if deadlines else None
+            timeout = self._head_since + self.timeout_ns
+            if deadline is None or timeout < deadline:
+                deadline = timeout
+        return deadline
 
     def timed_out(self, now: int) -> SchedJob | None:
         """The head job if it has run past its timeout (drm_sched_job_timedout)."""
@@ -517,7 +521,7 @@ class GpuScheduler:
                 self._cancel_queued(ent, ContextLost(f"{ent.name}: context lost after a GPU hang"))
         # resubmit the innocent ones in their original ring order (drm_sched_resubmit_jobs)
         for job in jobs:
-            if job.finished.signaled or any(f is job.finished for f, _e in self._signals):
+            if job.finished.signaled or any(f is job.finished for f, _e in self.signals):
                 continue
             job.resubmits += 1
             self.stats["resubmitted"] += 1

@@ -131,6 +131,17 @@ def test_wait_sees_cpu_writes(dev):
     dev.wait_irq(IRQ_FENCE, 9)
 
 
+def test_a_fence_notifies_the_fence_condition_only_while_a_wait_waits(dev):
+    """A stalled WAIT is counted on the GPU's fence condition (FENCE packets notify it only
+    then), and the count drops when the WAIT is released."""
+    cond = dev.gpu.fence_cond
+    dev.comp.submit(P.wait(fence_addr(5), 1) + P.fence(fence_addr(6), 9))
+    poll(lambda: cond.waiting == 1)
+    dev.copy.submit(P.fence(fence_addr(5), 1))  # releases it
+    dev.wait_irq(IRQ_FENCE, 9)
+    poll(lambda: cond.waiting == 0)
+
+
 def test_ring_wraparound_with_packets_straddling_the_end(dev):
     ring = dev.comp
     ring.submit(P.nop(1013) + P.fence(fence_addr(0), 10))  # 4076 bytes
@@ -627,6 +638,30 @@ def test_a_large_copy_is_spread_over_the_dma_lanes(dev):
 
 
 # ------------------------------------------------------------------ RB_KICK_SYNC
+def test_stamped_fences_write_their_own_time_and_only_fence_irq_interrupts(dev):
+    """A FENCE with a stamp slot writes (seq, completion time) there; one without
+    FENCE_IRQ raises nothing, so three fences committed together make one interrupt."""
+    ticks = iter(range(1_000, 1_000_000, 1_000))
+    dev.gpu.engines[ENGINE_COMPUTE].cp.clock = lambda: next(ticks)
+    slot = FENCES + PAGE_SIZE
+    dev.comp.submit(P.fence(fence_addr(0), 1, 0, stamp=slot)
+                    + P.launch(KERNEL_BURN, ONE, ONE, [0])
+                    + P.fence(fence_addr(0), 2, 0, stamp=slot + 16)
+                    + P.fence(fence_addr(0), 3, P.FENCE_IRQ, stamp=slot + 32))
+    irq = dev.wait_irq(IRQ_FENCE, 3)
+    assert [i.data for i in dev.irqs if i.source == IRQ_FENCE] == [3]
+    q = dev.gpu.vram.qwords
+    slots = [(int(q[(slot >> 3) + 2 * i]), int(q[(slot >> 3) + 2 * i + 1])) for i in range(3)]
+    assert [s for s, _t in slots] == [1, 2, 3]
+    times = [t for _s, t in slots]
+    assert times == sorted(times) and len(set(times)) == 3 and times[2] == irq.timestamp
+    assert dev.gpu.vram.read_u64(fence_addr(0)) == 3
+    # a stamp slot must be 16-aligned
+    dev.comp.submit(P.fence(fence_addr(1), 4, P.FENCE_IRQ, stamp=slot + 8))
+    dev.wait_irq(IRQ_ILLEGAL_PACKET)
+    assert dev.gpu.vram.read_u64(fence_addr(1)) == 0
+
+
 def _publish(ring, data: bytes) -> None:
     """Write packets and publish WPTR without waking the engine (RB_WPTR, no doorbell)."""
     ring.write(data)

@@ -1,0 +1,142 @@
+"""Submission batches: many jobs, one lock hold, one ring commit and one doorbell per engine.
+
+    with kmd.submission_batch():
+        ctx.submit_launch(...)
+        ctx.submit_copy(...)
+
+The thread that enters a batch holds the device lock until the outermost batch exits.
+Submissions inside it are checked and get their fences at once, as outside (the same
+errors, raised by the call that made them: a bad one leaves the others alone), and the
+scheduler hands jobs to run_job as usual; but run_job only stages each job's
+INDIRECT_BUFFER and FENCE packets in the open ring transaction of its engine (Ring.extend).
+When the outermost batch exits, every engine's transaction is committed: one WPTR write
+each. The FENCEs of short jobs raise no interrupt, but the last one of a transaction, or
+of a run of short jobs before a long one, does (the interrupt retires every fence up to
+its seqno, fence.py); each still writes its own completion time into its timestamp slot,
+so the scheduler's accounting sees when each job ended.
+
+An engine that was idle when the batch's first job for it ran, and whose batched jobs are
+all short (job.py), gets RB_KICK_SYNC once the lock is released, so they run to
+completion on this thread as a lone short job would; any other engine gets a doorbell.
+The batch stays open while the kicked jobs run: their completions hand the jobs queued
+behind them (the scheduler's hw_limit) to run_job on this thread, which stages them in
+turn, and the exit commits and kicks again until a round stages nothing to kick. So a
+batch of many short jobs runs them all on this thread, hw_limit at a time.
+
+The batch is the device's, not the thread's: if another thread reaches run_job while the
+batch is open (the batch's thread released the lock in a Condition wait), that job is not
+held back behind the batch: the engine's staged transaction is committed with a doorbell
+first, and the job is committed on its own.
+
+An engine reset (TDR) drops the staged transaction with the rest of the ring; the
+scheduler hands those jobs to the hardware again, as every job the reset abandoned.
+
+Nothing inside a batch may wait for the batch's own jobs: they reach the hardware only
+when it exits. The backend's I/O loop never waits (wouldblock.py), so it can batch the
+chains of one kick.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from host.hw import regs
+from host.kmd import lock as devlock
+
+
+class EngineBatch:
+    """The staged jobs of one engine in an open batch."""
+
+    __slots__ = ("inline", "jobs", "quiet")
+
+    def __init__(self, inline: bool):
+        self.inline = inline  # idle engine, short jobs only: run them on the batch's thread
+        self.jobs = []  # their SchedJobs
+        self.quiet = False  # the last staged FENCE raises no interrupt (yet)
+
+    def commit(self, device, engine: int, doorbell: bool) -> None:
+        """Commit the engine's transaction: its last FENCE raises the interrupt. The jobs
+        reach the hardware now, so their device time starts now (the scheduler charges
+        a job from its run_ns or its predecessor's end, whichever is later)."""
+        ring = device.rings[engine]
+        if not ring.in_transaction:  # an engine reset dropped it (TDR resubmits the jobs)
+            return
+        if self.quiet:
+            device.fences[engine].irq_on_last(ring)
+        now = device.clock_ns()
+        for job in self.jobs:
+            job.run_ns = now
+        ring.commit(doorbell=doorbell)
+
+
+class SubmissionBatch:
+    """Context manager returned by KmdDevice.submission_batch() (re-entrant)."""
+
+    __slots__ = ("device", "owner", "may_inline", "engines", "_outer")
+
+    def __init__(self, device):
+        self.device = device
+        self.owner = None  # threading.get_ident() of the thread in the batch
+        self.may_inline = False  # that thread held no device lock when it entered
+        self.engines = {}  # engine -> EngineBatch, while its ring transaction is open
+        self._outer = False
+
+    def __enter__(self) -> "SubmissionBatch":
+        dev = self.device
+        free = not devlock.held()
+        dev.lock.acquire()
+        if dev._batch is None:
+            self._outer = True
+            self.owner = threading.get_ident()
+            self.may_inline = free
+            dev._batch = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        dev = self.device
+        if not self._outer:
+            dev.lock.release()
+            return
+        kicks = ()
+        try:
+            kicks = self._commit()
+            signals = dev._take_signals()
+        finally:
+            if not kicks:
+                dev._batch = None
+            dev.lock.release()
+        dev._signal(signals)
+        while kicks:
+            for engine in kicks:
+                dev.mmio.write(regs.REG_ENGINE(engine, regs.RB_KICK_SYNC), 1)
+            # the kicked jobs' completions handed queued jobs to run_job on this thread,
+            # which staged them (the batch stayed open): commit and run those too
+            with dev.lock:
+                try:
+                    kicks = self._commit()
+                    signals = dev._take_signals()
+                finally:
+                    if not kicks:
+                        dev._batch = None
+            dev._signal(signals)
+
+    def _commit(self) -> list:
+        """Commit every staged transaction (lock held); -> the engines to kick."""
+        dev = self.device
+        kicks = []
+        engines, self.engines = self.engines, {}
+        for engine, staged in engines.items():
+            if not dev.rings[engine].in_transaction:
+                continue
+            kick = staged.inline and self.may_inline
+            staged.commit(dev, engine, doorbell=not kick)
+            if kick:
+                kicks.append(engine)
+                dev.stats["jobs_inline"] += len(staged.jobs)
+        return kicks
+
+    def flush(self, engine: int) -> None:
+        """Commit the engine's staged jobs now, with a doorbell (lock held)."""
+        staged = self.engines.pop(engine, None)
+        if staged is not None:
+            staged.commit(self.device, engine, doorbell=True)

@@ -1,0 +1,50 @@
+"""The fixed cost of a job in the KMD and the hardware, counted in Python function calls
+(deterministic, unlike a time): a short launch on an idle ring runs to completion on the
+submitting thread (job.py), so every call it costs happens on that thread, where
+sys.setprofile sees it."""
+
+import sys
+
+import pytest
+
+from spec import kernels
+
+# Python-level calls of one burn(0) launch, submitted and its fence waited for: submission,
+# scheduling, run_job, the ring, the doorbell, the command processor, the interrupt,
+# retirement and signalling. 210 before issue 12's per-job cuts, 148 after them.
+CALLS_PER_JOB = 175
+
+
+@pytest.fixture
+def dev(make_dev):
+    return make_dev()
+
+
+def _python_calls(fn, n: int) -> float:
+    count = 0
+
+    def profile(_frame, event, _arg):
+        nonlocal count
+        if event == "call":
+            count += 1
+    sys.setprofile(profile)
+    try:
+        for _ in range(n):
+            fn()
+    finally:
+        sys.setprofile(None)
+    return count / n
+
+
+def test_a_short_launch_stays_within_its_call_budget(dev):
+    ctx = dev.create_context()
+
+    def launch():
+        f = ctx.submit_launch(kernels.KERNEL_BURN, 1, 1, [0])
+        assert f.signaled and f.error is None  # ran on this thread: all its calls counted
+
+    for _ in range(5):  # first-use paths (entities, pools) out of the way
+        launch()
+    calls = _python_calls(launch, 20)
+    assert dev.stats["jobs_inline"] == 25
+    assert calls <= CALLS_PER_JOB, f"{calls} Python calls per job (budget {CALLS_PER_JOB})"
