@@ -39,6 +39,7 @@ from host.backend import protocol
 from host.backend.commands import ComputeDevice
 from host.backend.protocol import Header, Pending, Response
 from host.backend.errors import CommandError, ControlError
+from host.backend.inflight import SessionJobs
 from host.kmd import wouldblock
 from host.kmd.wouldblock import WouldBlock
 from transport.errors import VirtqError, VirtqLayoutError
@@ -175,7 +176,9 @@ class VirtioGpuDevice:
                                                               "resource_exports", None),
                                      owner=self.session, device_index=self.index,
                                      vgpu=getattr(self.session, "vgpu", None),
-                                     event_sink=self._event_sink())
+                                     event_sink=self._event_sink(),
+                                     jobs=SessionJobs(self.kmd.max_client_queued_jobs,
+                                                      self.session.backend.device_jobs[self.index]))
         if self.eventq_layout is not None:
             self._open_eventq()
 
@@ -241,10 +244,12 @@ class VirtioGpuDevice:
         while True:
             if self.blocked:
                 return added  # a command waits for the GPU: the chains behind it stay
-            if not self.kmd.has_headroom(self.session) and self._stall():
+            if (not self.compute.jobs.room() and not self.kmd.has_headroom(self.session)
+                    and self._stall()):
                 # Backpressure: leave the chains in the avail ring (the driver sees its
                 # queue fill up) and resume when the oldest job on the GPU completes, so
-                # the host's I/O loop never waits inside the KMD.
+                # the host's I/O loop never waits inside the KMD. The KMD is asked only
+                # when the session's unfinished jobs might have filled it (inflight.py).
                 return added
             try:
                 chain = self.queue.pop()

@@ -41,6 +41,7 @@ from spec import wire
 from host.backend.device import VirtioGpuDevice
 from host.backend.errors import ControlError
 from host.backend.events import EventExports
+from host.backend.inflight import DeviceJobs
 from host.backend.prime import ResourceExports
 from transport import codec
 from transport.codec import ZERO_COPY_MIN
@@ -183,6 +184,8 @@ class Backend:
         self.event_exports = EventExports()  # host-global: events shared across sessions
         self.resource_exports = ResourceExports()  # host-global: buffers shared (dma-bufs)
         self.stats = collections.Counter()
+        # unfinished jobs of every session, per GPU: the I/O loop's headroom check
+        self.device_jobs = [DeviceJobs(k.max_queued_jobs) for k in self.kmds]
 
     # ------------------------------------------------------------------ engine side
     def post_completion(self, session, device, fn, *args) -> None:
