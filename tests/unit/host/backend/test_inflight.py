@@ -17,6 +17,7 @@ from host.kmd.fence import Fence
 from spec import wire
 from transport import codec
 
+from anymachine import python_calls
 from test_backend import Guest, _backend, cmd
 
 CLIENT_LIMIT = 3
@@ -130,3 +131,29 @@ def test_teardown_ends_the_counts_of_cancelled_jobs(backend):
     # the queued jobs were cancelled with the device: their fences signalled with an error
     assert jobs.count == 0 and backend.device_jobs[0].count == 0
     gate.signal()
+
+
+def test_a_chains_headroom_check_does_not_grow_with_the_devices_contexts(backend):
+    """The check before each chain is O(1): what one NOP chain costs does not depend on
+    how many contexts the device has (the KMD's own check scans them all)."""
+    g, _va = _setup(backend)
+
+    def nop_kick_calls():
+        at = 1 << 20
+        g.mem.write(at, cmd(wire.CMD_NOP))
+        head = g.queue.add_chain([(at, wire.CTRL_HDR_SIZE)], [(at + 4096, wire.MIN_RESPONSE_SIZE)])
+        dirty = g.mem.take_dirty()
+        frames = codec.encode({"op": wire.OP_KICK, "dev": 0, "queue": 0,
+                               "patches": [[a, k] for k, (a, _n) in enumerate(dirty)]},
+                              [g.mem.read(a, n) for a, n in dirty])
+        out = []
+        calls = python_calls(lambda: out.extend(backend.handle(g.peer, frames, 0.0)))
+        g._deliver(out)
+        assert [h for h, _n in g.queue.pop_used()] == [head]
+        return calls
+
+    nop_kick_calls()
+    few = nop_kick_calls()
+    for ctx_id in range(2, 30):
+        g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=ctx_id))
+    assert nop_kick_calls() == few
