@@ -222,7 +222,7 @@ class ComputeDevice:
         """A decoded command -> Response | Pending; raises CommandError. `writer`: the
         chain's writable part (the room for GET_STATS and COPY_D2H data)."""
         ctx = self._ctx(cmd.hdr) if cmd.NEEDS_CONTEXT else None  # [CMD-CHECK-1] step 5
-        return handles[cmd](self, cmd, ctx, writer)
+        return handles.by_type[cmd.TYPE](self, cmd, ctx, writer)
 
     def timeline_index(self, hdr: p.Header) -> int:
         """ring_idx names a timeline only with CONTEXT_INIT (spec FENCE-TIMELINE-*); the

@@ -459,8 +459,9 @@ class VirtioGpuDevice:
             response = protocol.ErrorResponse.of(error)
         mem = self.session.mem
         used = response.encode(protocol.Writer(chain, mem), hdr)
-        if response.data_len and self.session.tracks_dirty:
-            for gpa, n in chain.writable_extents(used - response.data_len, response.data_len):
+        if mem.tracks_dirty and response.data_len:
+            data_len = response.data_len
+            for gpa, n in chain.writable_extents(used - data_len, data_len):
                 mem.mark_dirty(gpa, n)
         self.queue.add_used(chain.head, used)
         return True
