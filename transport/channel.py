@@ -346,10 +346,16 @@ class HostChannel:
         return self.poll(timeout_ms)[0]
 
     def _drain(self, index: int, s, out: list) -> None:
-        for _ in range(self.max_batch):
-            if not s.getsockopt(_EVENTS) & _POLLIN:  # cheaper than ending on zmq.Again
+        """Receive up to max_batch messages from socket `s`, which poll found readable."""
+        for n in range(self.max_batch):
+            # the poll vouches for the first message; later ones are asked for (cheaper
+            # than ending on zmq.Again)
+            if n and not s.getsockopt(_EVENTS) & _POLLIN:
                 return
-            head = s.recv(_NOBLOCK, copy=False)  # the identity, with the connection's metadata
+            try:
+                head = s.recv(_NOBLOCK, copy=False)  # the identity, with the connection's metadata
+            except zmq.Again:
+                return
             out.append((Peer(index, head.bytes, head.get(_USER_ID)), _recv_rest(s, head.more)))
 
     def _serve_zap(self) -> None:
