@@ -32,7 +32,7 @@ _HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
 _ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
 _ARGS = [struct.Struct(f"<{n}Q") for n in range(wire.MAX_KERNEL_ARGS + 1)]
 _ECHOED_FLAGS = wire.FLAG_FENCE | wire.FLAG_INFO_RING_IDX  # what a response echoes
-_tuple_new = tuple.__new__
+_tuple_new = tuple.__new__  # a NamedTuple from a tuple, without its Python-level __new__
 
 
 # ------------------------------------------------------------------ chain streams
