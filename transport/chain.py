@@ -111,6 +111,8 @@ class DescriptorChain:
 
     def read(self, mem, offset: int, n: int) -> bytes:
         """n bytes of the readable stream from ``offset``; ChainError if beyond its end."""
+        if len(self.readable) == 1 and 0 <= offset and 0 <= n <= self.readable_len - offset:
+            return mem.read(self.readable[0][0] + offset, n)  # one segment: no extents
         ext = _extents(self.readable, self.readable_len, offset, n, "readable")
         if len(ext) == 1:
             return mem.read(*ext[0])
@@ -124,6 +126,9 @@ class DescriptorChain:
         """
         src = data if isinstance(data, (bytes, bytearray)) else as_byte_view(data)
         n = len(src)
+        if len(self.writable) == 1 and 0 <= offset <= self.writable_len - n:
+            mem.write(self.writable[0][0] + offset, src)  # one segment: no extents
+            return n
         ext = _extents(self.writable, self.writable_len, offset, n, "writable")
         if len(ext) == 1:
             mem.write(ext[0][0], src)

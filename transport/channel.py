@@ -110,7 +110,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 def _copy_flag(frame, copy: bool) -> bool:
     """Copy small frames always; large ones only if asked (zero-copy: the caller must not
     modify a large frame's memory until the peer has it)."""
-    return copy or memoryview(frame).nbytes < ZERO_COPY_MIN
+    size = len(frame) if type(frame) is bytes else memoryview(frame).nbytes
+    return copy or size < ZERO_COPY_MIN
 _SNDMORE = int(zmq.SNDMORE)
 _RCVMORE = int(zmq.RCVMORE)
 _EVENTS = int(zmq.EVENTS)
@@ -231,14 +232,17 @@ class Waker:
                     pass
 
 
-def _recv_rest(sock) -> list:
-    """The remaining parts of a message already started: frame 0 as bytes (small, the
-    codec reads it), the raw frames after it as zero-copy memoryviews."""
-    if not sock.getsockopt(_RCVMORE):
+def _recv_rest(sock, more: bool) -> list:
+    """The remaining parts of a message whose last part received said `more`: frame 0 as
+    bytes (small, the codec reads it), the raw frames after it as zero-copy memoryviews.
+    (A frame's `more` is what getsockopt(RCVMORE) would say, without an option lookup.)"""
+    if not more:
         return []
-    parts = [sock.recv()]
-    while sock.getsockopt(_RCVMORE):
-        parts.append(sock.recv(copy=False).buffer)
+    frame = sock.recv(copy=False)
+    parts = [frame.bytes]
+    while frame.more:
+        frame = sock.recv(copy=False)
+        parts.append(frame.buffer)
     return parts
 
 
@@ -342,11 +346,17 @@ class HostChannel:
         return self.poll(timeout_ms)[0]
 
     def _drain(self, index: int, s, out: list) -> None:
-        for _ in range(self.max_batch):
-            if not s.getsockopt(_EVENTS) & _POLLIN:  # cheaper than ending on zmq.Again
+        """Receive up to max_batch messages from socket `s`, which poll found readable."""
+        for n in range(self.max_batch):
+            # the poll vouches for the first message; later ones are asked for (cheaper
+            # than ending on zmq.Again)
+            if n and not s.getsockopt(_EVENTS) & _POLLIN:
                 return
-            head = s.recv(_NOBLOCK, copy=False)  # the identity, with the connection's metadata
-            out.append((Peer(index, head.bytes, head.get(_USER_ID)), _recv_rest(s)))
+            try:
+                head = s.recv(_NOBLOCK, copy=False)  # the identity, with the connection's metadata
+            except zmq.Again:
+                return
+            out.append((Peer(index, head.bytes, head.get(_USER_ID)), _recv_rest(s, head.more)))
 
     def _serve_zap(self) -> None:
         """Accept every connection that is handshaking (ZAP requests, RFC 27), naming

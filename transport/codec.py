@@ -87,16 +87,12 @@ class CodecError(Exception):
         self.seq = seq
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _has_type(v, t) -> bool:
-    if t is int:
-        return _is_int(v)
-    if t is bool:
-        return isinstance(v, bool)
-    return isinstance(v, t)
+# msgpack unpacks to exact built-in types only (int, bool, str, list, dict, bytes, float,
+# None), so `type(v) is t` is the whole type check: bool is not an int, int not a bool.
+_MISSING = object()
+_REQUEST, _NOTIFY = 1, 2
+_KIND = {**{op: _REQUEST for op in REQUEST_OPS}, OP_REPLY: _REQUEST,
+         **{op: _NOTIFY for op in NOTIFY_OPS}}
 
 
 def _short(v) -> str:
@@ -134,58 +130,63 @@ def decode(frames) -> tuple:
     extra = list(frames[1:])
 
     seq = msg.get("seq")
-    if not _is_int(seq):
+    if type(seq) is not int:
         seq = None
     op = msg.get("op")
     if op is None:
         raise CodecError(CTL_ERR_MISSING_FIELD, "missing field 'op'", seq)
-    if not isinstance(op, str):
+    if type(op) is not str:
         raise CodecError(CTL_ERR_MALFORMED, f"'op' must be a str, got {type(op).__name__}", seq)
 
-    if op in REQUEST_OPS or op == OP_REPLY:
+    kind = _KIND.get(op)
+    if kind is None:
+        raise CodecError(CTL_ERR_UNKNOWN_OP, f"unknown op {_short(op)}", seq)
+    if kind == _REQUEST and seq is None:
         if "seq" not in msg:
             raise CodecError(CTL_ERR_MISSING_FIELD, f"{op}: missing field 'seq'")
-        if seq is None:
-            raise CodecError(CTL_ERR_MALFORMED,
-                             f"{op}: 'seq' must be an int, got {type(msg['seq']).__name__}")
-    elif op not in NOTIFY_OPS:
-        raise CodecError(CTL_ERR_UNKNOWN_OP, f"unknown op {_short(op)}", seq)
+        raise CodecError(CTL_ERR_MALFORMED,
+                         f"{op}: 'seq' must be an int, got {type(msg['seq']).__name__}")
 
     for name, t in CTL_FIELDS[op]:
-        if name not in msg:
-            raise CodecError(CTL_ERR_MISSING_FIELD, f"{op}: missing field {name!r}", seq)
-        v = msg[name]
-        if not _has_type(v, t):
+        v = msg.get(name, _MISSING)
+        if type(v) is not t:
+            if v is _MISSING:
+                raise CodecError(CTL_ERR_MISSING_FIELD, f"{op}: missing field {name!r}", seq)
             raise CodecError(CTL_ERR_MALFORMED,
                              f"{op}: field {name!r} must be {t.__name__}, got {type(v).__name__}",
                              seq)
-    for name, t in _OPTIONAL_FIELDS.get(op, ()):
-        if name in msg and not _has_type(msg[name], t):
-            raise CodecError(CTL_ERR_MALFORMED,
-                             f"{op}: field {name!r} must be {t.__name__}, "
-                             f"got {type(msg[name]).__name__}", seq)
-    if op in _PATCH_OPS and "patches" in msg:
-        _check_patches(op, msg["patches"], len(extra), seq)
-    elif op == OP_REPLY and msg["ok"] is False:
-        for name in ("error", "message"):
-            if not isinstance(msg.get(name), str):
+    if op in _PATCH_OPS:
+        patches = msg.get("patches", _MISSING)
+        if patches is not _MISSING:
+            _check_patches(op, patches, len(extra), seq)
+    elif op == OP_REPLY:
+        if msg["ok"] is False:
+            for name in ("error", "message"):
+                if type(msg.get(name)) is not str:
+                    raise CodecError(CTL_ERR_MALFORMED,
+                                     f"failed reply: field {name!r} must be a str", seq)
+    elif op in _OPTIONAL_FIELDS:
+        for name, t in _OPTIONAL_FIELDS[op]:
+            v = msg.get(name, _MISSING)
+            if v is not _MISSING and type(v) is not t:
                 raise CodecError(CTL_ERR_MALFORMED,
-                                 f"failed reply: field {name!r} must be a str", seq)
+                                 f"{op}: field {name!r} must be {t.__name__}, "
+                                 f"got {type(v).__name__}", seq)
     return msg, extra
 
 
 def _check_patches(op: str, patches, nframes: int, seq) -> None:
-    if not isinstance(patches, list):
+    if type(patches) is not list:
         raise CodecError(CTL_ERR_MALFORMED, f"{op}: 'patches' must be a list", seq)
     for i, p in enumerate(patches):
-        if not (isinstance(p, list) and len(p) == 2):
+        if type(p) is not list or len(p) != 2:
             raise CodecError(CTL_ERR_MALFORMED,
                              f"{op}: patch {i} must be a [gpa, frame_index] pair", seq)
         gpa, idx = p
-        if not _is_int(gpa) or gpa < 0:
+        if type(gpa) is not int or gpa < 0:
             raise CodecError(CTL_ERR_MALFORMED,
                              f"{op}: patch {i}: gpa must be an int >= 0, got {_short(gpa)}", seq)
-        if not _is_int(idx) or not 0 <= idx < nframes:
+        if type(idx) is not int or not 0 <= idx < nframes:
             raise CodecError(CTL_ERR_MALFORMED,
                              f"{op}: patch {i}: frame index {_short(idx)} out of range "
                              f"({nframes} extra frames)", seq)

@@ -86,6 +86,8 @@ class GuestMemory:
     C-contiguous numpy array (used as is).
     """
 
+    tracks_dirty = False  # whether writes are recorded for take_dirty() (the inline model)
+
     def __init__(self, backing):
         if isinstance(backing, bool):
             raise TypeError("backing must be a size or a writable buffer")
@@ -122,14 +124,16 @@ class GuestMemory:
 
     # ------------------------------------------------------------------ bulk access
     def read(self, gpa: int, n: int) -> bytes:
-        self._require(gpa, n)
+        if not (0 <= gpa and 0 <= n and gpa <= self.size - n):
+            self._require(gpa, n)
         return self.mv[gpa:gpa + n].tobytes()
 
     def write(self, gpa: int, data) -> int:
         """Copy ``data`` (bytes-like or numpy array) to ``gpa``; returns the byte count."""
-        src = as_byte_view(data)
-        n = src.nbytes
-        self._require(gpa, n)
+        src = data if type(data) is bytes else as_byte_view(data)
+        n = len(src)  # a flat byte view: its length is its size in bytes
+        if not (0 <= gpa and gpa <= self.size - n):
+            self._require(gpa, n)
         self.mv[gpa:gpa + n] = src
         return n
 
@@ -185,6 +189,8 @@ class InlineGuestMemory(GuestMemory):
     Both sides hold one: the guest's is the real memory, the host's is a mirror kept
     current by patches.
     """
+
+    tracks_dirty = True
 
     def __init__(self, size: int):
         if isinstance(size, bool) or not isinstance(size, int):

@@ -441,6 +441,7 @@ class DeviceQueue(_SplitRing):
         self._next_used = start_idx
         self._signalled_used = start_idx  # used idx at the last should_notify()
         self._no_notify = False
+        self._track = mem.tracks_dirty  # the inline model: ring writes are marked dirty
 
     @property
     def next_avail(self) -> int:
@@ -475,7 +476,8 @@ class DeviceQueue(_SplitRing):
         nxt = self._next_avail = (nxt + 1) & IDX_MASK
         if self.event_idx and not self._no_notify:
             self._h[(self._avail_event_addr) >> 1] = nxt
-            mem.mark_dirty(self._avail_event_addr, _F)
+            if self._track:
+                mem.mark_dirty(self._avail_event_addr, _F)
         return walk_chain(mem, self.layout.desc, self.size, head, indirect=self.indirect)
 
     def add_used(self, head: int, length: int) -> None:
@@ -489,6 +491,7 @@ class DeviceQueue(_SplitRing):
         q = self.size
         qmask = self._qmask
         ring = self._used_ring
+        track = self._track
         idx = self._next_used
         for head, length in entries:
             if not 0 <= head < q:
@@ -497,12 +500,14 @@ class DeviceQueue(_SplitRing):
                 raise ValueError(f"used len {length} is not a 32-bit length")
             addr = ring + (idx & qmask) * VIRTQ_USED_ELEM_SIZE
             _put_used(mv, addr, head, length)
-            mem.mark_dirty(addr, VIRTQ_USED_ELEM_SIZE)
+            if track:
+                mem.mark_dirty(addr, VIRTQ_USED_ELEM_SIZE)
             idx = (idx + 1) & IDX_MASK
         if idx != self._next_used:
             self._next_used = idx
             self._h[(self._used_idx_addr) >> 1] = idx
-            mem.mark_dirty(self._used_idx_addr, _F)
+            if track:
+                mem.mark_dirty(self._used_idx_addr, _F)
 
     def should_notify(self) -> bool:
         """Whether the driver wants a used-buffer notification for the elements added since

@@ -54,6 +54,7 @@ from host.backend import protocol as p
 from host.backend.protocol import Pending, Response
 from host.backend.errors import CommandError
 from host.backend.events import EventExports, EventSnapshot
+from host.backend.inflight import SessionJobs
 from host.backend.limits import GUEST_CONTEXT_LIMITS
 from host.backend.prime import ResourceExports
 from host.backend.shm import ShmTable, shm_error
@@ -184,14 +185,15 @@ class ComputeDevice:
     def __init__(self, kmd, dma_mapping, mem_size: int, negotiated_features: int = 0, *,
                  exports: EventExports | None = None, owner=None, device_index: int | None = None,
                  vgpu=None, event_sink: Callable | None = None,
-                 resource_exports: ResourceExports | None = None):
+                 resource_exports: ResourceExports | None = None, jobs: SessionJobs | None = None):
         """`exports`: the host-global export registry (a private one if None); `owner`:
         the session, whose exports are bounded together and whose queued GPU jobs are
         flow-controlled together; `device_index`: for GET_STATS; `vgpu`: the session's
         vGPU (host.kmd.sched.VgpuShares), None for the device's default one;
         `event_sink(type, ctx_id, ring_idx, address, access, vmid, engine, detail)`: where
         the faults and losses of this session's contexts go (called on engine threads);
-        `resource_exports`: the host-global registry of exported buffers."""
+        `resource_exports`: the host-global registry of exported buffers; `jobs`: where
+        the session's unfinished jobs on this device are counted (host/backend/inflight.py)."""
         self.vgpu = vgpu
         self.event_sink = event_sink
         self.kmd = kmd
@@ -208,6 +210,7 @@ class ComputeDevice:
         self.owner = owner if owner is not None else self
         self.device_index = device_index if device_index is not None else getattr(kmd, "index", 0)
         self.shm = ShmTable()  # shared segment ids of this session on this device
+        self.jobs = jobs
 
     # ------------------------------------------------------------------ dispatch
     def decode(self, reader: p.Reader) -> p.Command:
@@ -219,7 +222,7 @@ class ComputeDevice:
         """A decoded command -> Response | Pending; raises CommandError. `writer`: the
         chain's writable part (the room for GET_STATS and COPY_D2H data)."""
         ctx = self._ctx(cmd.hdr) if cmd.NEEDS_CONTEXT else None  # [CMD-CHECK-1] step 5
-        return handles[cmd](self, cmd, ctx, writer)
+        return handles.by_type[cmd.TYPE](self, cmd, ctx, writer)
 
     def timeline_index(self, hdr: p.Header) -> int:
         """ring_idx names a timeline only with CONTEXT_INIT (spec FENCE-TIMELINE-*); the
@@ -703,6 +706,8 @@ class ComputeDevice:
             fence = submit(wait)
         except KmdError as e:
             raise kmd_to_error(e) from None  # not submitted: the waits stay for the next job
+        if self.jobs is not None:
+            self.jobs.track(fence)
         t.last_fence = fence
         t.waits = []
         if not (hold or hdr.fenced):

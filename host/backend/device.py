@@ -39,6 +39,7 @@ from host.backend import protocol
 from host.backend.commands import ComputeDevice
 from host.backend.protocol import Header, Pending, Response
 from host.backend.errors import CommandError, ControlError
+from host.backend.inflight import SessionJobs
 from host.kmd import wouldblock
 from host.kmd.wouldblock import WouldBlock
 from transport.errors import VirtqError, VirtqLayoutError
@@ -175,7 +176,9 @@ class VirtioGpuDevice:
                                                               "resource_exports", None),
                                      owner=self.session, device_index=self.index,
                                      vgpu=getattr(self.session, "vgpu", None),
-                                     event_sink=self._event_sink())
+                                     event_sink=self._event_sink(),
+                                     jobs=SessionJobs(self.kmd.max_client_queued_jobs,
+                                                      self.session.backend.device_jobs[self.index]))
         if self.eventq_layout is not None:
             self._open_eventq()
 
@@ -243,10 +246,12 @@ class VirtioGpuDevice:
             while True:
                 if self.blocked:
                     return added  # a command waits for the GPU: the chains behind it stay
-                if not self.kmd.has_headroom(self.session) and self._stall():
+                if (not self.compute.jobs.room() and not self.kmd.has_headroom(self.session)
+                        and self._stall()):
                     # Backpressure: leave the chains in the avail ring (the driver sees its
                     # queue fill up) and resume when the oldest job on the GPU completes, so
-                    # the host's I/O loop never waits inside the KMD.
+                    # the host's I/O loop never waits inside the KMD. The KMD is asked only
+                    # when the session's unfinished jobs might have filled it (inflight.py).
                     return added
                 try:
                     chain = self.queue.pop()
@@ -456,8 +461,9 @@ class VirtioGpuDevice:
             response = protocol.ErrorResponse.of(error)
         mem = self.session.mem
         used = response.encode(protocol.Writer(chain, mem), hdr)
-        if response.data_len and self.session.tracks_dirty:
-            for gpa, n in chain.writable_extents(used - response.data_len, response.data_len):
+        if mem.tracks_dirty and response.data_len:
+            data_len = response.data_len
+            for gpa, n in chain.writable_extents(used - data_len, data_len):
                 mem.mark_dirty(gpa, n)
         self.queue.add_used(chain.head, used)
         return True

@@ -31,6 +31,8 @@ from spec import wire
 _HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
 _ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
 _ARGS = [struct.Struct(f"<{n}Q") for n in range(wire.MAX_KERNEL_ARGS + 1)]
+_ECHOED_FLAGS = wire.FLAG_FENCE | wire.FLAG_INFO_RING_IDX  # what a response echoes
+_tuple_new = tuple.__new__  # a NamedTuple from a tuple, without its Python-level __new__
 
 
 # ------------------------------------------------------------------ chain streams
@@ -55,7 +57,9 @@ class Reader:
 
     def prefetch(self, n: int) -> bytes:
         """Fetch up to n bytes from the current offset (fewer at the chain's end)."""
-        n = min(n, self.available)
+        left = self.chain.readable_len - self.offset
+        if n > left:
+            n = max(left, 0)
         self._buf = self.chain.read(self.mem, self.offset, n) if n else b""
         self._buf_at = self.offset
         return self._buf
@@ -78,6 +82,8 @@ class Reader:
 class Writer:
     """The device-writable part of a chain: the response from offset 0 and, for COPY_D2H,
     the data right after the response header ([CMD-CHAIN-3], [CMD-CHAIN-5])."""
+
+    __slots__ = ("chain", "mem")
 
     def __init__(self, chain, mem):
         self.chain = chain
@@ -118,9 +124,10 @@ class Header(NamedTuple):
 
     def response(self, resp_type: int) -> bytes:
         """The header of the response to this request ([CMD-RESP-1])."""
-        fence_id = self.fence_id if self.fenced else 0
-        return _HDR.pack(resp_type, self.flags & (wire.FLAG_FENCE | wire.FLAG_INFO_RING_IDX),
-                         fence_id, self.ctx_id, self.ring_idx)
+        flags = self.flags
+        return _HDR.pack(resp_type, flags & _ECHOED_FLAGS,
+                         self.fence_id if flags & wire.FLAG_FENCE else 0, self.ctx_id,
+                         self.ring_idx)
 
 
 class MalformedCommand(CommandError):
@@ -450,7 +457,7 @@ def decode(reader: Reader, *, compute: bool = True) -> Command:
         raise MalformedCommand(Header(), wire.RESP_ERR_SHORT_COMMAND,
                                f"request of {len(raw)} bytes is shorter than the "
                                f"{wire.CTRL_HDR_SIZE}-byte header")
-    hdr = Header(*_HDR.unpack_from(raw))
+    hdr = _tuple_new(Header, _HDR.unpack_from(raw))
     cls = COMMANDS.get(hdr.type)
     if cls is None:
         raise MalformedCommand(hdr, wire.RESP_ERR_UNKNOWN_COMMAND,
@@ -468,7 +475,7 @@ def decode(reader: Reader, *, compute: bool = True) -> Command:
         raise MalformedCommand(hdr, wire.RESP_ERR_INVALID_PARAMETER,
                                f"ring_idx {hdr.ring_idx} > {wire.MAX_RING_IDX}")
     values = cls.BODY.unpack_from(raw, wire.CTRL_HDR_SIZE)
-    reader.skip(wire.CTRL_HDR_SIZE + cls.BODY.size)
+    reader.offset += wire.CTRL_HDR_SIZE + cls.BODY.size
     return cls.from_body(hdr, values, reader)
 
 
@@ -507,6 +514,7 @@ def _response(type_: int, fmt: str | None = None):
     def register(cls):
         cls = dataclass(slots=True)(cls)
         cls.TYPE = type_
+        cls.type = type_  # a plain class attribute: no property call per response
         cls.FORMAT = struct.Struct(fmt) if fmt is not None else None
         cls.FIELDS = tuple(f.name for f in dataclasses.fields(cls))
         return cls
@@ -517,13 +525,11 @@ def _response(type_: int, fmt: str | None = None):
 class OkNoData(Response):
     copied: int = 0  # COPY_D2H: data bytes written after the response header
 
+    body = b""
+
     @property
     def data_len(self) -> int:
         return self.copied
-
-    @property
-    def body(self) -> bytes:
-        return b""
 
 
 @_response(wire.RESP_OK_DEVICE_INFO, wire.RESP_DEVICE_INFO_FORMAT)
@@ -653,19 +659,19 @@ class Handlers:
     when it needs one, else None)."""
 
     def __init__(self):
-        self._by_type: dict = {}
+        self.by_type: dict = {}  # CMD_* code -> handler
 
     def __call__(self, cls):
         def register(fn):
-            if cls.TYPE in self._by_type:
+            if cls.TYPE in self.by_type:
                 raise ValueError(f"a second handler for {wire.CMD_NAMES[cls.TYPE]}")
-            self._by_type[cls.TYPE] = fn
+            self.by_type[cls.TYPE] = fn
             return fn
         return register
 
     def __getitem__(self, cmd: Command):
-        return self._by_type[cmd.TYPE]
+        return self.by_type[cmd.TYPE]
 
     def missing(self) -> list:
         """Command codes without a handler."""
-        return sorted(set(COMMANDS) - set(self._by_type))
+        return sorted(set(COMMANDS) - set(self.by_type))

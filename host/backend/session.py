@@ -31,6 +31,7 @@ the engines have finished every job that might still touch it.
 from __future__ import annotations
 
 import collections
+import functools
 import hmac
 import itertools
 import logging
@@ -41,6 +42,7 @@ from spec import wire
 from host.backend.device import VirtioGpuDevice
 from host.backend.errors import ControlError
 from host.backend.events import EventExports
+from host.backend.inflight import DeviceJobs
 from host.backend.prime import ResourceExports
 from transport import codec
 from transport.codec import ZERO_COPY_MIN
@@ -48,6 +50,12 @@ from transport.errors import GuestMemoryError
 from transport.memory import InlineGuestMemory, SharedGuestMemory
 
 log = logging.getLogger("pvgpu.backend")
+
+
+@functools.lru_cache(maxsize=None)
+def _call_frame(dev: int, queue: int) -> bytes:
+    """Frame 0 of a `call` that carries no patches: the same bytes every time."""
+    return codec.encode({"op": wire.OP_CALL, "dev": dev, "queue": queue, "notify": True})[0]
 
 
 class GuestSession:
@@ -67,16 +75,14 @@ class GuestSession:
         # runs itself
         self.queue_lock = threading.RLock()
         self.closed = False
-        self.mem = InlineGuestMemory(mem_size) if memory == wire.MEMORY_INLINE else None
+        # the inline model: the device's writes reach the driver as the patches of a call
+        self.tracks_dirty = memory == wire.MEMORY_INLINE
+        self.mem = InlineGuestMemory(mem_size) if self.tracks_dirty else None
         # shared model: set_mem_table must find these bytes in the memory it names
         self.mem_challenge = (secrets.token_bytes(wire.MEM_CHALLENGE_SIZE)
                               if memory == wire.MEMORY_SHARED else None)
         self._dma = {}  # device index -> DmaMapping of self.mem
         self.devices = [VirtioGpuDevice(self, i, kmd) for i, kmd in enumerate(backend.kmds)]
-
-    @property
-    def tracks_dirty(self) -> bool:
-        return self.memory == wire.MEMORY_INLINE
 
     def memory_ready(self) -> bool:
         return self.mem is not None
@@ -183,6 +189,8 @@ class Backend:
         self.event_exports = EventExports()  # host-global: events shared across sessions
         self.resource_exports = ResourceExports()  # host-global: buffers shared (dma-bufs)
         self.stats = collections.Counter()
+        # unfinished jobs of every session, per GPU: the I/O loop's headroom check
+        self.device_jobs = [DeviceJobs(k.max_queued_jobs) for k in self.kmds]
 
     # ------------------------------------------------------------------ engine side
     def post_completion(self, session, device, fn, *args) -> None:
@@ -417,15 +425,12 @@ class Backend:
                       for gpa, n in dirty]
             out.append((session.peer, codec.encode(msg, frames)))
             if events_notify and queue == wire.CONTROLQ:  # after the patches it relies on
-                out.append((session.peer, codec.encode(
-                    {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.EVENTQ, "notify": True})))
+                out.append((session.peer, [_call_frame(dev.index, wire.EVENTQ)]))
         else:
             if dev.take_call(added):
-                out.append((session.peer, codec.encode(
-                    {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.CONTROLQ, "notify": True})))
+                out.append((session.peer, [_call_frame(dev.index, wire.CONTROLQ)]))
             if events_notify:
-                out.append((session.peer, codec.encode(
-                    {"op": wire.OP_CALL, "dev": dev.index, "queue": wire.EVENTQ, "notify": True})))
+                out.append((session.peer, [_call_frame(dev.index, wire.EVENTQ)]))
 
     def _reply_when_done(self, session, dev, seq: int, fences) -> None:
         """Send `{ok: true}` for request `seq` once every fence has signalled."""

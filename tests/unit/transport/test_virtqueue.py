@@ -197,6 +197,29 @@ def test_add_used_batch_publishes_once(link):
     assert dev.next_used == 3
 
 
+class _CountingMemory(GuestMemory):
+    """Shared-style memory (no dirty tracking) that counts mark_dirty calls."""
+
+    marks = 0
+
+    def mark_dirty(self, gpa, n):
+        self.marks += 1
+
+
+@pytest.mark.parametrize("event_idx", [False, True])
+def test_device_marks_ring_writes_only_in_memory_that_tracks_them(event_idx):
+    """In the shared model nothing reads dirty ranges: pop and add_used skip marking them."""
+    mem = _CountingMemory(1 << 16)
+    lay = VirtqLayout.at(0, 4)
+    drv = DriverQueue(GuestMemory(mem.buf), lay, event_idx=event_idx)
+    dev = DeviceQueue(mem, lay, event_idx=event_idx)
+    drv.add_chain([], [(DATA, 8)])
+    chain = dev.pop()
+    dev.add_used(chain.head, 8)
+    assert mem.marks == 0
+    assert drv.pop_used() == [(chain.head, 8)]
+
+
 def test_driver_rejects_bad_chains():
     mem = GuestMemory(1 << 16)
     drv = DriverQueue(mem, VirtqLayout.at(0, 4))
