@@ -239,26 +239,27 @@ class JobMixin:
         return fence
 
     def _hw_done(self, job: SchedJob, hw_fence: Fence) -> None:
-        """The hardware fence of a job signalled (on an interrupt thread, no lock held)."""
+        """The hardware fence of a job signalled (top half: on an interrupt thread, no lock
+        held): mark the job done; the jobs queued behind it run in the submission context
+        (submit.py), never here."""
         with self.lock:
             sched = job.entity.sched
             now = self.clock_ns()
             end = hw_fence.timestamp if hw_fence.timestamp is not None else now
+            more = False
             if sched.job_done(job, hw_fence, end, now):
-                sched.schedule(now)
+                more = sched.n_queued > 0
                 self._arm_timer(sched)
             signals = self._take_signals()
+        if more:
+            self.submit_wq.queue(sched)
         self._signal(signals)
 
     def wake(self, sched: GpuScheduler) -> None:
-        """A dependency of a queued job signalled (any thread, no lock held)."""
-        with self.lock:
-            if self.stopped:
-                return
-            sched.schedule(self.clock_ns())
-            self._arm_timer(sched)
-            signals = self._take_signals()
-        self._signal(signals)
+        """A dependency of a queued job signalled (any thread, no lock held): the
+        submission context schedules the ring."""
+        if not self.stopped:
+            self.submit_wq.queue(sched)
 
     def _take_signals(self) -> list:
         out = []
