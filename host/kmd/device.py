@@ -66,7 +66,8 @@ from host.kmd.ring import DEFAULT_RING_SIZE, Ring
 from host.kmd.shm import ShmManager
 from host.kmd.submit import SubmitQueue
 from host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BUFFER_NS,
-                            DEFAULT_TIMEOUT_NS, PRIORITY_NORMAL, GpuScheduler, VgpuShares)
+                            DEFAULT_TIMEOUT_NS, PRIORITY_KERNEL, PRIORITY_NORMAL, GpuScheduler,
+                            VgpuShares)
 from host.kmd.tdr import TdrMixin
 from host.kmd.vm import GpuVm
 
@@ -165,6 +166,10 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
             self.add_vgpu(v)
         self.shm = ShmManager(self, DEFAULT_VGPU)  # shared device memory segments
         self.prime = PrimeExporter(self)  # dma-buf export and import (host/kmd/prime.py)
+        # the context of buffer moves (evict.py): kernel VMID, kernel priority, in no registry
+        self._move_ctx = Context(self, 0, regs.VMID_KERNEL, None, "kmd-moves")
+        self._move_ctx.priority = PRIORITY_KERNEL
+        self._evictions = []  # (copy fence, bytes) of evictions whose VRAM is not yet freed
         self.submit_wq = SubmitQueue(self, self.TIMER_TICK_NS)  # the submission context
         self.mmio.write(regs.REG_VM_INVALIDATE, regs.VM_INVALIDATE_ALL)
         gpu.irq.set_handler(self._irq)

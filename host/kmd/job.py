@@ -170,6 +170,8 @@ class JobMixin:
                 raise ContextLost(f"context {ctx.id} was lost after a GPU hang "
                                   f"({ctx.lost_reason}); destroy it")
             self._reclaim_locked()
+            if ctx.evicted_bos or ctx.moves:  # restores, and moves to wait for (evict.py)
+                deps += self._placement_deps(ctx)
             sched = self.schedulers[engine]
             ent = ctx._entity(sched, timeline)
             now = self.clock_ns()
@@ -213,8 +215,6 @@ class JobMixin:
         ib = job.payload
         inline = job is self._inline_job and not job.entity.sched.in_flight
         ctx.last_use_ns = self.clock_ns()
-        if ctx.evicted_bos and not self._ctx_on_gpu(ctx):
-            self._restore_evicted(ctx)  # only into free VRAM; never waits
         if ctx.stale_imports:
             self.prime.remap_stale(ctx)  # the exporter moved a buffer this job may use
         slot = None
