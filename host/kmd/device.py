@@ -169,7 +169,8 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         # the context of buffer moves (evict.py): kernel VMID, kernel priority, in no registry
         self._move_ctx = Context(self, 0, regs.VMID_KERNEL, None, "kmd-moves")
         self._move_ctx.priority = PRIORITY_KERNEL
-        self._evictions = []  # (copy fence, bytes) of evictions whose VRAM is not yet freed
+        self._moves = {}  # move fence -> (bo, copy fence, switch, release): moves in flight
+        self._evictions = []  # (move fence, bytes) of evictions whose VRAM is not yet freed
         self.submit_wq = SubmitQueue(self, self.TIMER_TICK_NS)  # the submission context
         self.mmio.write(regs.REG_VM_INVALIDATE, regs.VM_INVALIDATE_ALL)
         gpu.irq.set_handler(self._irq)
@@ -247,6 +248,8 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
                 sched.fail_all(DEVICE_STOPPED, now)
             signals = self._take_signals()
         self._signal(signals)
+        for move in list(self._moves):  # their copies failed: the worker is gone
+            self._complete_move(move)
         self.reclaim()
 
     def wait_idle(self, timeout: float | None = None) -> bool:

@@ -11,14 +11,16 @@ in_flight; queued jobs touch no memory yet) are victims.
 Moves (TTM's moves with the DMA engine). Evicting a BO (_evict_bo) dma_maps a host buffer
 and submits a COPY job, VRAM -> those host pages, in the kernel VMID (physical VRAM and
 system bus addresses) on a copy engine, from the device's move context (kernel priority,
-in no registry); then it points the BO's PTEs at PTE_SYSTEM pages there (same VA, TLB
-flushed). Restoring (_restore_bo) is the reverse, into free VRAM only (never evicting).
-The new placement is in the PTEs at once, but nothing can use it before the copy is done:
-the owner has no job on the hardware (the victim rule above; a restore starts only then),
-its queued jobs and those it submits later wait for the copy's fence (Context.moves,
-_placement_deps), and a shared BO's importers wait for the move's fence in its reservation
-object (prime.begin_move). The old placement (VRAM, or the host copy) is freed once the
-copy has signalled (a deferred free). No buffer's data is copied by the CPU.
+in no registry). Restoring (_restore_bo) is the reverse, into free VRAM only (never
+evicting). The BO's fields (blocks, extents, sysmem) describe the new placement at once;
+its move fence (prime.begin_move: in its reservation object at KERNEL usage) signals
+once the copy has signalled and the submission context (submit.py) has pointed the BO's
+PTEs at the new placement (PTE_SYSTEM pages at the same VA, or VRAM; TLB flushed) and
+freed the old one (_complete_move). Nothing uses the new placement before: the owner has
+no job on the hardware when a move starts (the victim rule above; a restore starts only
+then), its queued jobs and those it submits later wait for the move fence (Context.moves,
+_placement_deps), and a shared BO's importers wait for it through the reservation object.
+No buffer's data is copied by the CPU.
 
 An allocation that evicts (_alloc_vram, _make_room) gets its VRAM once the evictions'
 copies are done; until then, and when the only candidates are busy, it waits for them
@@ -155,33 +157,54 @@ class EvictMixin:
             log.warning("gpu%d: buffer move not started: %s", self.index, e)
             return None
 
-    def _track_move(self, bo: BufferObject, copy, move, release) -> None:
-        """A move of `bo` is in flight, its copy's fence is `copy`: the owner's jobs still
-        queued and those it submits later wait for it (implicit sync; the new placement
-        is already in the owner's PTEs, and none of its jobs is on the hardware); `move`
-        (the fence begin_move put into the BO's reservation object) signals with it; the
-        old placement is released (`release`) once it has signalled."""
+    def _track_move(self, bo: BufferObject, copy, move, switch, release) -> None:
+        """A move of `bo` is in flight, its copy's fence is `copy`; `move` is the fence
+        begin_move put into the BO's reservation object. The owner's jobs still queued and
+        those it submits later wait for `move` (implicit sync), and so do the importers.
+        Once the copy has signalled, the submission context switches the PTEs to the new
+        placement (`switch`), frees the old one (`release`) and then signals `move`."""
         ctx = bo.context
-        bo.moving = copy
+        bo.moving = move
+        self._moves[move] = (bo, copy, switch, release)
         if ctx is not None:
-            ctx.moves.append(copy)
+            ctx.moves.append(move)
             woken = set()
             for ent in ctx._entities.values():
                 for job in ent.jobs:
-                    job.deps.append(copy)
+                    job.deps.append(move)
                 if ent.jobs and ent.sched not in woken:
                     woken.add(ent.sched)
-                    copy.add_done_callback(ent.sched._dependency_signalled)
-        copy.add_done_callback(lambda f: self._move_done(bo, f, move))
-        self._defer([copy], release)
+                    move.add_done_callback(ent.sched._dependency_signalled)
+        copy.add_done_callback(lambda _f: self.submit_wq.call(self._complete_move, move))
 
-    def _move_done(self, bo: BufferObject, copy, move) -> None:
-        """The copy of a move signalled (a fence callback, no lock held)."""
-        if copy.error is not None:
-            log.warning("gpu%d: the move of %r failed: %s", self.index, bo, copy.error)
-        if bo.moving is copy:
-            bo.moving = None
+    def _complete_move(self, move) -> None:
+        """The copy of a move has signalled (in the submission context, or at stop)."""
+        with self.lock:
+            entry = self._moves.pop(move, None)
+            if entry is None:
+                return
+            bo, copy, switch, release = entry
+            if copy.error is not None:
+                log.warning("gpu%d: the move of %r failed: %s", self.index, bo, copy.error)
+            switch()
+            release()
+            if bo.moving is move:
+                bo.moving = None
         move.signal()
+
+    def _switch_ptes(self, bo: BufferObject, extents, flags_on: int, flags_off: int) -> None:
+        """Point the PTEs of bo.va (if the owner's VM still maps it there) at `extents`,
+        with the same permissions plus `flags_on` minus `flags_off`; TLB invalidated."""
+        ctx = bo.context
+        if ctx is None or ctx.vm.freed:
+            return
+        m = ctx.vm.mapping_at(bo.va)
+        if m is None or m[0] != bo.va:
+            return
+        flags = (m[2] | flags_on) & ~flags_off
+        ctx.vm.unmap(bo.va)  # PTEs cleared, TLB of the VMID invalidated
+        ctx.vm.map(bo.va, extents, flags)
+        self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
 
     def _vram_moving_out(self) -> int:
         """Bytes of VRAM that evictions in flight will free."""
@@ -197,10 +220,10 @@ class EvictMixin:
 
     def _evict_bo(self, bo: BufferObject) -> bool:
         """Start moving an idle context's BO to host memory (lock held; the context has
-        nothing on the GPU): dma_map a host buffer, submit the copy VRAM -> host pages on
-        a copy engine, point its PTEs at PTE_SYSTEM pages there (same VA, TLB flushed).
-        The VRAM is freed once the copy has signalled. A shared BO moves only when no
-        job uses it (host/kmd/prime.py); -> started."""
+        nothing on the GPU): dma_map a host buffer and submit the copy VRAM -> host pages
+        on a copy engine; once it has signalled, its PTEs point at PTE_SYSTEM pages there
+        (same VA, TLB flushed) and the VRAM is freed (_complete_move). A shared BO moves
+        only when no job uses it (host/kmd/prime.py); -> started."""
         move = self.prime.begin_move(bo)
         if move is None:
             return False
@@ -215,20 +238,16 @@ class EvictMixin:
             self.dma_unmap(mapping)
             move.signal()
             return False
-        if ctx is not None and not ctx.vm.freed and ctx._bos.get(bo.va) is bo:
-            flags = ctx.vm.mapping_at(bo.va)[2]
-            ctx.vm.unmap(bo.va)  # PTEs cleared, TLB of the VMID invalidated
-            ctx.vm.map(bo.va, [(mapping.bus_addr, bo.size)], flags | regs.PTE_SYSTEM)
-            self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
         old = bo.blocks
         bo.blocks, bo.extents, bo.sysmem = [], [], mapping
-        entry = (copy, bo.size)
+        entry = (move, bo.size)
         self._evictions.append(entry)
 
         def release():
             self._evictions.remove(entry)
             self._release_vram(old)
-        self._track_move(bo, copy, move, release)
+        self._track_move(bo, copy, move, lambda: self._switch_ptes(
+            bo, [(mapping.bus_addr, bo.size)], regs.PTE_SYSTEM, 0), release)
         if ctx is not None:
             ctx.evicted_bos += 1
             ctx.stats["bos_evicted"] += 1
@@ -240,8 +259,8 @@ class EvictMixin:
     def _restore_bo(self, bo: BufferObject) -> bool:
         """Start bringing an evicted BO back into free VRAM (never evicts; lock held, its
         context has nothing on the GPU): submit the copy host pages -> VRAM on a copy
-        engine and point its PTEs at the VRAM; the host copy goes once the copy has
-        signalled. -> False if it does not fit, is pinned in system memory for an
+        engine; once it has signalled, its PTEs point at the VRAM and the host copy goes
+        (_complete_move). -> False if it does not fit, is pinned in system memory for an
         importer, is being moved, or is shared and busy."""
         if bo.size > self.mm.avail or bo.sys_pins or self._bo_moving(bo):
             return False
@@ -265,14 +284,12 @@ class EvictMixin:
             self.mm.free_blocks(blocks)
             move.signal()
             return False
-        flags = ctx.vm.mapping_at(bo.va)[2] & ~regs.PTE_SYSTEM
-        ctx.vm.unmap(bo.va)
-        ctx.vm.map(bo.va, extents, flags)
-        self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
         bo.sysmem = None
         bo.blocks, bo.extents = blocks, extents
         ctx.evicted_bos -= 1
-        self._track_move(bo, copy, move, lambda: self._release_host_copy(mapping, bo.size))
+        self._track_move(bo, copy, move,
+                         lambda: self._switch_ptes(bo, extents, 0, regs.PTE_SYSTEM),
+                         lambda: self._release_host_copy(mapping, bo.size))
         self.mem_counters["restores"] += 1
         self.mem_counters["bytes_restored"] += bo.size
         ctx.stats["bos_restored"] += 1

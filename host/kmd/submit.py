@@ -11,9 +11,9 @@ thread ever do:
   which then runs to completion on that thread (job.py);
 - the device's submission worker ("gpu<N>.submit"), which the other threads queue work
   to: the interrupt's top half (a job completed while others are queued on that ring),
-  a dependency's signal (KmdDevice.wake), and the device's timers, which the worker runs
-  itself: job timeouts with their recovery, whose resubmission of innocent jobs is a
-  run_job too, and BAND's time buffer (tdr.py).
+  a dependency's signal (KmdDevice.wake), the completion of a buffer move (evict.py), and
+  the device's timers, which the worker runs itself: job timeouts with their recovery,
+  whose resubmission of innocent jobs is a run_job too, and BAND's time buffer (tdr.py).
 
 So the top half (irq.py, KmdDevice._hw_done) retires fences and marks jobs done, with
 the scheduler's accounting; it never calls run_job. An engine thread never writes a ring,
@@ -42,7 +42,8 @@ class SubmitQueue:
     def __init__(self, device, tick_ns: int):
         self.device = device
         self.tick_ns = tick_ns  # the timer pass runs at least this often
-        self._wakeups = queue.SimpleQueue()  # schedulers to schedule; None: just wake up
+        # schedulers to schedule, (fn, args) to call; None: just wake up
+        self._wakeups = queue.SimpleQueue()
         self._queued = {}  # GpuScheduler -> None: put and not yet taken by the worker
         self._timer_lock = threading.Lock()
         self._stop = False
@@ -69,6 +70,10 @@ class SubmitQueue:
         self.handoffs += 1
         self._wakeups.put(sched)
 
+    def call(self, fn, *args) -> None:
+        """Have the worker call fn(*args) (any thread), before it schedules what is queued."""
+        self._wakeups.put((fn, args))
+
     def arm(self, deadline: int) -> None:
         """Run the timer pass by `deadline` (device ns). Called with the device lock held,
         so a timer pass cannot miss the deadline between its scan and this call."""
@@ -79,6 +84,12 @@ class SubmitQueue:
                 return
             self.timer_due = deadline
         self._wakeups.put(None)
+
+    def _call(self, fn, args) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - the submission context must survive anything
+            log.exception("gpu%d: submission worker call %r", self.device.index, fn)
 
     def _schedule(self, scheds) -> None:
         dev = self.device
@@ -113,13 +124,17 @@ class SubmitQueue:
                     item = wakeups.get(timeout=(self.timer_due - now) / 1e9)
                 except queue.Empty:
                     continue
-                scheds = []
+                scheds, calls = [], []
                 while True:
-                    if item is not None and self._queued.pop(item, 0) is None:
+                    if type(item) is tuple:
+                        calls.append(item)
+                    elif item is not None and self._queued.pop(item, 0) is None:
                         scheds.append(item)
                     if wakeups.empty():
                         break
                     item = wakeups.get_nowait()
+                for fn, args in calls:
+                    self._call(fn, args)
                 if scheds and not self._stop:
                     self._schedule(scheds)
             except Exception:  # noqa: BLE001 - the submission context must survive anything

@@ -279,5 +279,7 @@ def test_make_resident(make_dev):
     assert bo.evicted
     with dev.lock:
         dev._make_resident(bo)  # evicts b's BO in turn
-    assert not bo.evicted and x.evicted and not pte(a, bo) & regs.PTE_SYSTEM
+    assert not bo.evicted and x.evicted
+    assert a.wait_idle(5)  # the restore's copy: the PTEs switch once it is done
+    assert not pte(a, bo) & regs.PTE_SYSTEM
     assert np.array_equal(read(a, win, bo, MiB), d)

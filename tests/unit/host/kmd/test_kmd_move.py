@@ -1,6 +1,6 @@
 """Buffer moves (host/kmd/evict.py): eviction and restore are COPY jobs in the kernel VMID on
-a copy engine, whose fences the owner's later jobs wait for; the old placement is freed
-once the copy has signalled."""
+a copy engine; the owner's later jobs wait for the move, whose PTE switch and release of
+the old placement happen once the copy has signalled."""
 
 import numpy as np
 
@@ -50,8 +50,10 @@ def test_eviction_and_restore_run_on_the_copy_engines_and_keep_the_data(make_dev
     d2h, h2d = copies(dev, regs.ENGINE_COPY1), copies(dev, regs.ENGINE_COPY0)
     with dev.lock:
         assert dev._evict_bo(bo)
-        copy = bo.moving
-    assert copy.wait(5) and copy.error is None
+        move = bo.moving
+        # the PTEs switch once the copy is done (it cannot be while this lock is held)
+        assert not a.vm.walk(bo.va) & regs.PTE_SYSTEM
+    assert move.wait(5) and move.error is None
     assert copies(dev, regs.ENGINE_COPY1) > d2h  # VRAM -> host pages on the d2h engine
     assert bo.evicted and a.vm.walk(bo.va) & regs.PTE_SYSTEM
     assert np.array_equal(bo.sysmem.buf.view(np.float32), data)
@@ -68,9 +70,10 @@ def test_eviction_and_restore_run_on_the_copy_engines_and_keep_the_data(make_dev
     with dev.lock:
         filler.free(fill)  # frees VRAM: a's BO moves back
         assert not bo.evicted
-        copy = bo.moving
+        move = bo.moving
+        assert a.vm.walk(bo.va) & regs.PTE_SYSTEM  # until the copy is done
+    assert move.wait(5) and move.error is None
     assert not a.vm.walk(bo.va) & regs.PTE_SYSTEM
-    assert copy.wait(5) and copy.error is None
     assert copies(dev, regs.ENGINE_COPY0) > h2d  # host pages -> VRAM on the h2d engine
     f = get(a, win, bo, data)
     assert f.wait(5) and f.error is None
@@ -89,11 +92,12 @@ def test_a_job_submitted_right_after_the_eviction_waits_for_its_copy(make_dev):
     free = dev.mm.avail
     with dev.lock:  # the copy cannot complete (its fence signals under this lock) meanwhile
         assert dev._evict_bo(bo)
-        copy = bo.moving
+        move = bo.moving
         assert dev.mm.avail == free  # the VRAM is freed only once the copy has signalled
-        f = get(a, win, bo, data)  # reads through the new (system) PTEs
-        assert copy in f.job.deps
+        f = get(a, win, bo, data)
+        assert move in f.job.deps
     assert f.wait(5) and f.error is None
+    assert a.vm.walk(bo.va) & regs.PTE_SYSTEM  # it ran after the switch
     assert np.array_equal(got(win, data), data)
     with dev.lock:
         dev._reclaim_locked()
