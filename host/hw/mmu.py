@@ -8,7 +8,8 @@ is of one of three kinds: this device's VRAM (no kind bit), with PTE_SYSTEM a sy
 address (SystemMemory, i.e. DMA-mapped host memory), with PTE_PEER a bus address inside a
 peer GPU's BAR0 (PcieFabric.peer_view, pcie.py; this device's own BAR works too). Without
 a fabric (Mmu(..., fabric=None)) PEER pages fault. VMID 0 is the kernel's physical
-address space: identity, VRAM only, no permission checks.
+address space: identity over VRAM, and system bus addresses (from SYSMEM_BUS_BASE, through
+the IOMMU) so the driver can move buffers between the two; no permission checks.
 
 translate(vmid, va, size, access) returns the range as a list of numpy uint8 views
 ("extents"), in VA order, with physically contiguous pages merged, so copies and kernels
@@ -50,7 +51,7 @@ from host.hw.regs import (NUM_VMIDS, PAGE_SHIFT, PAGE_SIZE, PDE_VALID, PT_ENTRIE
                           PT_ENTRY_BITS, PTE_ADDR_MASK, PTE_EXEC, PTE_PEER, PTE_READ,
                           PTE_SYSTEM, PTE_VALID, PTE_WRITE, VA_BITS, VMID_KERNEL)
 from host.hw.pcie import PeerFault
-from host.hw.sysmem import SysmemFault
+from host.hw.sysmem import SYSMEM_BUS_BASE, SysmemFault
 from spec.kernels import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
 
 log = logging.getLogger("pvgpu.hw.mmu")
@@ -212,6 +213,11 @@ class Mmu:
             raise ValueError("negative size")
         end = va + size
         if vmid == VMID_KERNEL:
+            if va >= SYSMEM_BUS_BASE:  # a system bus address: the driver's buffer moves
+                try:
+                    return [self.sysmem.view(va, size, bool(access & ACCESS_WRITE))]
+                except SysmemFault as f:
+                    self._fault(vmid, f.address, access, "system address not mapped")
             if va < 0 or end > self.vram.size:
                 self._fault(vmid, max(va, self.vram.size), access, "outside VRAM")
             return [self.vram.mem[va:end]]

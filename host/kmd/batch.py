@@ -18,10 +18,12 @@ so the scheduler's accounting sees when each job ended.
 An engine that was idle when the batch's first job for it ran, and whose batched jobs are
 all short (job.py), gets RB_KICK_SYNC once the lock is released, so they run to
 completion on this thread as a lone short job would; any other engine gets a doorbell.
-The batch stays open while the kicked jobs run: their completions hand the jobs queued
-behind them (the scheduler's hw_limit) to run_job on this thread, which stages them in
-turn, and the exit commits and kicks again until a round stages nothing to kick. So a
-batch of many short jobs runs them all on this thread, hw_limit at a time.
+The batch stays open while the kicked jobs run, and its thread stays the device's
+submission context (submit.py): a completion it retires that leaves jobs queued behind
+the scheduler's hw_limit hands that scheduler to the batch (`resume`) rather than to the
+submission worker; the exit schedules it under the lock, which stages the jobs in turn,
+and commits and kicks again until a round stages nothing to kick. So a batch of many
+short jobs runs them all on this thread, hw_limit at a time.
 
 The batch is the device's, not the thread's: if another thread reaches run_job while the
 batch is open (the batch's thread released the lock in a Condition wait), that job is not
@@ -72,13 +74,14 @@ class EngineBatch:
 class SubmissionBatch:
     """Context manager returned by KmdDevice.submission_batch() (re-entrant)."""
 
-    __slots__ = ("device", "owner", "may_inline", "engines", "_outer")
+    __slots__ = ("device", "owner", "may_inline", "engines", "resume", "_outer")
 
     def __init__(self, device):
         self.device = device
         self.owner = None  # threading.get_ident() of the thread in the batch
         self.may_inline = False  # that thread held no device lock when it entered
         self.engines = {}  # engine -> EngineBatch, while its ring transaction is open
+        self.resume = set()  # schedulers with jobs queued behind completions this thread retired
         self._outer = False
 
     def __enter__(self) -> "SubmissionBatch":
@@ -109,16 +112,28 @@ class SubmissionBatch:
         while kicks:
             for engine in kicks:
                 dev.mmio.write(regs.REG_ENGINE(engine, regs.RB_KICK_SYNC), 1)
-            # the kicked jobs' completions handed queued jobs to run_job on this thread,
-            # which staged them (the batch stayed open): commit and run those too
+            # the kicked jobs' completions handed the schedulers with jobs queued behind
+            # them to this batch (resume): stage those jobs, commit and run them too
             with dev.lock:
                 try:
+                    self._schedule_resumed()
                     kicks = self._commit()
                     signals = dev._take_signals()
                 finally:
                     if not kicks:
                         dev._batch = None
             dev._signal(signals)
+
+    def _schedule_resumed(self) -> None:
+        """Hand the jobs queued behind this thread's completions to run_job (lock held)."""
+        dev = self.device
+        if dev.stopped:
+            self.resume.clear()
+        now = dev.clock_ns()
+        while self.resume:
+            sched = self.resume.pop()
+            sched.schedule(now)
+            dev._arm_timer(sched)
 
     def _commit(self) -> list:
         """Commit every staged transaction (lock held); -> the engines to kick."""

@@ -36,7 +36,7 @@ class BufferObject:
     """VRAM memory owned by one context and mapped at `va` in its address space."""
 
     __slots__ = ("handle", "size", "blocks", "extents", "va", "context", "refcount", "freed",
-                 "sysmem", "resv", "dmabuf", "sys_pins", "__weakref__")
+                 "sysmem", "resv", "dmabuf", "sys_pins", "moving", "__weakref__")
 
     def __init__(self, size: int, blocks: list, context=None, va: int = 0):
         self.handle = next(_handles)
@@ -51,6 +51,7 @@ class BufferObject:
         self.resv = None  # DmaResv once exported (host/kmd/prime.py): implicit sync
         self.dmabuf = None  # its DmaBuf while exported
         self.sys_pins = 0  # attachments that need it in system memory (no peer-to-peer)
+        self.moving = None  # the fence of its move (evict.py) while one is in flight
 
     @property
     def evicted(self) -> bool:

@@ -75,6 +75,7 @@ class Context(ContextVaMixin, ContextSubmitMixin):
         self.lost_reason = ""
         self.last_use_ns = device.clock_ns()  # LRU key of eviction: its last job's time
         self.evicted_bos = 0  # how many of its BOs are evicted to host memory
+        self.moves = []  # fences of its BOs' moves (evict.py): its later jobs wait for them
 
     def _entity(self, sched: GpuScheduler, timeline: int):
         """The scheduler entity of one timeline on one ring (created on first use)."""
@@ -106,9 +107,18 @@ class Context(ContextVaMixin, ContextSubmitMixin):
 
     def pending_fences(self) -> list:
         """Finished fences of this context's jobs that may still be queued or running
-        (the last job of each entity: an entity's jobs finish in order)."""
-        return [e.last_finished for e in self._entities.values()
-                if e.last_finished is not None and not e.last_finished.signaled]
+        (the last job of each entity: an entity's jobs finish in order), and of its
+        buffer objects' moves in flight."""
+        fences = [e.last_finished for e in self._entities.values()
+                  if e.last_finished is not None and not e.last_finished.signaled]
+        if self.moves:
+            fences += self.move_fences()
+        return fences
+
+    def move_fences(self) -> list:
+        """The fences of this context's buffer moves still in flight (evict.py)."""
+        self.moves = [f for f in self.moves if not f.signaled]
+        return list(self.moves)
 
     def idle(self) -> bool:
         return not self.pending_fences()
@@ -158,7 +168,7 @@ class Context(ContextVaMixin, ContextSubmitMixin):
                         try:
                             self.vm.map(va, bo.extents, flags)
                         except OutOfMemory:  # page tables: make room, once
-                            dev._evict_for(dev.mm.avail + 8 * PAGE_SIZE, self)
+                            dev._make_room(dev.mm.avail + 8 * PAGE_SIZE, self)
                             self.vm.map(va, bo.extents, flags)
                     except BaseException:
                         self.vm.va.free(va)

@@ -24,12 +24,13 @@ no guest ever sees another's data, and allocating never touches the memory.
 
 The rest of the driver is mixed into KmdDevice from modules named after their parts:
 ib_pool.py (the IB pool), dma.py (DMA mappings), evict.py (placement and moves),
-job.py (submission, run_job, completion), tdr.py (timers and recovery), irq.py
+job.py (submission, run_job, completion), submit.py (the submission context: where
+run_job happens, and its worker thread), tdr.py (timers and recovery), irq.py
 (interrupts); context.py and va.py hold Context.
 
 Locking: one DeviceLock (re-entrant, host/kmd/lock.py) per device guards all driver
-state. Submissions come from any host thread; interrupts from the engine threads take
-the same lock for a few statements. Waiting for ring or IB-pool space happens in a
+state; it is also the submission lock (submit.py). Submissions come from any host
+thread; interrupts from the engine threads take the same lock for a few statements. Waiting for ring or IB-pool space happens in a
 Condition wait that releases the lock, so a full ring never blocks the interrupt handler
 that would drain it. No fence callback ever runs with a device lock held: a thread that
 signals a fence, or adds a callback to one that has signalled, while it holds one runs
@@ -63,8 +64,10 @@ from host.kmd.lock import DeviceLock
 from host.kmd.prime import PrimeExporter
 from host.kmd.ring import DEFAULT_RING_SIZE, Ring
 from host.kmd.shm import ShmManager
+from host.kmd.submit import SubmitQueue
 from host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BUFFER_NS,
-                            DEFAULT_TIMEOUT_NS, PRIORITY_NORMAL, GpuScheduler, VgpuShares)
+                            DEFAULT_TIMEOUT_NS, PRIORITY_KERNEL, PRIORITY_NORMAL, GpuScheduler,
+                            VgpuShares)
 from host.kmd.tdr import TdrMixin
 from host.kmd.vm import GpuVm
 
@@ -147,7 +150,7 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         for ring in self.rings:
             ring.init()
 
-        # the GPU scheduler: one per ring, and the worker that runs its timers
+        # the GPU scheduler: one per ring, and the device's submission context (submit.py)
         now = self.clock_ns()
         self.policy = policy
         self.max_queued_jobs = max_queued_jobs
@@ -165,11 +168,12 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
             self.add_vgpu(v)
         self.shm = ShmManager(self, DEFAULT_VGPU)  # shared device memory segments
         self.prime = PrimeExporter(self)  # dma-buf export and import (host/kmd/prime.py)
-        self._timer_cond = threading.Condition()
-        self._timer_target = None
-        self._timer_idle_since = 0  # when the worker last went to sleep without a target
-        self._timer_thread = None
-        self._timer_stop = False
+        # the context of buffer moves (evict.py): kernel VMID, kernel priority, in no registry
+        self._move_ctx = Context(self, 0, regs.VMID_KERNEL, None, "kmd-moves")
+        self._move_ctx.priority = PRIORITY_KERNEL
+        self._moves = {}  # move fence -> (bo, copy fence, switch, release): moves in flight
+        self._evictions = []  # (move fence, bytes) of evictions whose VRAM is not yet freed
+        self.submit_wq = SubmitQueue(self, self.TIMER_TICK_NS)  # the submission context
         self.mmio.write(regs.REG_VM_INVALIDATE, regs.VM_INVALIDATE_ALL)
         gpu.irq.set_handler(self._irq)
         self.mmio.write(regs.REG_IRQ_ENABLE, 1)
@@ -225,9 +229,7 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         if not self.running:
             self.gpu.start()
             self.running = True
-            self._timer_thread = threading.Thread(target=self._timer_worker, daemon=True,
-                                                  name=f"gpu{self.index}.sched")
-            self._timer_thread.start()
+            self.submit_wq.start()
 
     def stop(self, timeout: float = 1.0) -> None:
         """Stop the engines; every fence still pending signals with an error."""
@@ -235,11 +237,7 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
             return
         self.stopped = True
         self.running = False
-        with self._timer_cond:
-            self._timer_stop = True
-            self._timer_cond.notify_all()
-        if self._timer_thread is not None and self._timer_thread is not threading.current_thread():
-            self._timer_thread.join(timeout)
+        self.submit_wq.stop(timeout)
         self.gpu.stop(timeout)
         for fd in self.fences:
             self._retire(fd, fd.retire())  # whatever did complete, completes normally
@@ -252,6 +250,8 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
                 sched.fail_all(DEVICE_STOPPED, now)
             signals = self._take_signals()
         self._signal(signals)
+        for move in list(self._moves):  # their copies failed: the worker is gone
+            self._complete_move(move)
         self.reclaim()
 
     def wait_idle(self, timeout: float | None = None) -> bool:

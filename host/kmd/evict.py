@@ -6,22 +6,34 @@ OTHER contexts to host memory until the request fits. Victim order: lowest conte
 priority first, then least recently used *context* (Context.last_use_ns, the time its
 last job was submitted or handed to the hardware — LRU is per context, not per BO), then
 its largest BOs first. Only contexts with no job on the hardware (none in a scheduler's
-in_flight; queued jobs touch no memory yet) are victims; when the only candidates are
-busy, the allocation waits for them (lock released, up to `timeout`) and then fails
-with OutOfMemory; in non-blocking mode (the backend's I/O thread, host/kmd/wouldblock.py)
-it raises WouldBlock on their jobs' fences instead. Evicting a BO (_evict_bo): copy its
-VRAM into a numpy buffer on the CPU (through the VRAM BAR), dma_map it, rewrite the BO's
-PTEs at the same VA to PTE_SYSTEM pages pointing at that copy, invalidate the VMID's TLB,
-free the VRAM (cleared). The GPU keeps reaching the BO through the SYSTEM PTEs (slower), so kernels
-and copies stay correct. Restoring (_restore_bo) is the reverse, into free VRAM only
-(never evicting): opportunistically after Context.free, destroy_context and reclaim(),
-and in run_job before a job of the owning context runs — only if that context has no
-other job on the hardware (run_job never waits; otherwise the job simply runs against
-the SYSTEM pages). Never evicted: shared segments (host/kmd/shm.py; no context owns
-them), KMD-internal memory (rings, fences, IB pool, page tables), BOs that map_bo_at
-also maps at another VA (code that needs a BO's VRAM extents calls _make_resident(bo)
-first), and BOs already freed (deferred). A shared segment's allocation may itself evict
-BOs (ShmManager.get -> _alloc_vram). Limits: the host copies of
+in_flight; queued jobs touch no memory yet) are victims.
+
+Moves (TTM's moves with the DMA engine). Evicting a BO (_evict_bo) dma_maps a host buffer
+and submits a COPY job, VRAM -> those host pages, in the kernel VMID (physical VRAM and
+system bus addresses) on a copy engine, from the device's move context (kernel priority,
+in no registry). Restoring (_restore_bo) is the reverse, into free VRAM only (never
+evicting). The BO's fields (blocks, extents, sysmem) describe the new placement at once;
+its move fence (prime.begin_move: in its reservation object at KERNEL usage) signals
+once the copy has signalled and the submission context (submit.py) has pointed the BO's
+PTEs at the new placement (PTE_SYSTEM pages at the same VA, or VRAM; TLB flushed) and
+freed the old one (_complete_move). Nothing uses the new placement before: the owner has
+no job on the hardware when a move starts (the victim rule above; a restore starts only
+then), its queued jobs and those it submits later wait for the move fence (Context.moves,
+_placement_deps), and a shared BO's importers wait for it through the reservation object.
+No buffer's data is copied by the CPU.
+
+An allocation that evicts (_alloc_vram, _make_room) gets its VRAM once the evictions'
+copies are done; until then, and when the only candidates are busy, it waits for them
+(lock released, up to `timeout`) and then fails with OutOfMemory; in non-blocking mode
+(the backend's I/O thread, host/kmd/wouldblock.py) it raises WouldBlock on their fences
+instead, and the re-driven call finds the VRAM free. Restores happen opportunistically
+after Context.free, destroy_context and reclaim(), and when a context with evicted BOs
+submits a job and has nothing on the hardware (the job waits for them). Never evicted: shared
+segments (host/kmd/shm.py; no context owns them), KMD-internal memory (rings, fences, IB
+pool, page tables), BOs that map_bo_at also maps at another VA (code that needs a BO's
+VRAM extents calls _make_resident(bo) first), BOs being moved, and BOs already freed
+(deferred). A shared segment's allocation may itself evict BOs (ShmManager.get ->
+_alloc_vram). Limits: the host copies of
 one device may total at most `max_evicted_bytes` (default 2x VRAM; beyond: OutOfMemory,
 never a host crash), and a vGPU's memory share applies to its resident + evicted bytes
 together: share% of (usable VRAM + max_evicted_bytes), see vgpu_mem_limit. Counters
@@ -30,6 +42,7 @@ and per-context resident/evicted bytes: mem_stats() (also sched_stats()["mem"]).
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import TYPE_CHECKING
 
@@ -38,10 +51,12 @@ import numpy as np
 from host.hw import regs
 from host.kmd import wouldblock
 from host.kmd.bo import BufferObject, blocks_to_extents
-from host.kmd.errors import InvalidArgument, InvalidContext, OutOfMemory
+from host.kmd.errors import InvalidArgument, InvalidContext, KmdError, OutOfMemory
 
 if TYPE_CHECKING:
     from host.kmd.context import Context
+
+log = logging.getLogger("pvgpu.kmd")
 
 
 class EvictMixin:
@@ -64,40 +79,54 @@ class EvictMixin:
         bo.blocks, bo.extents = [], []
 
     def _drop_sysmem(self, bo: BufferObject) -> None:
-        try:
-            self.dma_unmap(bo.sysmem)
-        except InvalidArgument:
-            pass
-        self.evicted_bytes -= bo.size
+        self._release_host_copy(bo.sysmem, bo.size)
         bo.sysmem = None
         if bo.context is not None:
             bo.context.evicted_bos -= 1
+
+    def _release_host_copy(self, mapping, size: int) -> None:
+        try:
+            self.dma_unmap(mapping)
+        except InvalidArgument:
+            pass
+        self.evicted_bytes -= size
 
     def _ctx_on_gpu(self, ctx: "Context") -> bool:
         """Whether a job of ctx was handed to the hardware and has not completed (queued
         jobs do not count: they touch no memory until run_job)."""
         return any(j.entity.owner is ctx for s in self.schedulers for j in s.in_flight)
 
+    @staticmethod
+    def _bo_moving(bo: BufferObject) -> bool:
+        return bo.moving is not None and not bo.moving.signaled
+
     def _evictable(self, ctx: "Context"):
-        """ctx's buffer objects that may be evicted: resident, mapped only at bo.va."""
+        """ctx's buffer objects that may be evicted: resident, mapped only at bo.va, not
+        being moved."""
         aliased = {id(m[0]) for m in getattr(ctx, "_va_maps", {}).values()}
         for bo in ctx._bos.values():
-            if bo.sysmem is None and bo.extents and id(bo) not in aliased:
+            if bo.sysmem is None and bo.extents and id(bo) not in aliased \
+                    and not self._bo_moving(bo):
                 m = ctx.vm.mapping_at(bo.va)
                 if m is not None and m[0] == bo.va and m[1] == bo.size:
                     yield bo
 
     def _evict_for(self, need: int, requester=None):
         """Evict buffer objects of contexts other than `requester` until `need` bytes of
-        VRAM are free (at least one if any is possible). Victims: lowest context priority
-        first, then the least recently used context (its last job), its larger BOs first.
-        A context with work on the GPU is skipped. -> (evicted, skipped_busy)."""
+        VRAM are free or being freed by evictions in flight (at least one if any is
+        possible). Victims: lowest context priority first, then the least recently used
+        context (its last job), its larger BOs first. A context with work on the GPU is
+        skipped. -> (evicted, skipped_busy)."""
         evicted = busy = 0
         victims = [c for c in self.contexts.values()
                    if c is not requester and not c.destroyed and not c.vm.freed]
         victims.sort(key=lambda c: (-c.priority, c.last_use_ns, c.id))
+
+        def enough():  # evictions in flight count: their VRAM is freed once they are done
+            return (evicted or self._evictions) and \
+                self.mm.avail + self._vram_moving_out() >= need
         for ctx in victims:
-            if evicted and self.mm.avail >= need:
+            if enough():
                 break
             bos = sorted(self._evictable(ctx), key=lambda b: (-b.size, b.va))
             if not bos:
@@ -107,7 +136,7 @@ class EvictMixin:
                 self.mem_counters["evict_skipped_busy"] += 1
                 continue
             for bo in bos:
-                if evicted and self.mm.avail >= need:
+                if enough():
                     return evicted, busy
                 if self.evicted_bytes + bo.size > self.max_evicted_bytes:
                     self.mem_counters["evict_skipped_limit"] += 1
@@ -116,32 +145,109 @@ class EvictMixin:
                     evicted += 1
         return evicted, busy
 
+    # ------------------------------------------------------------------ moves
+    def _start_move(self, copies, direction: str):
+        """The copy of a move (lock held): one COPY job in the kernel VMID (VRAM physical
+        and system bus addresses) on the copy engine of `direction`, queued on the move
+        context's kernel-priority entity; -> its finished fence, or None when the move
+        context takes no work (device stopped, or lost to a hang)."""
+        try:
+            return self._move_ctx.submit_copies(copies, direction=direction)
+        except KmdError as e:
+            log.warning("gpu%d: buffer move not started: %s", self.index, e)
+            return None
+
+    def _track_move(self, bo: BufferObject, copy, move, switch, release) -> None:
+        """A move of `bo` is in flight, its copy's fence is `copy`; `move` is the fence
+        begin_move put into the BO's reservation object. The owner's jobs still queued and
+        those it submits later wait for `move` (implicit sync), and so do the importers.
+        Once the copy has signalled, the submission context switches the PTEs to the new
+        placement (`switch`), frees the old one (`release`) and then signals `move`."""
+        ctx = bo.context
+        bo.moving = move
+        self._moves[move] = (bo, copy, switch, release)
+        if ctx is not None:
+            ctx.moves.append(move)
+            woken = set()
+            for ent in ctx._entities.values():
+                for job in ent.jobs:
+                    job.deps.append(move)
+                if ent.jobs and ent.sched not in woken:
+                    woken.add(ent.sched)
+                    move.add_done_callback(ent.sched._dependency_signalled)
+        copy.add_done_callback(lambda _f: self.submit_wq.call(self._complete_move, move))
+
+    def _complete_move(self, move) -> None:
+        """The copy of a move has signalled (in the submission context, or at stop)."""
+        with self.lock:
+            entry = self._moves.pop(move, None)
+            if entry is None:
+                return
+            bo, copy, switch, release = entry
+            if copy.error is not None:
+                log.warning("gpu%d: the move of %r failed: %s", self.index, bo, copy.error)
+            switch()
+            release()
+            if bo.moving is move:
+                bo.moving = None
+        move.signal()
+
+    def _switch_ptes(self, bo: BufferObject, extents, flags_on: int, flags_off: int) -> None:
+        """Point the PTEs of bo.va (if the owner's VM still maps it there) at `extents`,
+        with the same permissions plus `flags_on` minus `flags_off`; TLB invalidated."""
+        ctx = bo.context
+        if ctx is None or ctx.vm.freed:
+            return
+        m = ctx.vm.mapping_at(bo.va)
+        if m is None or m[0] != bo.va:
+            return
+        flags = (m[2] | flags_on) & ~flags_off
+        ctx.vm.unmap(bo.va)  # PTEs cleared, TLB of the VMID invalidated
+        ctx.vm.map(bo.va, extents, flags)
+        self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
+
+    def _vram_moving_out(self) -> int:
+        """Bytes of VRAM that evictions in flight will free."""
+        return sum(size for _f, size in self._evictions)
+
+    def _placement_deps(self, ctx: "Context") -> list:
+        """For a job ctx submits (lock held): bring its evicted BOs back first if it has
+        nothing on the hardware (restores into free VRAM only); -> the fences of its
+        moves in flight, which the job must wait for."""
+        if ctx.evicted_bos and not self._ctx_on_gpu(ctx):
+            self._restore_evicted(ctx)
+        return ctx.move_fences() if ctx.moves else []
+
     def _evict_bo(self, bo: BufferObject) -> bool:
-        """Move an idle context's BO to host memory: copy it out through the VRAM BAR,
-        dma_map the copy, rewrite its PTEs to PTE_SYSTEM pages there (same VA, TLB
-        flushed), free its VRAM. The lock is held and the context has nothing on the GPU.
-        A shared BO moves only when no job uses it (host/kmd/prime.py); -> moved."""
+        """Start moving an idle context's BO to host memory (lock held; the context has
+        nothing on the GPU): dma_map a host buffer and submit the copy VRAM -> host pages
+        on a copy engine; once it has signalled, its PTEs point at PTE_SYSTEM pages there
+        (same VA, TLB flushed) and the VRAM is freed (_complete_move). A shared BO moves
+        only when no job uses it (host/kmd/prime.py); -> started."""
         move = self.prime.begin_move(bo)
         if move is None:
             return False
-        try:
-            ctx = bo.context
-            buf = np.empty(bo.size, dtype=np.uint8)
-            off = 0
-            for phys, size in bo.extents:
-                buf[off:off + size] = self.vram.view(phys, size)
-                off += size
-            mapping = self.dma_map(buf)
-            mapped = ctx is not None and not ctx.vm.freed and ctx._bos.get(bo.va) is bo
-            if mapped:
-                flags = ctx.vm.mapping_at(bo.va)[2]
-                ctx.vm.unmap(bo.va)  # PTEs cleared, TLB of the VMID invalidated
-                ctx.vm.map(bo.va, [(mapping.bus_addr, bo.size)], flags | regs.PTE_SYSTEM)
-                self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
-            self._release_vram(bo.blocks)
-            bo.blocks, bo.extents, bo.sysmem = [], [], mapping
-        finally:
+        ctx = bo.context
+        mapping = self.dma_map(np.empty(bo.size, dtype=np.uint8))
+        copies, off = [], 0
+        for phys, size in bo.extents:
+            copies.append((phys, mapping.bus_addr + off, size))
+            off += size
+        copy = self._start_move(copies, "d2h")
+        if copy is None:
+            self.dma_unmap(mapping)
             move.signal()
+            return False
+        old = bo.blocks
+        bo.blocks, bo.extents, bo.sysmem = [], [], mapping
+        entry = (move, bo.size)
+        self._evictions.append(entry)
+
+        def release():
+            self._evictions.remove(entry)
+            self._release_vram(old)
+        self._track_move(bo, copy, move, lambda: self._switch_ptes(
+            bo, [(mapping.bus_addr, bo.size)], regs.PTE_SYSTEM, 0), release)
         if ctx is not None:
             ctx.evicted_bos += 1
             ctx.stats["bos_evicted"] += 1
@@ -151,9 +257,12 @@ class EvictMixin:
         return True
 
     def _restore_bo(self, bo: BufferObject) -> bool:
-        """Bring an evicted BO back into free VRAM (never evicts); -> False if it does not
-        fit, is pinned in system memory for an importer, or is shared and busy."""
-        if bo.size > self.mm.avail or bo.sys_pins:
+        """Start bringing an evicted BO back into free VRAM (never evicts; lock held, its
+        context has nothing on the GPU): submit the copy host pages -> VRAM on a copy
+        engine; once it has signalled, its PTEs point at the VRAM and the host copy goes
+        (_complete_move). -> False if it does not fit, is pinned in system memory for an
+        importer, is being moved, or is shared and busy."""
+        if bo.size > self.mm.avail or bo.sys_pins or self._bo_moving(bo):
             return False
         try:
             blocks = self.mm.alloc_blocks(bo.size)
@@ -163,31 +272,33 @@ class EvictMixin:
         if move is None:
             self.mm.free_blocks(blocks)
             return False
-        try:
-            ctx = bo.context
-            extents = blocks_to_extents(blocks)
-            src = bo.sysmem.buf
-            off = 0
-            for phys, size in extents:
-                self.vram.view(phys, size)[:] = src[off:off + size]
-                off += size
-            flags = ctx.vm.mapping_at(bo.va)[2] & ~regs.PTE_SYSTEM
-            ctx.vm.unmap(bo.va)
-            ctx.vm.map(bo.va, extents, flags)
-            self.mmio.write(regs.REG_VM_INVALIDATE, ctx.vmid)
-            self._drop_sysmem(bo)
-            bo.blocks, bo.extents = blocks, extents
-        finally:
+        ctx = bo.context
+        extents = blocks_to_extents(blocks)
+        mapping = bo.sysmem
+        copies, off = [], 0
+        for phys, size in extents:
+            copies.append((mapping.bus_addr + off, phys, size))
+            off += size
+        copy = self._start_move(copies, "h2d")
+        if copy is None:
+            self.mm.free_blocks(blocks)
             move.signal()
+            return False
+        bo.sysmem = None
+        bo.blocks, bo.extents = blocks, extents
+        ctx.evicted_bos -= 1
+        self._track_move(bo, copy, move,
+                         lambda: self._switch_ptes(bo, extents, 0, regs.PTE_SYSTEM),
+                         lambda: self._release_host_copy(mapping, bo.size))
         self.mem_counters["restores"] += 1
         self.mem_counters["bytes_restored"] += bo.size
         ctx.stats["bos_restored"] += 1
         return True
 
     def _restore_evicted(self, ctx: "Context | None" = None) -> int:
-        """Migrate evicted BOs back into free VRAM (of `ctx`, or of every context: higher
-        priority and more recently used first), skipping contexts with work on the GPU;
-        -> how many."""
+        """Start migrating evicted BOs back into free VRAM (of `ctx`, or of every context:
+        higher priority and more recently used first), skipping contexts with work on
+        the GPU; -> how many."""
         if not self.evicted_bytes:
             return 0
         ctxs = [ctx] if ctx is not None else sorted(
@@ -207,39 +318,56 @@ class EvictMixin:
         return [j.finished for s in self.schedulers for j in s.in_flight
                 if j.entity.owner is ctx and j.finished is not None]
 
+    def _vram_wait_fences(self, busy: int, requester) -> list:
+        """What an allocation that found no room waits for: the evictions in flight (their
+        VRAM is freed once they signal), else the jobs of busy victims."""
+        if self._evictions:
+            return [f for f, _size in self._evictions]
+        if not busy:
+            return []
+        self.mem_counters["evict_waits"] += 1
+        return [f for c in self.contexts.values() if c is not requester
+                for f in self._busy_fences(c)]
+
     def _alloc_vram(self, size: int, requester: "Context | None"):
         """Buddy blocks for a BO of `requester` (None: a shared segment), evicting other
-        contexts' BOs to host memory when VRAM is full. When the only victims are busy on
-        the GPU it waits for them (host/kmd/wouldblock.py: up to `timeout`, lock released;
-        in non-blocking mode WouldBlock on their jobs' fences). Raises OutOfMemory."""
-        deadline = None
-        while True:
-            try:
-                return self.mm.alloc_blocks(size)
-            except OutOfMemory as e:
-                err = e
-            evicted, busy = self._evict_for(size, requester)
-            if evicted:
-                continue
-            if not busy:
-                raise OutOfMemory(f"{size} bytes of VRAM requested, {self.mm.avail} free, and "
+        contexts' BOs to host memory when VRAM is full (_make_room). Raises OutOfMemory."""
+        try:
+            return self.mm.alloc_blocks(size)
+        except OutOfMemory:
+            pass
+        self._make_room(size, requester)
+        return self.mm.alloc_blocks(size)
+
+    def _make_room(self, need: int, requester: "Context | None") -> None:
+        """Have `need` bytes of VRAM free, evicting BOs of contexts other than `requester`.
+        Until the evictions' copies are done, and when the only victims are busy on the
+        GPU, it waits for them (host/kmd/wouldblock.py: up to `timeout`, lock released;
+        in non-blocking mode WouldBlock on their fences). Raises OutOfMemory."""
+        deadline = time.monotonic() + self.timeout
+        while self.mm.avail < need:
+            evicted, busy = self._evict_for(need, requester)
+            self._reclaim_locked()  # evictions already done give their VRAM back
+            if self.mm.avail >= need:
+                return
+            fences = self._vram_wait_fences(busy, requester)
+            if not fences:
+                if evicted:
+                    continue
+                raise OutOfMemory(f"{need} bytes of VRAM needed, {self.mm.avail} free, and "
                                   f"nothing more can be evicted ({self.evicted_bytes} of "
-                                  f"{self.max_evicted_bytes} evicted bytes in use): {err}")
-            if deadline is None:
-                deadline = time.monotonic() + self.timeout
-                self.mem_counters["evict_waits"] += 1
-            fences = [f for c in self.contexts.values() if c is not requester
-                      for f in self._busy_fences(c)]
+                                  f"{self.max_evicted_bytes} evicted bytes in use)")
             wouldblock.wait(self, fences, deadline, OutOfMemory(
-                f"{size} bytes of VRAM requested, {self.mm.avail} free; the contexts that "
+                f"{need} bytes of VRAM needed, {self.mm.avail} free; the contexts that "
                 "could be evicted stayed busy"))
             if requester is not None and requester.destroyed:
                 raise InvalidContext(f"context {requester.id} was destroyed")
             self._reclaim_locked()
 
     def _make_resident(self, bo: BufferObject) -> None:
-        """Bring an evicted BO back into VRAM now, evicting other contexts' BOs if needed
-        and waiting (wouldblock.wait: up to `timeout`) until its own context has no job on
+        """Have an evicted BO moved back into VRAM now (its PTEs then point there, and its
+        context's jobs wait for the copy), evicting other contexts' BOs if needed and
+        waiting (wouldblock.wait: up to `timeout`) until its own context has no job on
         the hardware. For code that needs bo.extents to be VRAM (e.g. map_bo_at, which
         maps the same pages at another VA). Raises OutOfMemory."""
         deadline = time.monotonic() + self.timeout
@@ -247,16 +375,19 @@ class EvictMixin:
             ctx = bo.context
             if bo.freed or ctx is None or ctx.destroyed:
                 raise InvalidContext("buffer object was freed or its context destroyed")
-            if not self._ctx_on_gpu(ctx):
+            if self._bo_moving(bo):  # its eviction: wait for it to be done
+                fences = [bo.moving]
+            elif not self._ctx_on_gpu(ctx):
                 if self._restore_bo(bo):
                     return
-                evicted, busy = self._evict_for(bo.size, ctx)
-                if evicted:
+                if self.mm.avail < bo.size:
+                    self._make_room(bo.size, ctx)
                     continue
-                if not busy:
-                    raise OutOfMemory(f"no room in VRAM for the {bo.size}-byte evicted "
-                                      "buffer object")
-            fences = [f for c in self.contexts.values() for f in self._busy_fences(c)]
+                fences = bo.resv.fences() if bo.resv is not None else []  # shared, busy
+                if not fences:
+                    raise OutOfMemory(f"{bo!r} is pinned in system memory")
+            else:
+                fences = [f for c in self.contexts.values() for f in self._busy_fences(c)]
             wouldblock.wait(self, fences, deadline, OutOfMemory(
                 "the evicted buffer object could not be made resident (contexts stayed busy)"))
             self._reclaim_locked()

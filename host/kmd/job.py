@@ -189,6 +189,8 @@ class JobMixin:
                 raise ContextLost(f"context {ctx.id} was lost after a GPU hang "
                                   f"({ctx.lost_reason}); destroy it")
             self._reclaim_locked()
+            if ctx.evicted_bos or ctx.moves:  # restores, and moves to wait for (evict.py)
+                deps += self._placement_deps(ctx)
             sched = self.schedulers[engine]
             ent = ctx._entity(sched, timeline)
             now = self.clock_ns()
@@ -237,8 +239,6 @@ class JobMixin:
         ctx = ent.owner
         ib = job.payload
         ctx.last_use_ns = job.run_ns
-        if ctx.evicted_bos and not self._ctx_on_gpu(ctx):
-            self._restore_evicted(ctx)  # only into free VRAM; never waits
         if ctx.stale_imports:
             self.prime.remap_stale(ctx)  # the exporter moved a buffer this job may use
         slot = None
@@ -294,26 +294,31 @@ class JobMixin:
         return fence
 
     def _hw_done(self, job: SchedJob, hw_fence: Fence) -> None:
-        """The hardware fence of a job signalled (on an interrupt thread, no lock held)."""
+        """The hardware fence of a job signalled (top half: on an interrupt thread, no lock
+        held): mark the job done; the jobs queued behind it run in the submission context
+        (submit.py), never here."""
         with self.lock:
             sched = job.entity.sched
             now = self.clock_ns()
             end = hw_fence.timestamp if hw_fence.timestamp is not None else now
+            more = False
             if sched.job_done(job, hw_fence, end, now):
-                sched.schedule(now)
+                more = sched.n_queued > 0
                 self._arm_timer(sched)
             signals = self._take_signals()
+        if more:
+            batch = self._batch
+            if batch is not None and batch.owner == threading.get_ident():
+                batch.resume.add(sched)  # its thread is the submission context (batch.py)
+            else:
+                self.submit_wq.queue(sched)
         self._signal(signals)
 
     def wake(self, sched: GpuScheduler) -> None:
-        """A dependency of a queued job signalled (any thread, no lock held)."""
-        with self.lock:
-            if self.stopped:
-                return
-            sched.schedule(self.clock_ns())
-            self._arm_timer(sched)
-            signals = self._take_signals()
-        self._signal(signals)
+        """A dependency of a queued job signalled (any thread, no lock held): the
+        submission context schedules the ring."""
+        if not self.stopped:
+            self.submit_wq.queue(sched)
 
     def _take_signals(self) -> list:
         out = []

@@ -1,6 +1,7 @@
-"""Timers and TDR (drm_sched's timeout work): one worker thread per device runs the
-job timeouts and BAND's time-buffer timer of every ring, and recover() resets an engine
-whose job ran past its timeout."""
+"""Timers and TDR (drm_sched's timeout work): the timer pass checks the job timeouts and
+BAND's time-buffer timer of every ring, and recover() resets an engine whose job ran past
+its timeout. Both run in the device's submission context (its worker, submit.py): the
+resubmission of the innocent jobs after a reset is a run_job."""
 
 from __future__ import annotations
 
@@ -14,28 +15,22 @@ log = logging.getLogger("pvgpu.kmd")
 
 
 class TdrMixin:
-    """KmdDevice's timer worker and engine recovery."""
+    """KmdDevice's timers and engine recovery."""
 
-    TIMER_TICK_NS = 20_000_000  # the timer worker never sleeps longer than this
+    TIMER_TICK_NS = 20_000_000  # the timer pass runs at least this often
 
     def _arm_timer(self, sched: GpuScheduler) -> None:
-        """Wake the timer worker if `sched` now has a deadline before the worker's next
-        wakeup. Job timeouts are far off and wait for the next tick (at most 20 ms late),
-        so an ordinary submission does not wake a thread; time buffers are short and do."""
+        """Have the timer pass run by `sched`'s next deadline (lock held). Job timeouts are
+        far off and wait for the next tick (at most 20 ms late), so an ordinary submission
+        does not wake a thread; time buffers are short and do."""
         deadline = sched.next_deadline()
-        if deadline is None:
-            return
-        target = self._timer_target
-        if target is None:
-            target = self._timer_idle_since + self.TIMER_TICK_NS
-        if deadline < target:
-            with self._timer_cond:
-                self._timer_target = deadline
-                self._timer_cond.notify()
+        if deadline is not None:
+            self.submit_wq.arm(deadline)
 
-    def _timer_worker(self) -> None:
-        """drm_sched's timeout work and the BAND time-buffer timer, for every ring."""
-        while True:
+    def _timer_pass(self) -> int | None:
+        """drm_sched's timeout work and the BAND time-buffer timer, for every ring (in the
+        submission worker); -> the next deadline (device ns), or None."""
+        while not self.stopped:
             timed_out = None
             with self.lock:
                 now = self.clock_ns()
@@ -52,30 +47,13 @@ class TdrMixin:
                         deadlines.append(d)
                 signals = self._take_signals()
             self._signal(signals)
-            if timed_out is not None:
-                try:
-                    self.recover(*timed_out)
-                except Exception:  # noqa: BLE001 - the timer must survive anything
-                    log.exception("gpu%d: recovery failed", self.index)
-                continue
-            with self._timer_cond:
-                if self._timer_stop:
-                    return
-                target = min(deadlines) if deadlines else None
-                if self._timer_target is not None and (target is None or self._timer_target < target):
-                    target = self._timer_target
-                now = self.clock_ns()
-                self._timer_target = target
-                if target is None or target > now + self.TIMER_TICK_NS:
-                    self._timer_target = None  # sleep one tick; _arm_timer knows until when
-                    self._timer_idle_since = now
-                    target = now + self.TIMER_TICK_NS
-                wait = max(0.0, (target - now) / 1e9)
-                if wait > 0:
-                    self._timer_cond.wait(wait)
-                self._timer_target = None
-                if self._timer_stop:
-                    return
+            if timed_out is None:
+                return min(deadlines) if deadlines else None
+            try:
+                self.recover(*timed_out)
+            except Exception:  # noqa: BLE001 - the timers must survive anything
+                log.exception("gpu%d: recovery failed", self.index)
+        return None
 
     def recover(self, sched: GpuScheduler, job: SchedJob) -> bool:
         """TDR: `job` ran past its timeout on `sched`'s ring. Stop that ring's scheduler,

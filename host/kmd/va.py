@@ -194,8 +194,9 @@ class ContextVaMixin:
                     raise OutOfMemory(f"{self.limits.max_va_mappings} mappings in use")
                 pending = any(s < va + size and va < s + n for s, n, _f in self.vm.mappings())
                 if getattr(bo, "sysmem", None) is not None:  # evicted: back into VRAM first
-                    if dev._ctx_on_gpu(self):
-                        pending = True  # its jobs may be using the host copy: wait
+                    if dev._ctx_on_gpu(self) or dev._bo_moving(bo):
+                        pending = True  # its jobs may be using the host copy, or it is
+                        # still being evicted: wait
                     elif not dev._restore_bo(bo):
                         raise OutOfMemory(f"{bo!r} is evicted to host memory and does not "
                                           "fit back into VRAM to be mapped")

@@ -81,7 +81,10 @@ def test_eviction_keeps_data_reachable_and_restores_on_free(make_dev):
     assert np.array_equal(read(a, win, victim, 2 * n), data[i])
     # b frees its BO: a's BOs migrate back, PTEs point at VRAM again
     b.free(big)
-    assert dev.evicted_bytes == 0 and not any(bo.evicted for bo in bos)
+    assert not any(bo.evicted for bo in bos)  # the moves back are under way
+    assert a.wait_idle(5)  # they are a's pending work until their copies are done
+    dev.reclaim()  # then the host copies go
+    assert dev.evicted_bytes == 0
     for bo, d in zip(bos, data):
         e = pte(a, bo)
         assert e & regs.PTE_VALID and not e & regs.PTE_SYSTEM and e & regs.PTE_ADDR_MASK == bo.phys
@@ -276,5 +279,7 @@ def test_make_resident(make_dev):
     assert bo.evicted
     with dev.lock:
         dev._make_resident(bo)  # evicts b's BO in turn
-    assert not bo.evicted and x.evicted and not pte(a, bo) & regs.PTE_SYSTEM
+    assert not bo.evicted and x.evicted
+    assert a.wait_idle(5)  # the restore's copy: the PTEs switch once it is done
+    assert not pte(a, bo) & regs.PTE_SYSTEM
     assert np.array_equal(read(a, win, bo, MiB), d)

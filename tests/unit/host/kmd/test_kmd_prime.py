@@ -66,6 +66,7 @@ def test_without_p2p_the_buffer_moves_to_system_memory(pair, topology, peer2peer
     fill(a, wa, src, data)
     imp = b.import_dmabuf(a.export_dmabuf(src), peer2peer=peer2peer)
     assert imp.kind == "system" and src.sysmem is not None and src.sys_pins == 1
+    assert a.wait_idle(5)  # the migration's copy: the exporter's PTEs switch once it is done
     assert b.vm.walk(imp.va) & regs.PTE_SYSTEM and a.vm.walk(src.va) & regs.PTE_SYSTEM
     out = b.alloc(4 * N)
     scale(b, out, imp, 3.0, N)

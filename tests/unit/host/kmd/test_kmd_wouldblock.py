@@ -44,8 +44,12 @@ def test_allocation_on_busy_victims_would_block_then_evicts(make_dev):
     assert not victim.evicted
     gates.open()
     assert wb.fence.wait(DEADLINE)
+    with nonblocking(), pytest.raises(WouldBlock) as e:
+        other.alloc(size)  # the victim is idle now: its eviction starts, on a copy engine
+    assert victim.evicted and isinstance(e.value.error, OutOfMemory)
+    assert e.value.fence.wait(DEADLINE)  # the eviction's copy
     with nonblocking():
-        bo = other.alloc(size)  # the victim is idle now
+        bo = other.alloc(size)  # its VRAM is free now
     assert bo.size >= size and victim.evicted
     np.testing.assert_array_equal(read(busy, win, victim, data.size), data)
 

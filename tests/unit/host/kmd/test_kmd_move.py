@@ -1,0 +1,141 @@
+"""Buffer moves (host/kmd/evict.py): eviction and restore are COPY jobs in the kernel VMID on
+a copy engine; the owner's later jobs wait for the move, whose PTE switch and release of
+the old placement happen once the copy has signalled."""
+
+import numpy as np
+
+from host.hw import regs
+from spec import kernels
+
+P = regs.PAGE_SIZE
+MiB = 1 << 20
+W = 0x7000_0000_0000  # where the test maps its host window
+
+
+class Window:
+    """Host memory dma-mapped and mapped at W in a context."""
+
+    def __init__(self, dev, ctx, size=4 * MiB):
+        self.buf = np.zeros(size, dtype=np.uint8)
+        ctx.map_system(dev.dma_map(self.buf), W)
+
+
+def put(ctx, win, bo, data):
+    raw = data.view(np.uint8)
+    win.buf[:raw.size] = raw
+    f = ctx.submit_copy(W, bo.va, raw.size)
+    assert f.wait(5) and f.error is None, f.error
+
+
+def get(ctx, win, bo, data):
+    f = ctx.submit_copy(bo.va, W + MiB, data.nbytes)
+    return f
+
+
+def got(win, data):
+    return win.buf[MiB:MiB + data.nbytes].view(data.dtype)
+
+
+def copies(dev, engine):
+    return dev.gpu.engines[engine].cp.copies
+
+
+def test_eviction_and_restore_run_on_the_copy_engines_and_keep_the_data(make_dev):
+    dev = make_dev(vram_size=8 * MiB)
+    a = dev.create_context("a")
+    win = Window(dev, a)
+    bo = a.alloc(MiB)
+    data = np.arange(MiB // 4, dtype=np.float32)
+    put(a, win, bo, data)
+    d2h, h2d = copies(dev, regs.ENGINE_COPY1), copies(dev, regs.ENGINE_COPY0)
+    with dev.lock:
+        assert dev._evict_bo(bo)
+        move = bo.moving
+        # the PTEs switch once the copy is done (it cannot be while this lock is held)
+        assert not a.vm.walk(bo.va) & regs.PTE_SYSTEM
+    assert move.wait(5) and move.error is None
+    assert copies(dev, regs.ENGINE_COPY1) > d2h  # VRAM -> host pages on the d2h engine
+    assert bo.evicted and a.vm.walk(bo.va) & regs.PTE_SYSTEM
+    assert np.array_equal(bo.sysmem.buf.view(np.float32), data)
+    filler = dev.create_context("filler")
+    with dev.lock:  # (reclaim() would bring bo back at once)
+        dev._reclaim_locked()
+        room = dev.mm.avail - MiB // 2
+    fill = filler.alloc(room)  # no room left to bring bo back for a's next job
+    # a kernel on the system pages
+    f = a.submit_launch(kernels.KERNEL_SCALE, (MiB // 4 // 256,), (256,),
+                        [bo.va, bo.va, int(np.float32(3.0).view(np.uint32)), MiB // 4])
+    assert f.wait(5) and f.error is None
+    assert bo.evicted and h2d == copies(dev, regs.ENGINE_COPY0)
+    with dev.lock:
+        filler.free(fill)  # frees VRAM: a's BO moves back
+        assert not bo.evicted
+        move = bo.moving
+        assert a.vm.walk(bo.va) & regs.PTE_SYSTEM  # until the copy is done
+    assert move.wait(5) and move.error is None
+    assert not a.vm.walk(bo.va) & regs.PTE_SYSTEM
+    assert copies(dev, regs.ENGINE_COPY0) > h2d  # host pages -> VRAM on the h2d engine
+    f = get(a, win, bo, data)
+    assert f.wait(5) and f.error is None
+    assert np.array_equal(got(win, data), data * 3)
+    dev.reclaim()
+    assert dev.evicted_bytes == 0 and dev.mem_stats()["restores"] == 1
+
+
+def test_a_job_submitted_right_after_the_eviction_waits_for_its_copy(make_dev):
+    dev = make_dev(vram_size=8 * MiB)
+    a = dev.create_context("a")
+    win = Window(dev, a)
+    bo = a.alloc(MiB)
+    data = np.arange(MiB // 4, dtype=np.float32) + 7
+    put(a, win, bo, data)
+    free = dev.mm.avail
+    with dev.lock:  # the copy cannot complete (its fence signals under this lock) meanwhile
+        assert dev._evict_bo(bo)
+        move = bo.moving
+        assert dev.mm.avail == free  # the VRAM is freed only once the copy has signalled
+        f = get(a, win, bo, data)
+        assert move in f.job.deps
+    assert f.wait(5) and f.error is None
+    assert a.vm.walk(bo.va) & regs.PTE_SYSTEM  # it ran after the switch
+    assert np.array_equal(got(win, data), data)
+    with dev.lock:
+        dev._reclaim_locked()
+        assert dev.mm.avail == free + MiB
+
+
+def test_a_job_queued_before_the_eviction_waits_for_its_copy(make_dev, gate):
+    dev = make_dev(vram_size=8 * MiB)
+    a = dev.create_context("a")
+    win = Window(dev, a)
+    bo = a.alloc(MiB)
+    data = np.arange(MiB // 4, dtype=np.float32) - 5
+    put(a, win, bo, data)
+    g = gate()
+    f = a.submit_copy(bo.va, W + MiB, data.nbytes, wait=[g])  # queued: touches no memory yet
+    with dev.lock:
+        assert dev._evict_bo(bo)
+        assert bo.moving in f.job.deps
+    g.signal()
+    assert f.wait(5) and f.error is None
+    assert np.array_equal(got(win, data), data)
+
+
+def test_a_job_of_the_owner_restores_its_buffers_first_and_waits_for_them(make_dev):
+    dev = make_dev(vram_size=8 * MiB)
+    a = dev.create_context("a")
+    win = Window(dev, a)
+    bo = a.alloc(MiB)
+    data = np.arange(MiB // 4, dtype=np.float32) * 2
+    put(a, win, bo, data)
+    with dev.lock:
+        assert dev._evict_bo(bo)
+    assert a.wait_idle(5)
+    with dev.lock:
+        dev._reclaim_locked()
+    assert bo.evicted and not bo.moving
+    with dev.lock:
+        f = get(a, win, bo, data)  # VRAM is free: the restore starts first
+        assert not bo.evicted and bo.moving in f.job.deps
+    assert f.wait(5) and f.error is None
+    assert np.array_equal(got(win, data), data)
