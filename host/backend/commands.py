@@ -74,6 +74,7 @@ class Timeline:
     last_fence: object = None
     unreported: list = field(default_factory=list)  # fences of unfenced jobs not yet reported
     waits: list = field(default_factory=list)  # EVENT_WAIT fences the next job depends on
+    prune_at: int = 64  # prune `unreported` once it is this long (twice what a prune kept)
 
     def take_error(self) -> Optional[CommandError]:
         """The first error of an earlier unfenced job, if any; clears what is reported."""
@@ -85,8 +86,12 @@ class Timeline:
         return err
 
     def prune(self) -> None:
-        if len(self.unreported) > 64:
+        """Forget the unreported fences that signalled without an error. Amortised O(1)
+        per job: with many jobs still queued a prune keeps most of them, so the next one
+        waits until the list has doubled."""
+        if len(self.unreported) > self.prune_at:
             self.unreported = [f for f in self.unreported if not f.signaled or f.error is not None]
+            self.prune_at = max(64, 2 * len(self.unreported))
 
 
 @dataclass
