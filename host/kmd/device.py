@@ -169,14 +169,21 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         self.shm = ShmManager(self, DEFAULT_VGPU)  # shared device memory segments
         self.prime = PrimeExporter(self)  # dma-buf export and import (host/kmd/prime.py)
         # the context of buffer moves (evict.py): kernel VMID, kernel priority, in no registry
-        self._move_ctx = Context(self, 0, regs.VMID_KERNEL, None, "kmd-moves")
-        self._move_ctx.priority = PRIORITY_KERNEL
-        self._moves = {}  # move fence -> (bo, copy fence, switch, release): moves in flight
+        self._move_ctx = self._new_move_context()
+        self._moves = {}  # move fence -> (bo, copy fence, switch, release, abort) in flight
         self._evictions = []  # (move fence, bytes) of evictions whose VRAM is not yet freed
         self.submit_wq = SubmitQueue(self, self.TIMER_TICK_NS)  # the submission context
         self.mmio.write(regs.REG_VM_INVALIDATE, regs.VM_INVALIDATE_ALL)
         gpu.irq.set_handler(self._irq)
         self.mmio.write(regs.REG_IRQ_ENABLE, 1)
+
+    def _new_move_context(self) -> Context:
+        """The context of buffer moves (evict.py): kernel VMID, kernel priority, in no
+        registry. A hang in one of its copies loses it like any context (TDR), so recovery
+        gives the device a fresh one (tdr.py): later moves still run."""
+        ctx = Context(self, 0, regs.VMID_KERNEL, None, "kmd-moves")
+        ctx.priority = PRIORITY_KERNEL
+        return ctx
 
     def _kernel_alloc(self, size: int):
         blocks = self.mm.alloc_blocks(size, flags=TOPDOWN | CONTIGUOUS)

@@ -157,15 +157,17 @@ class EvictMixin:
             log.warning("gpu%d: buffer move not started: %s", self.index, e)
             return None
 
-    def _track_move(self, bo: BufferObject, copy, move, switch, release) -> None:
+    def _track_move(self, bo: BufferObject, copy, move, switch, release, abort) -> None:
         """A move of `bo` is in flight, its copy's fence is `copy`; `move` is the fence
         begin_move put into the BO's reservation object. The owner's jobs still queued and
         those it submits later wait for `move` (implicit sync), and so do the importers.
         Once the copy has signalled, the submission context switches the PTEs to the new
-        placement (`switch`), frees the old one (`release`) and then signals `move`."""
+        placement (`switch`), frees the old one (`release`) and then signals `move`; if
+        the copy failed (a fault, an engine reset), the new placement holds no valid data:
+        `abort` gives it back and the BO stays where it was."""
         ctx = bo.context
         bo.moving = move
-        self._moves[move] = (bo, copy, switch, release)
+        self._moves[move] = (bo, copy, switch, release, abort)
         if ctx is not None:
             ctx.moves.append(move)
             woken = set()
@@ -183,11 +185,15 @@ class EvictMixin:
             entry = self._moves.pop(move, None)
             if entry is None:
                 return
-            bo, copy, switch, release = entry
+            bo, copy, switch, release, abort = entry
             if copy.error is not None:
-                log.warning("gpu%d: the move of %r failed: %s", self.index, bo, copy.error)
-            switch()
-            release()
+                log.warning("gpu%d: the move of %r failed, it stays where it was: %s",
+                            self.index, bo, copy.error)
+                self.mem_counters["moves_failed"] += 1
+                abort()
+            else:
+                switch()
+                release()
             if bo.moving is move:
                 bo.moving = None
         move.signal()
@@ -246,8 +252,16 @@ class EvictMixin:
         def release():
             self._evictions.remove(entry)
             self._release_vram(old)
+
+        def abort():  # the BO keeps its VRAM (and its PTEs, never switched)
+            self._evictions.remove(entry)
+            bo.blocks, bo.extents, bo.sysmem = old, blocks_to_extents(old), None
+            self.dma_unmap(mapping)
+            self.evicted_bytes -= bo.size
+            if ctx is not None and not ctx.destroyed:
+                ctx.evicted_bos -= 1
         self._track_move(bo, copy, move, lambda: self._switch_ptes(
-            bo, [(mapping.bus_addr, bo.size)], regs.PTE_SYSTEM, 0), release)
+            bo, [(mapping.bus_addr, bo.size)], regs.PTE_SYSTEM, 0), release, abort)
         if ctx is not None:
             ctx.evicted_bos += 1
             ctx.stats["bos_evicted"] += 1
@@ -287,9 +301,15 @@ class EvictMixin:
         bo.sysmem = None
         bo.blocks, bo.extents = blocks, extents
         ctx.evicted_bos -= 1
+        def abort():  # the BO stays in host memory (its PTEs were never switched)
+            bo.sysmem = mapping
+            bo.blocks, bo.extents = [], []
+            self.mm.free_blocks(blocks)
+            if not ctx.destroyed:
+                ctx.evicted_bos += 1
         self._track_move(bo, copy, move,
                          lambda: self._switch_ptes(bo, extents, 0, regs.PTE_SYSTEM),
-                         lambda: self._release_host_copy(mapping, bo.size))
+                         lambda: self._release_host_copy(mapping, bo.size), abort)
         self.mem_counters["restores"] += 1
         self.mem_counters["bytes_restored"] += bo.size
         ctx.stats["bos_restored"] += 1

@@ -94,6 +94,8 @@ class TdrMixin:
             for other in self.schedulers:
                 if other is not sched:
                     other.mark_lost([ctx], now)
+            if ctx is self._move_ctx:  # its failed copies abort their moves (evict.py)
+                self._move_ctx = self._new_move_context()
             for s in self.schedulers:
                 s.schedule(now)
                 self._arm_timer(s)

@@ -2,9 +2,11 @@
 a copy engine; the owner's later jobs wait for the move, whose PTE switch and release of
 the old placement happen once the copy has signalled."""
 
+import time
+
 import numpy as np
 
-from host.hw import regs
+from host.hw import packets, regs
 from spec import kernels
 
 P = regs.PAGE_SIZE
@@ -139,3 +141,100 @@ def test_a_job_of_the_owner_restores_its_buffers_first_and_waits_for_them(make_d
         assert not bo.evicted and bo.moving in f.job.deps
     assert f.wait(5) and f.error is None
     assert np.array_equal(got(win, data), data)
+
+
+class FailingMoveCopies:
+    """The copy engine `engine` runs the kernel VMID's COPY packets (buffer moves) as a
+    fault (`mode="fault"`: their destination is an unmapped bus address) or as a hung DMA
+    (`mode="hang"`: the copy makes no progress until an engine reset stops it)."""
+
+    def __init__(self, dev, engine, mode):
+        cp = dev.gpu.engines[engine].cp
+        self.cp, self.orig = cp, cp._handlers[packets.PKT_COPY]
+        self.mode = mode
+        self.active = True
+        cp._handlers[packets.PKT_COPY] = self._copy
+
+    def _copy(self, body, vmid, ctl):
+        if not (self.active and vmid == regs.VMID_KERNEL):
+            return self.orig(body, vmid, ctl)
+        if self.mode == "hang":
+            while not ctl.stopped():
+                time.sleep(0.001)
+            return None
+        bad = 0x7FFF_0000_0000  # mapped nowhere: the copy faults
+        body = list(body)
+        body[2], body[3] = bad & 0xFFFF_FFFF, bad >> 32
+        return self.orig(body, vmid, ctl)
+
+
+def test_a_failed_eviction_copy_leaves_the_buffer_in_vram_with_its_data(make_dev):
+    dev = make_dev(vram_size=8 * MiB)
+    a = dev.create_context("a")
+    win = Window(dev, a)
+    bo = a.alloc(MiB)
+    data = np.arange(MiB // 4, dtype=np.float32)
+    put(a, win, bo, data)
+    FailingMoveCopies(dev, regs.ENGINE_COPY1, "fault")
+    avail = dev.mm.avail
+    with dev.lock:
+        assert dev._evict_bo(bo)
+        move = bo.moving
+    assert move.wait(5)
+    assert dev.mem_counters["moves_failed"] == 1
+    assert not bo.evicted and a.evicted_bos == 0 and dev.evicted_bytes == 0
+    assert not a.vm.walk(bo.va) & regs.PTE_SYSTEM
+    assert dev.mm.avail == avail  # its VRAM was not freed
+    f = get(a, win, bo, data)
+    assert f.wait(5) and f.error is None
+    assert np.array_equal(got(win, data), data)
+
+
+def test_a_failed_restore_copy_leaves_the_buffer_in_host_memory_with_its_data(make_dev):
+    dev = make_dev(vram_size=8 * MiB)
+    a = dev.create_context("a")
+    win = Window(dev, a)
+    bo = a.alloc(MiB)
+    data = np.arange(MiB // 4, dtype=np.float32)
+    put(a, win, bo, data)
+    with dev.lock:
+        assert dev._evict_bo(bo)
+        move = bo.moving
+    assert move.wait(5) and bo.evicted
+    FailingMoveCopies(dev, regs.ENGINE_COPY0, "fault")
+    avail = dev.mm.avail
+    with dev.lock:
+        assert dev._restore_bo(bo)
+        move = bo.moving
+    assert move.wait(5)
+    assert dev.mem_counters["moves_failed"] == 1
+    assert bo.evicted and a.evicted_bos == 1 and a.vm.walk(bo.va) & regs.PTE_SYSTEM
+    assert dev.mm.avail == avail  # the VRAM it was to move into went back
+    f = get(a, win, bo, data)
+    assert f.wait(5) and f.error is None
+    assert np.array_equal(got(win, data), data)
+
+
+def test_a_hung_move_is_reset_and_later_moves_still_run(make_dev):
+    """TDR loses the move context with its hung copy; the device takes a fresh one, so
+    the next eviction still works instead of every later allocation running out of VRAM."""
+    dev = make_dev(vram_size=8 * MiB, job_timeout_ns=200_000_000)
+    a = dev.create_context("a")
+    win = Window(dev, a)
+    bo = a.alloc(MiB)
+    data = np.arange(MiB // 4, dtype=np.float32)
+    put(a, win, bo, data)
+    hang = FailingMoveCopies(dev, regs.ENGINE_COPY1, "hang")
+    lost = dev._move_ctx
+    with dev.lock:
+        assert dev._evict_bo(bo)
+        move = bo.moving
+    assert move.wait(30)
+    assert lost.lost and dev._move_ctx is not lost and not dev._move_ctx.lost
+    assert not bo.evicted and dev.evicted_bytes == 0  # the hung move was abandoned
+    hang.active = False
+    with dev.lock:
+        assert dev._evict_bo(bo)
+        move = bo.moving
+    assert move.wait(5) and move.error is None and bo.evicted
+    assert np.array_equal(bo.sysmem.buf.view(np.float32), data)
