@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 from anymachine import with_longer_burns
 
+from host.backend.events import EventSnapshot
 from host.backend.session import Backend
 from host.hw.gpu import Platform
 from host.kmd.device import KmdDevice
+from host.kmd.fence import Fence
 from spec import wire
 from transport import codec
 from transport.memory import InlineGuestMemory
@@ -291,16 +293,20 @@ def test_full_engine_ring_holds_chains_back_instead_of_blocking(backend_small_ri
     g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
     hdr, body = g.call(cmd(wire.CMD_MEM_ALLOC, (1, 0, 4096), ctx_id=1))
     va, _ = struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, body)
-    burn = cmd(wire.CMD_LAUNCH, (wire.KERNEL_BURN, 1, 1, 1, 1, 1, 1, 1), ctx_id=1,
-               extra=struct.pack("<Q", 30_000))
-    g.mem.write(1 << 20, burn)
+    # the context's jobs wait behind a fence only the test signals (an imported event):
+    # however slow the machine, the flood finds the GPU busy
+    gate = Fence(-1, 1)
+    handle, token = backend.event_exports.export(
+        "the test", EventSnapshot([gate], clock=backend.kmds[0].clock_ns))
+    assert g.call(cmd(wire.CMD_EVENT_IMPORT, (5, handle, token)))[0][0] == wire.RESP_OK_NODATA
+    assert g.call(cmd(wire.CMD_EVENT_WAIT, (5,), ctx_id=1))[0][0] == wire.RESP_OK_NODATA
     heads = []
     for i in range(N_FLOOD):  # far more jobs than a 4 KiB ring holds
         at = (1 << 20) + 1024 * i
         launch = cmd(wire.CMD_LAUNCH, (wire.KERNEL_FILL, 1, 1, 1, 1, 1, 1, 3), ctx_id=1,
                      extra=struct.pack("<QQQ", va + 4 * (i % 1024), struct.unpack("<I", struct.pack("<f", float(i)))[0], 1))
-        g.mem.write(at, burn if i == 0 else launch)
-        heads.append(g.queue.add_chain([(at, len(burn if i == 0 else launch))],
+        g.mem.write(at, launch)
+        heads.append(g.queue.add_chain([(at, len(launch))],
                                        [(at + (1 << 19), wire.MIN_RESPONSE_SIZE)]))
         dirty = g.mem.take_dirty()
         g._deliver(backend.handle(g.peer, codec.encode(
@@ -312,6 +318,7 @@ def test_full_engine_ring_holds_chains_back_instead_of_blocking(backend_small_ri
     assert kmd.stats["ib_pool_waits"] == 0
     dev = backend.sessions[g.peer].devices[0]
     assert dev.stats["stalls"] >= 1
+    gate.signal()
     done = set()
     deadline = time.monotonic() + 10
     while len(done) < len(heads) and time.monotonic() < deadline:
