@@ -393,7 +393,8 @@ class JobMixin:
             if f.error is not None or error is not None:
                 stats["jobs_failed"] += 1
             finished.append((job.sched_job, f))
-        self._cond.notify_all()
+        if self._cond.waiting:
+            self._cond.notify_all()
         return finished
 
     def _retired(self, done: list, error, finished: list) -> None:
