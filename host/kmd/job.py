@@ -227,7 +227,7 @@ class JobMixin:
             self._arm_timer(sched)
         self._signal(signals)
         if kick is not None:  # the engine was idle: run the job here (RB_KICK_SYNC)
-            self.mmio.write(regs.REG_ENGINE(kick, regs.RB_KICK_SYNC), 1)
+            self.mmio.write(self.rings[kick].kick_sync_reg, 1)
         return job.finished
 
     # ------------------------------------------------------------------ scheduler ops
