@@ -104,7 +104,8 @@ class FenceCondition(threading.Condition):
     """The GPU's fence condition: every FENCE notifies it if a WAIT is waiting on it."""
 
     def __init__(self):
-        super().__init__()
+        self.lock = threading.RLock()  # held as `with cond.lock`: no Python-level __enter__
+        super().__init__(self.lock)
         self.waiting = 0  # WAIT packets waiting now (changed with the condition held)
 
 
@@ -160,6 +161,8 @@ class CommandProcessor:
     def _ring_dwords(self, base: int, size: int, off: int, ndw: int) -> tuple:
         buf = self.vram.buf
         if off + 4 * ndw <= size:
+            if ndw < len(_DWORDS):
+                return _DWORDS[ndw].unpack_from(buf, base + off)
             return _dwords(buf, base + off, ndw)
         first = (size - off) // 4
         return _dwords(buf, base + off, first) + _dwords(buf, base, ndw - first)
@@ -247,11 +250,12 @@ class CommandProcessor:
         pass
 
     def _indirect_buffer(self, body, vmid, ctl):
-        addr = _u64(body[0], body[1])
+        addr = body[0] | body[1] << 32
         length, ib_vmid = body[2], body[3]
         if ib_vmid >= NUM_VMIDS:
             raise _Illegal(f"IB vmid {ib_vmid}")
-        self._vram_addr(addr, 4 * length, 4)
+        if addr & 3 or addr + 4 * length > self.vram.size:
+            raise _Illegal(f"VRAM address {addr:#x} (+{4 * length}) misaligned or out of range")
         self.ibs += 1
         dws = _dwords(self.vram.buf, addr, length)
         i = 0
@@ -337,7 +341,7 @@ class CommandProcessor:
         seq = body[2] | body[3] << 32
         cond = self.fence_cond
         buf = self.vram.buf
-        with cond:
+        with cond.lock:
             stamp = self.clock()  # the job completed now
             if slot is not None:
                 _SEQ_STAMP.pack_into(buf, slot, seq, stamp)

@@ -330,6 +330,7 @@ KERNEL_IMPLS = {
     KERNEL_BURN: burn,
 }
 assert set(KERNEL_IMPLS) == set(BUILTIN_KERNELS)
+_NO_ARITHMETIC = frozenset({KERNEL_FILL, KERNEL_BURN})  # they only store or wait
 assert all(KERNEL_IMPLS[k].__name__ == s.name for k, s in BUILTIN_KERNELS.items())
 
 
@@ -356,8 +357,8 @@ def launch(kernel_id: int, grid, block, raw_args, mem: KernelMemory,
     if len(raw_args) != len(sig.args):
         raise InvalidLaunch(f"{sig.name} takes {len(sig.args)} arguments, got {len(raw_args)}")
     threads = math.prod(grid) * math.prod(block)
-    if kernel_id == KERNEL_BURN:  # no arithmetic: no floating-point state to set up
-        burn(mem, ctl, threads, *decode_args(sig, raw_args))
+    if kernel_id in _NO_ARITHMETIC:  # no floating-point state to set up
+        KERNEL_IMPLS[kernel_id](mem, ctl, threads, *decode_args(sig, raw_args))
         return
     with np.errstate(all="ignore"):
         KERNEL_IMPLS[kernel_id](mem, ctl, threads, *decode_args(sig, raw_args))

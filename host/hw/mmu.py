@@ -76,6 +76,10 @@ def _pte_perms(access: int) -> int:
     return sum(pte for acc, pte in _PERM if access & acc)
 
 
+_ACCESS_ALL = ACCESS_READ | ACCESS_WRITE | ACCESS_EXEC
+_NEED = [PTE_VALID | _pte_perms(a) for a in range(_ACCESS_ALL + 1)]  # access -> PTE bits
+
+
 def _missing_access(pte: int, access: int) -> int:
     return sum(acc for acc, bit in _PERM if access & acc and not pte & bit)
 
@@ -223,7 +227,7 @@ class Mmu:
             return [self.vram.mem[va:end]]
         if not 0 < vmid < NUM_VMIDS or va < 0 or va >= VA_LIMIT:
             self._fault(vmid, va, access, "bad vmid or address")
-        need = PTE_VALID | _pte_perms(access)
+        need = _NEED[access & _ACCESS_ALL]
         first = va >> PAGE_SHIFT
         last = (min(end, VA_LIMIT) - 1) >> PAGE_SHIFT
         if first == last:

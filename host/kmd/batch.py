@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import threading
 
-from host.hw import regs
 from host.kmd import lock as devlock
 
 
@@ -111,7 +110,7 @@ class SubmissionBatch:
         dev._signal(signals)
         while kicks:
             for engine in kicks:
-                dev.mmio.write(regs.REG_ENGINE(engine, regs.RB_KICK_SYNC), 1)
+                dev.mmio.write(dev.rings[engine].kick_sync_reg, 1)
             # the kicked jobs' completions handed the schedulers with jobs queued behind
             # them to this batch (resume): stage those jobs, commit and run them too
             with dev.lock:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import threading
 import time
 
 from host.hw import regs
@@ -60,7 +59,7 @@ from host.kmd.ib_pool import DEFAULT_IB_POOL_SIZE, IbPool, IbPoolMixin
 from host.kmd.irq import IrqMixin
 from host.kmd.job import MAX_CLIENT_QUEUED_JOBS, MAX_QUEUED_JOBS, JobMixin
 from host.kmd.limits import ContextLimits
-from host.kmd.lock import DeviceLock
+from host.kmd.lock import DeviceCondition, DeviceLock
 from host.kmd.prime import PrimeExporter
 from host.kmd.ring import DEFAULT_RING_SIZE, Ring
 from host.kmd.shm import ShmManager
@@ -96,7 +95,7 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         self.mmio = gpu.mmio
         self.timeout = timeout
         self.lock = DeviceLock()  # fence callbacks run after its release (lock.py)
-        self._cond = threading.Condition(self.lock)
+        self._cond = DeviceCondition(self.lock)
 
         device_id = self.mmio.read(regs.REG_DEVICE_ID)
         expected = getattr(regs, "DEVICE_ID_PVGPU_EMU", None)

@@ -13,9 +13,10 @@ next jobs on that ring and is committed when the batch exits.
 
 A job's life: Context.submit_* checks its arguments and calls KmdDevice._submit, which
 pushes a SchedJob on the scheduler entity of its timeline (never waiting). The
-scheduler calls run_job (lock held) once the job may run; its hardware fence retires in
-_retire (on the interrupt thread) and _hw_done hands the completion to the scheduler,
-which signals the job's finished fence once the lock is released.
+scheduler calls run_job (lock held) once the job may run; its hardware fence retires on
+the interrupt thread (_retire_fence_irq), which hands the completion to the scheduler in
+the same lock hold (_jobs_done_locked); the job's finished fence signals once the lock is
+released.
 
 Short jobs run to completion on the submitting thread. A job that is bounded (at most
 INLINE_COPIES copies of at most INLINE_COPY_BYTES in all, a built-in kernel over at
@@ -80,7 +81,7 @@ class _Job:
     __slots__ = ("sched_job", "context", "kind", "ib", "ib_block", "timeline", "kernarg")
 
     def __init__(self, sched_job, context, kind, ib, ib_block, timeline: int = 0, kernarg=None):
-        self.sched_job = sched_job  # the scheduler's job, handed to _hw_done on retirement
+        self.sched_job = sched_job  # the scheduler's job, handed back on retirement
         self.context = context
         self.kind = kind  # the engine
         self.ib = ib
@@ -226,7 +227,7 @@ class JobMixin:
             self._arm_timer(sched)
         self._signal(signals)
         if kick is not None:  # the engine was idle: run the job here (RB_KICK_SYNC)
-            self.mmio.write(regs.REG_ENGINE(kick, regs.RB_KICK_SYNC), 1)
+            self.mmio.write(self.rings[kick].kick_sync_reg, 1)
         return job.finished
 
     # ------------------------------------------------------------------ scheduler ops
@@ -293,26 +294,34 @@ class JobMixin:
                 self.stats["jobs_inline"] += 1
         return fence
 
-    def _hw_done(self, job: SchedJob, hw_fence: Fence) -> None:
-        """The hardware fence of a job signalled (top half: on an interrupt thread, no lock
-        held): mark the job done; the jobs queued behind it run in the submission context
-        (submit.py), never here."""
-        with self.lock:
+    def _jobs_done_locked(self, finished, now: int) -> list:
+        """The hardware fences of jobs signalled (top half, lock held): mark the jobs done
+        with their schedulers; -> the schedulers with jobs queued behind them, which run in
+        the submission context (submit.py, _resume), never here."""
+        done_scheds = []
+        for job, hw_fence in finished:
             sched = job.entity.sched
-            now = self.clock_ns()
             end = hw_fence.timestamp if hw_fence.timestamp is not None else now
-            more = False
-            if sched.job_done(job, hw_fence, end, now):
-                more = sched.n_queued > 0
-                self._arm_timer(sched)
-            signals = self._take_signals()
-        if more:
-            batch = self._batch
-            if batch is not None and batch.owner == threading.get_ident():
-                batch.resume.add(sched)  # its thread is the submission context (batch.py)
-            else:
+            if sched.job_done(job, hw_fence, end, now) and sched not in done_scheds:
+                done_scheds.append(sched)
+        resume = []
+        for sched in done_scheds:
+            self._arm_timer(sched)
+            if sched.n_queued:
+                resume.append(sched)
+        return resume
+
+    def _resume(self, scheds) -> None:
+        """Hand schedulers with queued jobs to the submission context (no lock held): the
+        open batch if this thread is its owner (batch.py), else the submission worker."""
+        if not scheds:
+            return
+        batch = self._batch
+        if batch is not None and batch.owner == threading.get_ident():
+            batch.resume.update(scheds)
+        else:
+            for sched in scheds:
                 self.submit_wq.queue(sched)
-        self._signal(signals)
 
     def wake(self, sched: GpuScheduler) -> None:
         """A dependency of a queued job signalled (any thread, no lock held): the
@@ -342,13 +351,20 @@ class JobMixin:
         self._retired(done, error, finished)
 
     def _retire_fence_irq(self, fd: FenceDriver, seq: int, timestamp=None) -> None:
-        """IRQ_FENCE: retire what the write-back slot (or `seq`) covers, in one lock hold."""
+        """IRQ_FENCE: retire what the write-back slot (or `seq`) covers and mark those jobs
+        done with the scheduler, in one lock hold (the top half holds no device lock)."""
         with self.lock:
             done = fd.retire_locked(seq)
             if not done:
                 return
-            finished = self._retire_locked(fd, done, None, timestamp)
-        self._retired(done, None, finished)
+            now = self.clock_ns()
+            finished = self._retire_locked(fd, done, None, now if timestamp is None else timestamp)
+            resume = self._jobs_done_locked(finished, now)
+            signals = self._take_signals()
+        fence_mod.signal_all(done)
+        if resume:
+            self._resume(resume)
+        self._signal(signals)
 
     def _retire_locked(self, fd: FenceDriver, done: list, error, timestamp) -> list:
         """Give back the jobs' IB space and parameter slots, count them; -> [(SchedJob,
@@ -377,7 +393,8 @@ class JobMixin:
             if f.error is not None or error is not None:
                 stats["jobs_failed"] += 1
             finished.append((job.sched_job, f))
-        self._cond.notify_all()
+        if self._cond.waiting:
+            self._cond.notify_all()
         return finished
 
     def _retired(self, done: list, error, finished: list) -> None:
@@ -388,8 +405,11 @@ class JobMixin:
             devlock.call_soon(self._jobs_done, finished)
 
     def _jobs_done(self, finished) -> None:
-        for job, hw_fence in finished:
-            self._hw_done(job, hw_fence)
+        with self.lock:
+            resume = self._jobs_done_locked(finished, self.clock_ns())
+            signals = self._take_signals()
+        self._resume(resume)
+        self._signal(signals)
 
 
 class ContextSubmitMixin:

@@ -112,3 +112,20 @@ class DeviceLock:
 
     def __repr__(self) -> str:
         return f"DeviceLock(owned={self._is_owned()})"
+
+
+class DeviceCondition(threading.Condition):
+    """threading.Condition on a DeviceLock that counts the threads waiting on it, so that
+    a notification with none waiting (every job's retirement) is one attribute test:
+    `if cond.waiting: cond.notify_all()`."""
+
+    def __init__(self, lock: DeviceLock):
+        super().__init__(lock)
+        self.waiting = 0  # changed with the lock held
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting += 1
+        try:
+            return super().wait(timeout)
+        finally:
+            self.waiting -= 1

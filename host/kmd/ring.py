@@ -68,6 +68,8 @@ class Ring:
         self.full_waits = 0
         self._doorbell = regs.REG_ENGINE(engine, regs.RB_DOORBELL)
         self._wptr_reg = regs.REG_ENGINE(engine, regs.RB_WPTR)
+        self.kick_sync_reg = regs.REG_ENGINE(engine, regs.RB_KICK_SYNC)
+        self.max_dw = (self.size - 4 * ALIGN_DW) // 4 - ALIGN_DW  # the largest alloc() ever
 
     def _reg(self, reg: int) -> int:
         return regs.REG_ENGINE(self.engine, reg)
@@ -86,11 +88,6 @@ class Ring:
         self.wptr = self._rptr = 0
         self._wptr_old = None
         self._staged = []
-
-    @property
-    def max_dw(self) -> int:
-        """The largest alloc() that can ever succeed."""
-        return (self.size - 4 * ALIGN_DW) // 4 - ALIGN_DW
 
     def read_rptr(self) -> int:
         self._rptr = self.mmio.read(self._reg(regs.RB_RPTR)) % self.size

@@ -110,7 +110,7 @@ class SchedJob:
     def __init__(self, entity: "SchedEntity", payload, deps=(), short: bool = False):
         self.entity = entity
         self.payload = payload
-        self.deps = [d for d in deps if d is not None]
+        self.deps = [d for d in deps if d is not None] if deps else []
         self.seq = 0
         self.scheduled = None
         self.finished = None
@@ -393,7 +393,7 @@ class GpuScheduler:
         if self.stopped:
             return 0
         ran = 0
-        while len(self.in_flight) < self.hw_limit:
+        while len(self.in_flight) < self.hw_limit and self.n_queued:
             ent = self._pick(now)
             if ent is None:
                 break

@@ -15,7 +15,7 @@ thread ever do:
   the device's timers, which the worker runs itself: job timeouts with their recovery,
   whose resubmission of innocent jobs is a run_job too, and BAND's time buffer (tdr.py).
 
-So the top half (irq.py, KmdDevice._hw_done) retires fences and marks jobs done, with
+So the top half (irq.py, KmdDevice._retire_fence_irq) retires fences and marks jobs done, with
 the scheduler's accounting; it never calls run_job. An engine thread never writes a ring,
 waits for ring space or moves a buffer. Queued schedulers are coalesced: a completion
 while its scheduler is already queued adds nothing, and one that leaves no job queued on

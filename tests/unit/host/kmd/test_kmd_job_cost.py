@@ -11,8 +11,13 @@ from spec import kernels
 
 # Python-level calls of one burn(0) launch, submitted and its fence waited for: submission,
 # scheduling, run_job, the ring, the doorbell, the command processor, the interrupt,
-# retirement and signalling. 210 before issue 12's per-job cuts, 148 after them.
-CALLS_PER_JOB = 175
+# retirement and signalling. 210 before issue 12's per-job cuts, 148 after them, 137 after
+# submission batches, 118 after the second pass (one lock hold for retirement and
+# completion, no notify without a waiter, fewer helper calls in the ring and the CP).
+CALLS_PER_JOB = 128
+# ... of a fill of 256 elements: the MMU translation and the kernel on top (158 before the
+# second pass, 133 after it: PTE permissions looked up, no floating-point state for fill)
+CALLS_PER_FILL = 142
 
 
 @pytest.fixture
@@ -48,3 +53,19 @@ def test_a_short_launch_stays_within_its_call_budget(dev):
     calls = _python_calls(launch, 20)
     assert dev.stats["jobs_inline"] == 25
     assert calls <= CALLS_PER_JOB, f"{calls} Python calls per job (budget {CALLS_PER_JOB})"
+
+
+def test_a_short_fill_stays_within_its_call_budget(dev):
+    ctx = dev.create_context()
+    bo = ctx.alloc(4096)
+    one = 0x3F800000  # 1.0f
+
+    def launch():
+        f = ctx.submit_launch(kernels.KERNEL_FILL, 1, 256, [bo.va, one, 256])
+        assert f.signaled and f.error is None
+
+    for _ in range(5):
+        launch()
+    calls = _python_calls(launch, 20)
+    assert dev.stats["jobs_inline"] == 25
+    assert calls <= CALLS_PER_FILL, f"{calls} Python calls per fill (budget {CALLS_PER_FILL})"

@@ -179,3 +179,29 @@ def test_threads_submitting_short_jobs_at_once_all_complete(dev):
     assert all(c.stats["jobs_completed"] == n_jobs for c in ctxs)
     for bo in bos:  # each thread waited for each job: its last fill (one thread) is there
         assert dev.vram.view(bo.phys, 4).view(np.float32)[0] == n_jobs - 1
+
+
+def test_a_fence_interrupt_retires_and_completes_its_job_in_one_lock_hold(dev):
+    """The top half retires the hardware fence and marks the job done with the scheduler
+    under one hold of the device lock: a short job costs two holds on its thread, its
+    submission and its interrupt."""
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    fill(ctx, bo, 1.0, 64)  # first-use paths (entity, pools) out of the way
+    me = threading.get_ident()
+    holds = []
+    acquire = dev.lock._acquire
+
+    def counting_acquire(*args):
+        if threading.get_ident() == me:
+            holds.append(1)
+        return acquire(*args)
+    dev.lock._acquire = counting_acquire
+    try:
+        f = fill(ctx, bo, 2.0, 64)
+    finally:
+        dev.lock._acquire = acquire
+    assert f.signaled and f.error is None and dev.stats["jobs_inline"] == 2
+    assert len(holds) == 2
+    sched = dev.schedulers[regs.ENGINE_COMPUTE]
+    assert not sched.in_flight and f.job.end_ns is not None  # accounted before it signalled

@@ -13,7 +13,8 @@ import pytest
 from host.hw.gpu import Platform
 from host.kmd import KmdDevice
 from host.kmd.fence import Fence, signal_all
-from host.kmd.lock import DeviceLock
+from host.kmd.lock import DeviceCondition, DeviceLock
+from spec import kernels
 
 TIMEOUT = 30.0  # seconds: far beyond what the work needs, only there to end a deadlock
 
@@ -191,3 +192,28 @@ def test_other_threads_are_not_affected():
         t.start()
         t.join(TIMEOUT)
         assert seen == ["signaller"]
+
+
+def test_a_device_condition_counts_its_waiters_and_a_retirement_wakes_them(make_dev):
+    """The device's condition counts the threads in wait(), so a job's retirement notifies
+    only when one waits; one that does is woken by the retirement."""
+    dev = make_dev()
+    assert isinstance(dev._cond, DeviceCondition)
+    ctx = dev.create_context()
+    woken = threading.Event()
+
+    def waiter():
+        with dev.lock:
+            jobs = ctx.stats["jobs_completed"]
+            dev._cond.wait_for(lambda: ctx.stats["jobs_completed"] > jobs, 2 * TIMEOUT)
+        woken.set()
+    t = threading.Thread(target=waiter, daemon=True)
+    t.start()
+    deadline = time.monotonic() + TIMEOUT
+    while dev._cond.waiting != 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert dev._cond.waiting == 1
+    assert ctx.submit_launch(kernels.KERNEL_BURN, 1, 1, [0]).wait(TIMEOUT)
+    assert woken.wait(TIMEOUT)  # by the notification, not its own timeout
+    t.join(TIMEOUT)
+    assert dev._cond.waiting == 0
