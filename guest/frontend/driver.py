@@ -342,16 +342,21 @@ class VirtioGpuDriver:
             self.session.kick(self.index)
 
     def reap(self) -> int:
-        """Collect used entries; -> how many requests completed. Events are handled first,
-        so a job's event is known before the request that reports its error completes."""
+        """Collect used entries; -> how many requests completed. The device posts a job's
+        event before it answers the request that reports the job's error (EVTQ-EVENT-1),
+        and may write both while this runs: so the control queue's used entries are taken
+        first and the event queue read after them, which then holds every event those
+        responses rely on; the events are handled before the requests complete."""
         if self.queue is None:
             return 0
-        if self.eventq is not None:
-            self._reap_events()
         try:
             done = self.queue.pop_used()
         except VirtqError as e:
             self._bad_used_ring(e)
+            done = None
+        if self.eventq is not None:
+            self._reap_events()
+        if done is None:
             return 0
         for head, length in done:
             req = self._by_head.pop(head, None)
