@@ -512,6 +512,12 @@ class GuestChannel:
         """Seconds from the last message to the last time the socket was found empty."""
         return self._proto.proven_silence
 
+    def silence_since(self, start: float) -> float:
+        """The silence the socket has proven for a wait that began at start
+        (time.monotonic()), counted from the later of the last message and start."""
+        with self._cv:
+            return self._proto.silence_since(start)
+
     @property
     def malformed(self) -> int:
         """Messages from the host that did not decode."""

@@ -183,6 +183,13 @@ class ChannelProtocol:
         silence seen, not merely time passed (0 when nothing was looked at since)."""
         return max(0.0, self._looked - self.last_heard)
 
+    def silence_since(self, start: float) -> float:
+        """``proven_silence`` of a wait that began at start: counted from the later of the
+        last message and start. Silence from before the wait is not the host's: it owes
+        no message while the driver asks nothing of it (kicks are not answered, and
+        they keep the driver's own pings, which would be, from going out)."""
+        return max(0.0, self._looked - max(self.last_heard, start))
+
     # ----------------------------------------------------------------- time
 
     def begin_wait(self, token, now: float) -> None:

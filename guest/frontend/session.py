@@ -205,7 +205,7 @@ class FrontendSession:
                 msg, frames = self.channel.recv_until(
                     lambda m: m.get("op") in (wire.OP_CALL, wire.OP_CONFIG_CHANGED), timeout=slice_s)
             except ChannelTimeout:
-                self._check_host_alive()
+                self._check_host_alive(start)
                 continue  # re-check the rings: a notification is only a hint
             except HostLost:
                 self.host_lost = True
@@ -222,15 +222,18 @@ class FrontendSession:
             if d.deferred:
                 d.kick()
 
-    def _check_host_alive(self) -> None:
+    def _check_host_alive(self, start: float) -> None:
         """The channel measures silence per wait; across our short slices we do it here,
-        from the silence the channel has seen (its socket found empty that long after the
-        last message), not from the clock: a thread descheduled, or stepped aside while
-        another read the socket, has not seen the host fall silent."""
+        for the wait that began at start, from the silence the channel has seen (its
+        socket found empty that long after the later of the last message and start),
+        not from the clock: a thread descheduled, or stepped aside while another read
+        the socket, has not seen the host fall silent. Nor is silence from before the
+        wait the host's: a driver that only kicked (async launches polled to
+        completion) asked nothing of it and, sending all the while, sent no ping."""
         if self.channel.heartbeat_ms <= 0:
             return
         limit = wire.HEARTBEAT_MISSES * self.channel.heartbeat_ms / 1000.0
-        silent = self.channel.proven_silence
+        silent = self.channel.silence_since(start)
         if silent > limit:
             self.host_lost = True
             raise HostLost(f"host at {self.endpoint} stopped answering "

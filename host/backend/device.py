@@ -80,9 +80,10 @@ class VirtioGpuDevice:
         self.reset_announced = False  # config_changed sent for the current NEEDS_RESET
         self.stalled = False  # holding back chains until the GPU has room again
         self.blocked = False  # holding back chains behind one that would wait in the KMD
+        self.requeued = False  # processing goes on at the I/O loop's next turn (weight spent)
         self.abandoned = []  # fences of work torn down by DEVICE_NEEDS_RESET
         self.stats = {"chains": 0, "bad_chains": 0, "unanswerable": 0, "ignored_kicks": 0,
-                      "stalls": 0, "blocked": 0, "events": 0, "events_posted": 0,
+                      "stalls": 0, "blocked": 0, "requeues": 0, "events": 0, "events_posted": 0,
                       "events_dropped": 0, "bad_event_buffers": 0}
 
     # ------------------------------------------------------------------ control ops
@@ -235,12 +236,17 @@ class VirtioGpuDevice:
 
     # ------------------------------------------------------------------ queue processing
     def process_queue(self) -> bool:
-        """Pop and execute every available chain. -> whether used entries were added."""
+        """Pop and execute the available chains, at most one queue size of them (vhost's
+        weight, spec VQ-ORDER-4): a driver that adds chains while they run (a polling
+        guest launching again) must not keep the I/O loop from answering pings
+        ([CTL-PING-1]) and other sessions; the rest run at the loop's next turn, without
+        a kick. -> whether used entries were added."""
         if not self.live():
             self.stats["ignored_kicks"] += 1
             return False
         added = False
         mem = self.session.mem
+        weight = self.queue_layout.size
         # the kick's jobs: one KMD lock hold, one ring commit and doorbell per engine
         with self.kmd.submission_batch():
             while True:
@@ -263,6 +269,25 @@ class VirtioGpuDevice:
                     return added
                 self.stats["chains"] += 1
                 added |= self._execute(chain, mem)
+                weight -= 1
+                if not weight:
+                    self._requeue()
+                    return added
+
+    def _requeue(self) -> None:
+        """The weight is spent: go on with the queue at the I/O loop's next turn."""
+        if self.requeued:
+            return
+        self.requeued = True
+        self.stats["requeues"] += 1
+        self.session.post_completion(self, self._continue, self.generation)
+
+    def _continue(self, generation: int) -> bool:
+        """On the backend thread, a turn of the loop after the weight was spent."""
+        self.requeued = False
+        if generation != self.generation:
+            return False
+        return self.process_queue()
 
     def _execute(self, chain, mem) -> bool:
         if chain.writable_len < wire.MIN_RESPONSE_SIZE:

@@ -451,10 +451,12 @@ class Backend:
             f.add_done_callback(on_signal)
 
     def run_completions(self) -> list:
-        """Finish held chains whose fences signalled; -> the messages to send."""
+        """Finish held chains whose fences signalled; -> the messages to send. Runs what
+        was posted before it started: what that posts (a queue's next turn, device.py
+        `_requeue`) waits for the loop's next turn, after the messages that came meanwhile."""
         out = []
         touched = {}
-        while self._completions:
+        for _ in range(len(self._completions)):
             session, device, fn, args = self._completions.popleft()
             if self.sessions.get(session.peer) is not session:
                 continue

@@ -233,6 +233,18 @@ def test_proven_silence_is_silence_seen_not_time_passed():
     assert p.proven_silence == 0.0
 
 
+def test_silence_since_a_wait_counts_from_the_later_of_last_heard_and_its_start():
+    """A driver that only kicked for a long time heard nothing because it asked nothing:
+    that silence is not the host's, only what a wait itself sees is."""
+    p = proto(now=0.0)
+    p.receive(encode({"op": OP_CALL, "dev": 0, "queue": 0, "notify": True}), 1.0)
+    p.input_empty(1.0 + 10 * WINDOW)
+    assert p.proven_silence == pytest.approx(10 * WINDOW)
+    assert p.silence_since(1.0 + 10 * WINDOW - 0.01) == pytest.approx(0.01)
+    assert p.silence_since(0.5) == pytest.approx(10 * WINDOW)  # heard since the start
+    assert p.silence_since(1.0 + 11 * WINDOW) == 0.0  # nothing looked at since the start
+
+
 def test_answered_pings_keep_a_slow_request_alive():
     """Liveness is 'heard anything', not 'got my reply'."""
     p = proto(now=0.0)
