@@ -168,13 +168,19 @@ class FailingMoveCopies:
         return self.orig(body, vmid, ctl)
 
 
-def test_a_failed_eviction_copy_leaves_the_buffer_in_vram_with_its_data(make_dev):
-    dev = make_dev(vram_size=8 * MiB)
+def a_buffer_with_data(make_dev, **kw):
+    """-> (device, context "a", its host window, a 1 MiB BO in VRAM, the data it holds)."""
+    dev = make_dev(vram_size=8 * MiB, **kw)
     a = dev.create_context("a")
     win = Window(dev, a)
     bo = a.alloc(MiB)
     data = np.arange(MiB // 4, dtype=np.float32)
     put(a, win, bo, data)
+    return dev, a, win, bo, data
+
+
+def test_a_failed_eviction_copy_leaves_the_buffer_in_vram_with_its_data(make_dev):
+    dev, a, win, bo, data = a_buffer_with_data(make_dev)
     FailingMoveCopies(dev, regs.ENGINE_COPY1, "fault")
     avail = dev.mm.avail
     with dev.lock:
@@ -191,12 +197,7 @@ def test_a_failed_eviction_copy_leaves_the_buffer_in_vram_with_its_data(make_dev
 
 
 def test_a_failed_restore_copy_leaves_the_buffer_in_host_memory_with_its_data(make_dev):
-    dev = make_dev(vram_size=8 * MiB)
-    a = dev.create_context("a")
-    win = Window(dev, a)
-    bo = a.alloc(MiB)
-    data = np.arange(MiB // 4, dtype=np.float32)
-    put(a, win, bo, data)
+    dev, a, win, bo, data = a_buffer_with_data(make_dev)
     with dev.lock:
         assert dev._evict_bo(bo)
         move = bo.moving
@@ -218,12 +219,7 @@ def test_a_failed_restore_copy_leaves_the_buffer_in_host_memory_with_its_data(ma
 def test_a_hung_move_is_reset_and_later_moves_still_run(make_dev):
     """TDR loses the move context with its hung copy; the device takes a fresh one, so
     the next eviction still works instead of every later allocation running out of VRAM."""
-    dev = make_dev(vram_size=8 * MiB, job_timeout_ns=200_000_000)
-    a = dev.create_context("a")
-    win = Window(dev, a)
-    bo = a.alloc(MiB)
-    data = np.arange(MiB // 4, dtype=np.float32)
-    put(a, win, bo, data)
+    dev, a, win, bo, data = a_buffer_with_data(make_dev, job_timeout_ns=200_000_000)
     hang = FailingMoveCopies(dev, regs.ENGINE_COPY1, "hang")
     lost = dev._move_ctx
     with dev.lock:
