@@ -8,25 +8,11 @@ import numpy as np
 
 from host.hw import packets, regs
 from spec import kernels
+from test_kmd_evict import W, Window
+from test_kmd_evict import fill as put  # host data -> the BO, through the window
 
 P = regs.PAGE_SIZE
 MiB = 1 << 20
-W = 0x7000_0000_0000  # where the test maps its host window
-
-
-class Window:
-    """Host memory dma-mapped and mapped at W in a context."""
-
-    def __init__(self, dev, ctx, size=4 * MiB):
-        self.buf = np.zeros(size, dtype=np.uint8)
-        ctx.map_system(dev.dma_map(self.buf), W)
-
-
-def put(ctx, win, bo, data):
-    raw = data.view(np.uint8)
-    win.buf[:raw.size] = raw
-    f = ctx.submit_copy(W, bo.va, raw.size)
-    assert f.wait(5) and f.error is None, f.error
 
 
 def get(ctx, win, bo, data):
