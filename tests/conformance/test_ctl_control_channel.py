@@ -59,6 +59,33 @@ def test_bad_version_and_memory_limits(raw_peer):
     assert p.request(dict(HELLO, memory="telepathy"))["error"] == wire.CTL_ERR_MALFORMED
 
 
+def test_ctl_hello_10_the_first_error_in_the_spec_order_wins(raw_peer):
+    p = raw_peer()
+    bad = {"version": [9, 0], "memory": "telepathy", "mem_size": 1 << 50, "vgpu": "no-such-vgpu"}
+    r = p.request(dict(HELLO, **bad, name=7))  # a wrongly typed field comes first
+    assert r["error"] == wire.CTL_ERR_MALFORMED and "name" in r["message"]
+    assert p.request(dict(HELLO, **bad))["error"] == wire.CTL_ERR_BAD_VERSION
+    r = p.request(dict(HELLO, **dict(bad, version=[0, 1])))
+    assert r["error"] == wire.CTL_ERR_MALFORMED and "telepathy" in r["message"]
+    r = p.request(dict(HELLO, **dict(bad, version=[0, 1], memory="inline", mem_size=1000)))
+    assert r["error"] == wire.CTL_ERR_MALFORMED and "mem_size" in r["message"]
+    r = p.request(dict(HELLO, **dict(bad, version=[0, 1], memory="inline")))
+    assert r["error"] == wire.CTL_ERR_LIMIT and "mem_size" in r["message"]
+    r = p.request(dict(HELLO, **dict(bad, version=[0, 1], memory="inline", mem_size=1 << 20)))
+    assert r["error"] == wire.CTL_ERR_LIMIT and "no-such-vgpu" in r["message"]
+    assert p.request(HELLO)["ok"]
+    assert p.request(dict(HELLO, **bad))["error"] == wire.CTL_ERR_BAD_STATE  # a session first
+
+
+def test_ctl_hello_4_device_entries(raw_peer):
+    r = raw_peer().request(HELLO)
+    for i, d in enumerate(r["devices"]):
+        assert d["index"] == i and isinstance(d["name"], str) and d["name"]
+        assert isinstance(d["vram_size"], int) and d["vram_size"] > 0
+        assert d["device_id"] == wire.VIRTIO_ID_PVGPU and isinstance(d["peers"], list)
+    assert isinstance(r["max_mem_size"], int) and r["max_mem_size"] >= HELLO["mem_size"]
+
+
 def test_device_and_queue_checks(raw_peer):
     p = raw_peer()
     p.request(HELLO)
