@@ -128,9 +128,12 @@ class GuestSession:
             raise ControlError(wire.CTL_ERR_BAD_STATE, "set_mem_table is for the shared memory model only")
         if self.mem is not None:
             raise ControlError(wire.CTL_ERR_BAD_STATE, "set_mem_table was already done")
-        if (len(regions) != 1 or not isinstance(regions[0], dict)
-                or regions[0].get("gpa") != 0 or regions[0].get("size") != self.mem_size
-                or not isinstance(regions[0].get("name"), str)):
+        for region in regions:  # CTL-MEMTABLE-2: a region's shape is malformed, its values bad_memory
+            if not isinstance(region, dict) or not all(
+                    type(region.get(key)) is kind for key, kind in (("gpa", int), ("size", int), ("name", str))):
+                raise ControlError(wire.CTL_ERR_MALFORMED,
+                                   f"a region is a map {{gpa: int, size: int, name: str}}, not {region!r:.80}")
+        if len(regions) != 1 or regions[0]["gpa"] != 0 or regions[0]["size"] != self.mem_size:
             raise ControlError(wire.CTL_ERR_BAD_MEMORY,
                                f"expected one region {{gpa: 0, size: {self.mem_size}, name: str}}")
         name = regions[0]["name"]

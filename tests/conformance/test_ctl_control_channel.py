@@ -141,6 +141,18 @@ def test_set_mem_table_rules(raw_peer):
     assert r["error"] == wire.CTL_ERR_BAD_MEMORY
 
 
+def test_ctl_memtable_2_a_misshapen_region_is_malformed(raw_peer):
+    q = raw_peer()
+    q.request(dict(HELLO, memory="shared"))
+    good = {"gpa": 0, "size": 1 << 20, "name": "pvgpu-does-not-exist"}
+    for region in ({"gpa": 0, "size": 1 << 20}, dict(good, size="x"), dict(good, gpa=None),
+                   dict(good, name=5), dict(good, size=True), "region"):
+        r = q.request({"op": "set_mem_table", "regions": [region]})
+        assert r["error"] == wire.CTL_ERR_MALFORMED, region
+    for regions in ([good, good], [dict(good, gpa=4096)], [dict(good, size=2 << 20)]):
+        assert q.request({"op": "set_mem_table", "regions": regions})["error"] == wire.CTL_ERR_BAD_MEMORY
+
+
 def test_ping_and_bye(raw_peer):
     p = raw_peer()
     p.request(HELLO)
