@@ -40,6 +40,8 @@ def test_missing_and_mistyped_fields(raw_peer):
     assert r["ok"] is False and r["error"] == wire.CTL_ERR_MALFORMED
     r = p.request(dict(HELLO, mem_size=True))  # bool is not an int on this wire
     assert r["ok"] is False and r["error"] == wire.CTL_ERR_MALFORMED
+    r = p.request(dict(HELLO, mem_size=-4096))  # [CTL-MSG-5] ints are 0 .. 2^64-1
+    assert r["ok"] is False and r["error"] == wire.CTL_ERR_MALFORMED and "outside" in r["message"]
 
 
 def test_requests_before_hello_and_second_hello(raw_peer):

@@ -33,7 +33,7 @@ SEQ_OPS = sorted(REQUEST_OPS | {OP_REPLY})
 u64 = st.integers(min_value=0, max_value=2**64 - 1)
 i64 = st.integers(min_value=-(2**63), max_value=2**64 - 1)
 VALUE = {
-    int: i64,
+    int: u64,  # CTL-MSG-5: a negative int field is malformed
     bool: st.booleans(),
     str: st.text(max_size=40),
     list: st.lists(st.one_of(i64, st.text(max_size=8), st.booleans()), max_size=6),
@@ -260,6 +260,22 @@ def test_wrong_field_type(op, name, t):
         msg[name] = bad
         e = expect(encode(msg), CTL_ERR_MALFORMED, _seq_for(op))
         assert name in e.message
+
+
+INT_CASES = [c for c in FIELD_CASES if c[2] is int]
+
+
+@pytest.mark.parametrize("op,name,t", INT_CASES, ids=[f"{o}.{n}" for o, n, _ in INT_CASES])
+def test_negative_int_field_is_malformed(op, name, t):
+    # CTL-MSG-5: an int field is 0 .. 2^64-1; msgpack can carry down to -2^63
+    for bad in (-1, -(1 << 63)):
+        msg = valid(op)
+        msg[name] = bad
+        e = expect(encode(msg), CTL_ERR_MALFORMED, _seq_for(op))
+        assert name in e.message and "outside" in e.message
+    msg = valid(op)
+    msg[name] = (1 << 64) - 1
+    assert decode(encode(msg))[0][name] == (1 << 64) - 1
 
 
 def test_bool_int_confusion():
