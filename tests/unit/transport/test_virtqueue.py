@@ -339,7 +339,7 @@ def test_kick_and_notify_without_event_idx(link):
     assert dev.should_notify() is True
 
 
-def test_kick_with_event_idx(link):
+def test_vq_notify_3_avail_event_stays_current_under_event_idx(link):
     drv, dev = make_pair(link, event_idx=True, start_idx=65534)
     lay = drv.layout
     avail_event = lay.used + 4 + 8 * 8

@@ -129,11 +129,12 @@ def test_trailing_data_that_is_missing_is_the_error_its_clause_names():
     with pytest.raises(CommandError) as e:  # [CMD-LAUNCH-1]
         launch.args()
     assert e.value.resp == wire.RESP_ERR_SHORT_COMMAND
-    many = decode_bytes(protocol.Launch(Header(wire.CMD_LAUNCH), wire.KERNEL_BURN, (1, 1, 1),
-                                        (1, 1, 1), wire.MAX_KERNEL_ARGS + 1).encode())
-    with pytest.raises(CommandError) as e:
-        many.args()
-    assert e.value.resp == wire.RESP_ERR_INVALID_PARAMETER
+    for nargs in (wire.MAX_KERNEL_ARGS + 1, (1 << 32) - 1):  # nargs is checked before the length
+        many = decode_bytes(protocol.Launch(Header(wire.CMD_LAUNCH), wire.KERNEL_BURN, (1, 1, 1),
+                                            (1, 1, 1), nargs).encode())
+        with pytest.raises(CommandError) as e:
+            many.args()
+        assert e.value.resp == wire.RESP_ERR_INVALID_PARAMETER
     h2d = decode_bytes(protocol.CopyH2D(Header(wire.CMD_COPY_H2D), 0, 10).encode(bytes(9)))
     with pytest.raises(CommandError) as e:  # [CMD-H2D-1]
         h2d.data_extents()
