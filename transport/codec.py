@@ -46,6 +46,7 @@ from spec.wire import (
     OP_HELLO,
     OP_KICK,
     OP_REPLY,
+    OP_SET_VRING,
     REQUEST_OPS,
 )
 
@@ -61,7 +62,7 @@ MAX_MAP_LEN = 256
 MAX_REPLY_MESSAGE = 1024
 
 # Optional fields with a fixed type (spec.wire documents them in a comment).
-_OPTIONAL_FIELDS = {OP_HELLO: (("vgpu", str),)}
+_OPTIONAL_FIELDS = {OP_HELLO: (("vgpu", str),), OP_SET_VRING: (("base", int),)}
 _PATCH_OPS = (OP_KICK, OP_CALL)
 
 
@@ -171,10 +172,15 @@ def decode(frames) -> tuple:
     elif op in _OPTIONAL_FIELDS:
         for name, t in _OPTIONAL_FIELDS[op]:
             v = msg.get(name, _MISSING)
-            if v is not _MISSING and type(v) is not t:
+            if v is _MISSING:
+                continue
+            if type(v) is not t:
                 raise CodecError(CTL_ERR_MALFORMED,
                                  f"{op}: field {name!r} must be {t.__name__}, "
                                  f"got {type(v).__name__}", seq)
+            if t is int and v < 0:
+                raise CodecError(CTL_ERR_MALFORMED, f"{op}: field {name!r} is {v}, outside "
+                                 "0 .. 2^64-1", seq)
     return msg, extra
 
 

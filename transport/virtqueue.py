@@ -24,7 +24,8 @@ Notification suppression (§2.7.7, §2.7.10): without EVENT_IDX the flags words 
 tested with ``vring_need_event``. Spurious notifications are harmless on both sides.
 
 Both sides accept ``start_idx``: the index both counters start from (vhost-user's
-SET_VRING_BASE). It is 0 after a reset; tests use values near 65535 to cross the wrap.
+SET_VRING_BASE; on the wire, set_vring `base`, spec CTL-VRING-5). It is 0 after a reset;
+tests use values near 65535 to cross the wrap.
 
 Inline model: every ring write is followed by ``mem.mark_dirty`` so take_dirty() ships
 it to the peer. Memory ordering across processes relies on x86-TSO store order for the

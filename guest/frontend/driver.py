@@ -182,6 +182,9 @@ class VirtioGpuDriver:
         self._by_head = {}
         self._unkicked = 0  # chains published since the last kick() (deferred)
         self.kick_batch = KICK_BATCH
+        # the control queue's first avail and used index (set_vring `base`, CTL-VRING-5);
+        # tests set it near 65535 before initialize() to cross the index wrap early
+        self.queue_base = 0
         self.config = None
         self.eventq: DriverQueue | None = None
         self._event_bufs = {}  # head -> gpa of a posted event buffer
@@ -237,13 +240,15 @@ class VirtioGpuDriver:
         self._slots_base = self.base + slots
         self.queue = DriverQueue(self.mem, layout,
                                  event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
-                                 indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC))
+                                 indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC),
+                                 start_idx=self.queue_base)
         if s.inline:
             self.queue.enable_interrupts()
         else:
             self.queue.disable_interrupts()  # the session polls, see FrontendSession.wait_for
+        base = {"base": self.queue_base} if self.queue_base else {}
         s.control(wire.OP_SET_VRING, dev=dev, queue=wire.CONTROLQ, size=layout.size,
-                  desc=layout.desc, avail=layout.avail, used=layout.used)
+                  desc=layout.desc, avail=layout.avail, used=layout.used, **base)
         s.control(wire.OP_ENABLE_VRING, dev=dev, queue=wire.CONTROLQ, enable=True)
         self.eventq = None
         self._event_bufs = {}

@@ -64,9 +64,11 @@ class VirtioGpuDevice:
         self.driver_features = 0
         self.generation = 0  # bumped by reset: completions of an older generation are dropped
         self.queue_layout = None
+        self.queue_base = 0  # set_vring `base`: the queue's first avail and used index
         self.queue_enabled = False
         self.queue: DeviceQueue | None = None
         self.eventq_layout = None
+        self.eventq_base = 0
         self.eventq_enabled = False
         self.eventq: DeviceQueue | None = None
         self.incoming_events = collections.deque()  # from engine threads, not yet numbered
@@ -128,11 +130,14 @@ class VirtioGpuDevice:
             self._go_live()
         self.status = status
 
-    def set_vring(self, queue: int, size: int, desc: int, avail: int, used: int) -> None:
+    def set_vring(self, queue: int, size: int, desc: int, avail: int, used: int,
+                  base: int = 0) -> None:
         self._check_queue(queue)
         if not self.status & wire.STATUS_FEATURES_OK or self.status & wire.STATUS_DRIVER_OK:
             raise ControlError(wire.CTL_ERR_BAD_STATE,
                                "set_vring is allowed after FEATURES_OK and before DRIVER_OK")
+        if base > 0xFFFF:  # CTL-VRING-5
+            raise ControlError(wire.CTL_ERR_MALFORMED, f"base {base} is not a 16-bit ring index")
         if size <= 0 or size & (size - 1) or size > wire.MAX_QUEUE_SIZE:
             raise ControlError(wire.CTL_ERR_BAD_MEMORY,
                                f"queue size {size} must be a power of two <= {wire.MAX_QUEUE_SIZE}")
@@ -142,9 +147,9 @@ class VirtioGpuDevice:
         except VirtqLayoutError as e:
             raise ControlError(wire.CTL_ERR_BAD_MEMORY, str(e)) from None
         if queue == wire.EVENTQ:
-            self.eventq_layout = layout
+            self.eventq_layout, self.eventq_base = layout, base
         else:
-            self.queue_layout = layout
+            self.queue_layout, self.queue_base = layout, base
 
     def enable_vring(self, queue: int, enable: bool) -> None:
         self._check_queue(queue)
@@ -169,7 +174,8 @@ class VirtioGpuDevice:
         mem = self.session.mem
         self.queue = DeviceQueue(mem, self.queue_layout,
                                  event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
-                                 indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC))
+                                 indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC),
+                                 start_idx=self.queue_base)
         self.compute = ComputeDevice(self.kmd, self.session.dma_mapping(self.index),
                                      self.session.mem_size, self.driver_features,
                                      exports=getattr(self.session.backend, "event_exports", None),
@@ -186,7 +192,8 @@ class VirtioGpuDevice:
     def _open_eventq(self) -> None:
         self.eventq = DeviceQueue(self.session.mem, self.eventq_layout,
                                   event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
-                                  indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC))
+                                  indirect=self.has(wire.VIRTIO_F_INDIRECT_DESC),
+                                  start_idx=self.eventq_base)
 
     def reset(self) -> list:
         """Device reset (status 0): -> fences still in flight for what was torn down,

@@ -362,7 +362,8 @@ class Backend:
         if op == wire.OP_GET_CONFIG:
             return {"config": dev.get_config()}
         if op == wire.OP_SET_VRING:
-            dev.set_vring(msg["queue"], msg["size"], msg["desc"], msg["avail"], msg["used"])
+            dev.set_vring(msg["queue"], msg["size"], msg["desc"], msg["avail"], msg["used"],
+                          msg.get("base", 0))
             return {}
         if op == wire.OP_ENABLE_VRING:
             dev.enable_vring(msg["queue"], msg["enable"])

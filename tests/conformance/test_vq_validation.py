@@ -163,3 +163,41 @@ def test_chain_without_room_for_a_response_is_returned_empty(conformance_host):
         assert got == [(head, 0)]
         with conn.devices[0].create_context():
             pass
+
+
+@pytest.mark.parametrize("memory", ["shared", "inline"])
+def test_ctl_vring_5_a_queue_started_near_the_wrap_crosses_it(conformance_host, memory):
+    """set_vring `base` starts the indices at 65530: requests cross 65535 -> 0 at once,
+    instead of after 65,536 requests."""
+    from rawdevice import Raw, cmd
+
+    with guest.connect(conformance_host.endpoint, memory=memory, mem_size=16 << 20) as conn:
+        drv = conn.devices[0].driver
+        drv.queue_base = 65530
+        drv.initialize()  # a device reset, then set_vring with base
+        assert drv.queue.avail_idx == drv.queue.last_used_idx == 65530
+        raw = Raw(conn)
+        ctx = raw.context()
+        for i in range(24):  # across 65535 -> 0
+            hdr, _, _ = raw.call(cmd(wire.CMD_NOP, ctx_id=ctx, flags=wire.FLAG_FENCE, fence_id=i + 1))
+            assert hdr[0] == wire.RESP_OK_NODATA
+        assert drv.queue.avail_idx == drv.queue.last_used_idx == (65530 + 25) & 0xFFFF  # CTX_CREATE, 24 NOPs
+        # conn's own API still works over the wrapped queue
+        ctx2 = conn.devices[0].create_context()
+        data = np.arange(100, dtype=np.float32)
+        assert np.array_equal(ctx2.to_device(data).to_host(), data)
+
+
+def test_ctl_vring_5_base_beyond_16_bits_is_malformed(raw_peer):
+    p = raw_peer()
+    p.request({"op": "hello", "version": list(wire.PROTOCOL_VERSION), "name": "b", "memory": "inline",
+               "mem_size": 1 << 20})
+    for s in (1, 3):
+        p.request({"op": "set_status", "dev": 0, "status": s})
+    p.request({"op": "set_features", "dev": 0, "features": 1 << wire.VIRTIO_F_VERSION_1})
+    assert p.request({"op": "set_status", "dev": 0, "status": 11})["ok"]
+    vr = {"op": "set_vring", "dev": 0, "queue": 0, "size": 64, "desc": 0, "avail": 1024, "used": 2048}
+    assert p.request(dict(vr, base=1 << 16))["error"] == wire.CTL_ERR_MALFORMED
+    assert p.request(dict(vr, base=-1))["error"] == wire.CTL_ERR_MALFORMED
+    assert p.request(dict(vr, base="x"))["error"] == wire.CTL_ERR_MALFORMED
+    assert p.request(dict(vr, base=65535))["ok"]

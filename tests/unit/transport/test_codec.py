@@ -288,6 +288,14 @@ def test_bool_int_confusion():
                           "enable": False}))[0]["enable"] is False
 
 
+def test_set_vring_optional_base():
+    vr = {"op": OP_SET_VRING, "seq": 1, "dev": 0, "queue": 0, "size": 8, "desc": 0, "avail": 0, "used": 0}
+    assert "base" not in decode(encode(vr))[0]
+    assert decode(encode(dict(vr, base=65535)))[0]["base"] == 65535
+    for bad in (-1, "1", True, None):
+        expect(encode(dict(vr, base=bad)), CTL_ERR_MALFORMED, 1)
+
+
 def test_hello_optional_vgpu_type():
     msg = valid(OP_HELLO)
     msg["vgpu"] = "gold"
