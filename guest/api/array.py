@@ -1,8 +1,11 @@
 """Device arrays: a buffer in device memory with a shape, a dtype and a device VA, numpy in
-and numpy out (`to_host`, `copy_from_host` and their async forms); the reservations of
-explicit VA management (`VaRange`, spec §6.7) and the views of a buffer mapped a second
-time into one (`MappedArray`). Arrays that own their memory free it with `free()` or when
-they become garbage (guest/api/lifetime.py).
+and numpy out (`to_host`/`get`, `copy_from_host`/`set` and their async forms), shaped like
+CuPy's ndarray where that is cheap and exact: `ndim`, `size`, `itemsize`, `strides`,
+`reshape` and slicing of contiguous ranges (views of the same memory), `copy()`,
+`fill()`; an implicit conversion to numpy is refused, as CuPy refuses it. Also the
+reservations of explicit VA management (`VaRange`, spec §6.7) and the views of a buffer
+mapped a second time into one (`MappedArray`). Arrays that own their memory free it with
+`free()` or when they become garbage (guest/api/lifetime.py).
 """
 
 from __future__ import annotations
@@ -28,8 +31,10 @@ class DeviceArray(ApiObject):
 
     _ended = "freed"  # what free() did, for the use-after-free error
 
-    def __init__(self, ctx: "Context", resource_id: int, va: int, shape, dtype):
+    def __init__(self, ctx: "Context", resource_id: int, va: int, shape, dtype, *, base=None):
         self.context = ctx
+        # the array whose memory a view (reshape, slice) shows; the view keeps it alive
+        self.base = base
         self._conn_lock = ctx._conn_lock
         self._releases = ctx._releases
         self.resource_id = resource_id
@@ -43,6 +48,8 @@ class DeviceArray(ApiObject):
         if self.freed:
             raise errors.InvalidResourceError(f"{self!r} was {self._ended}",
                                               code=wire.RESP_ERR_INVALID_RESOURCE_ID)
+        if self.base is not None:
+            self.base._check_usable()
         self.context._check_live()
 
     @property
@@ -60,8 +67,87 @@ class DeviceArray(ApiObject):
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
-    def __len__(self):
-        return self.shape[0] if self.shape else 1
+    @property
+    @unlocked("computed from the shape")
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    @unlocked("computed from the dtype")
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    @unlocked("computed from the shape and dtype")
+    def strides(self) -> tuple:
+        """Bytes between neighbours along each axis: device arrays are C-contiguous."""
+        return _c_strides(self.shape, self.dtype.itemsize)
+
+    @unlocked("computed from the shape")
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    @unlocked("refuses at once")
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("implicit conversion to a NumPy array is not allowed; use .get()")
+
+    # ------------------------------------------------------------------ views
+    def reshape(self, *shape) -> "DeviceArray":
+        """A view of the same memory with another shape of the same size (one dimension may
+        be -1); like numpy's and CuPy's reshape of a contiguous array."""
+        self._check_usable()
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return self._view(self.ptr, _reshaped(self.size, shape))
+
+    def __getitem__(self, key) -> "DeviceArray":
+        """A view of a contiguous range: integers on the leading axes, then at most one
+        slice with step 1, then whole axes (`a[3]`, `a[2:5]`, `a[1, 4:]`, `a[2, ...]`). What
+        would not be contiguous (steps, fancy indexing) raises IndexError; copy it to the
+        host with get() and index there."""
+        self._check_usable()
+        offset, shape = _contiguous_range(self.shape, key)
+        return self._view(self.ptr + offset * self.dtype.itemsize, shape)
+
+    def _view(self, va: int, shape) -> "DeviceArray":
+        return DeviceArray(self.context, 0, va, shape, self.dtype,
+                           base=self if self.base is None else self.base)
+
+    # ------------------------------------------------------------------ CuPy's names
+    def get(self, stream: "Stream | None" = None, out: np.ndarray | None = None) -> np.ndarray:
+        """CuPy's name of `to_host`: the contents as a new numpy array (or in `out`)."""
+        return self.to_host(out, stream)
+
+    def set(self, array, stream: "Stream | None" = None) -> None:
+        """CuPy's name of `copy_from_host`: `array` (this array's dtype and shape) to the
+        device."""
+        self.copy_from_host(array, stream)
+
+    def copy(self, stream: "Stream | None" = None) -> "DeviceArray":
+        """A new array (its own memory, in this array's context) with the same contents:
+        a device-to-device copy in `stream`'s order."""
+        self._check_usable()
+        out = self.context.empty(self.shape, self.dtype)
+        if self.nbytes:
+            self.context.copy_d2d(out.ptr, self.ptr, self.nbytes, stream)
+        return out
+
+    def fill(self, value, stream: "Stream | None" = None) -> None:
+        """Set every element to `value` (cast to the dtype as numpy casts it; a value the
+        dtype cannot hold raises as numpy raises). float32 arrays are filled by the built-in
+        `fill` kernel; other dtypes by a copy of a host array of the value."""
+        self._check_usable()
+        scalar = np.array(value, dtype=self.dtype)
+        if not self.size:
+            return
+        if self.dtype == np.float32 and self.size < 1 << 32:
+            block = 256
+            self.context.launch("fill", -(-self.size // block), block,
+                                (self, float(scalar), self.size), stream)
+        else:
+            self.context.copy_h2d(self.ptr, np.full(self.shape, scalar, self.dtype), stream)
 
     def to_host(self, out: np.ndarray | None = None, stream: "Stream | None" = None, *,
                 pipeline: bool = True) -> np.ndarray:
@@ -92,6 +178,8 @@ class DeviceArray(ApiObject):
     def export(self):
         """Publish this buffer for other contexts, devices and guests -> BufferHandle (a
         capability: keep it private). Importers keep the memory alive after free()."""
+        if self.base is not None:
+            raise ValueError(f"{self!r} is a view: export the array it views")
         return self.context._export(self)
 
     def free(self) -> None:
@@ -102,6 +190,9 @@ class DeviceArray(ApiObject):
         freed the memory already."""
         if self.freed:
             return
+        if self.base is not None:  # a view owns nothing: only the view ends
+            self.freed = True
+            return
         ctx = self.context
         session = ctx.device.connection.session
         if not (ctx.destroyed or session.closed or session.host_lost):
@@ -111,7 +202,74 @@ class DeviceArray(ApiObject):
             self._finalizer.detach()
 
     def __repr__(self):
-        return f"<pvgpu.DeviceArray shape={self.shape} dtype={self.dtype} ptr={self.ptr:#x}>"
+        view = " view" if self.base is not None else ""
+        return f"<pvgpu.DeviceArray{view} shape={self.shape} dtype={self.dtype} ptr={self.ptr:#x}>"
+
+
+def _c_strides(shape, itemsize: int) -> tuple:
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return tuple(reversed(strides))
+
+
+def _reshaped(size: int, shape) -> tuple:
+    """`shape` (ints, at most one -1) checked against `size` elements."""
+    if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in shape):
+        raise TypeError(f"a shape is a tuple of ints, not {shape!r}")
+    shape = [int(n) for n in shape]
+    if shape.count(-1) > 1 or any(n < -1 for n in shape):
+        raise ValueError(f"cannot reshape to {tuple(shape)}: one dimension at most may be -1, "
+                         "the others are >= 0")
+    known = math.prod(n for n in shape if n != -1)
+    if -1 in shape:
+        if known == 0 or size % known:
+            raise ValueError(f"cannot reshape an array of size {size} into shape {tuple(shape)}")
+        shape[shape.index(-1)] = size // known
+    elif known != size:
+        raise ValueError(f"cannot reshape an array of size {size} into shape {tuple(shape)}")
+    return tuple(shape)
+
+
+def _contiguous_range(shape: tuple, key) -> tuple:
+    """-> (offset in elements, shape) of `shape[key]` when it is one contiguous range."""
+    key = key if isinstance(key, tuple) else (key,)
+    if sum(k is Ellipsis for k in key) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if Ellipsis in key:
+        i = key.index(Ellipsis)
+        key = key[:i] + (slice(None),) * (len(shape) - len(key) + 1) + key[i + 1:]
+    if len(key) > len(shape):
+        raise IndexError(f"too many indices for an array of {len(shape)} dimensions")
+    key = key + (slice(None),) * (len(shape) - len(key))
+    strides = _c_strides(shape, 1)
+    offset, out, ranged = 0, [], False
+    for axis, (k, n) in enumerate(zip(key, shape)):
+        if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+            if ranged:
+                raise IndexError("only contiguous ranges can be sliced on the device: an "
+                                 "integer index after a range is strided; use get()")
+            i = int(k) + n if k < 0 else int(k)
+            if not 0 <= i < n:
+                raise IndexError(f"index {int(k)} is out of bounds for axis {axis} with size {n}")
+            offset += i * strides[axis]
+        elif isinstance(k, slice):
+            start, stop, step = k.indices(n)
+            length = len(range(start, stop, step))
+            if step != 1 and length > 1:
+                raise IndexError(f"only contiguous ranges can be sliced on the device (step "
+                                 f"{step}); use get() and slice on the host")
+            if ranged and length != n:
+                raise IndexError("only contiguous ranges can be sliced on the device: a range "
+                                 "on one axis must be followed by whole axes; use get()")
+            offset += (start if length else 0) * strides[axis]
+            out.append(length)
+            ranged = ranged or length > 1  # a range of one element is as good as an integer
+        else:
+            raise IndexError(f"only integers, slices and ... index a device array on the device, "
+                             f"not {k!r}; use get() and index on the host")
+    return offset, tuple(out)
 
 
 @dataclass
