@@ -15,7 +15,7 @@
            a burn kernel of the copy's length instead of the gemms (device time without
            host CPU: the engines' concurrency without the CPU contention of emulation).
 
-Figures (research/gpu-driver.md, "Fairness metrics"; pvgpu.fairness): utilisation U per
+Figures (pvgpu/fairness.py: Jain's index and Gdev's mean error): utilisation U per
 vGPU, Jain's index over U/share, mean |U - share| in percentage points (of the run's
 means; also over one-second samples). Gdev's published means are printed beside ours.
 The guests are `pvgpu tenant` processes; `burn` kernels occupy the compute engine
@@ -49,7 +49,7 @@ STARTUP_S = 30.0  # every guest must have a context by then
 TENANT_SLACK_S = 60.0  # tenants are told to run this much longer and stopped by SIGTERM
 PARTS = ("alone", "unfair", "fair", "overlap")
 
-# Gdev, ATC 2012, Figure 12 (means from the paper's raw data, research/gpu-driver.md):
+# Gdev, ATC 2012, Figure 12 (the means of the paper's measurements):
 # the short-kernel vGPU is the one FIFO starves, so FIFO's 14.6 % is the short tenant.
 GDEV = {"fifo": {"A": 0.863, "B": 0.146}, "credit": {"A": 0.856, "B": 0.146},
         "band": {"A": 0.510, "B": 0.390}}

@@ -6,7 +6,9 @@ time `now_ns` and, per vGPU and engine, the device time its jobs have used, `bus
 
     U_i = (busy_ns_i(end) - busy_ns_i(start)) / (now_ns(end) - now_ns(start))
 
-and the metrics are those of research/gpu-driver.md, "Fairness metrics":
+and the metrics are Jain's fairness index (R. Jain, D. Chiu, W. Hawe, DEC-TR-301, 1984)
+over the shares, and Gdev's mean error (S. Kato et al., "Gdev: First-Class GPU Resource
+Management in the Operating System", USENIX ATC 2012, §6.3):
 
     Jain's index   J = (sum x)^2 / (n * sum x^2),  x_i = U_i / B_i  (B_i the share, 0..1);
                    1 when every vGPU gets the same fraction of its share, 1/n at worst

@@ -30,7 +30,7 @@ def test_jain_bounds():
 
 def test_jain_reproduces_gdevs_published_figures():
     half = {"long": 0.5, "short": 0.5}
-    # research/gpu-driver.md: FIFO 14.6/86.3 -> 0.66, Credit 14.6/85.6 -> 0.67, BAND 39/51 -> 0.98
+    # Gdev (ATC 2012), Figure 12's means: FIFO 14.6/86.3 -> 0.66, Credit 14.6/85.6 -> 0.67, BAND 39/51 -> 0.98
     for short, long_, j in ((0.146, 0.863, 0.66), (0.146, 0.856, 0.67), (0.390, 0.510, 0.98)):
         assert fairness.jain_over_shares({"short": short, "long": long_}, half) == pytest.approx(j, abs=0.005)
 
