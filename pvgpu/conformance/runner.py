@@ -21,6 +21,7 @@ from pvgpu.conformance.context import Context, Skip, Target
 from pvgpu.conformance.rawpeer import NoAnswer, RawPeer
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+CLEANUP_S = 10.0  # how long an overrun check gets to stop before it is abandoned
 
 
 @dataclass
@@ -78,21 +79,23 @@ def run_case(target: Target, check, memory: str | None = None) -> Result:
     result = Result(check.name, check.clauses, memory, FAIL)
     offered = target.features.get(0)
     if check.feature is not None and offered is not None and not offered >> check.feature & 1:
-        result.status, result.reason = SKIP, \
-            f"device 0 does not offer feature bit {check.feature} ({wire.FEATURE_NAMES.get(check.feature, '?')})"
+        name = wire.FEATURE_NAMES.get(check.feature, "?")
+        result.status = SKIP
+        result.reason = f"device 0 does not offer feature bit {check.feature} ({name})"
         return result
     ctx = Context(target, memory)
     start = time.monotonic()
+    outcome = {}  # written by the worker only; read once it has finished
 
     def body():
         try:
             check.fn(**{need: ctx.fixture(need) for need in check.needs})
-            result.status = PASS
+            outcome.update(status=PASS)
         except Skip as e:
-            result.status, result.reason = SKIP, str(e)
+            outcome.update(status=SKIP, reason=str(e))
         except BaseException as e:  # noqa: BLE001 -- every failure is a result
-            result.status, result.reason = FAIL, failure_reason(e, target.timeout)
-            result.detail = traceback.format_exc()
+            outcome.update(status=FAIL, reason=failure_reason(e, target.timeout),
+                           detail=traceback.format_exc())
         finally:
             ctx.close()
 
@@ -100,11 +103,14 @@ def run_case(target: Target, check, memory: str | None = None) -> Result:
     worker.start()
     worker.join(target.timeout)
     if worker.is_alive():
-        ctx.cancelled = True
-        worker.join(target.timeout)  # its own waits end by then; it closes what it started
-        result.status, result.detail = FAIL, ""
+        ctx.cancelled = True  # it can start nothing more; its own waits end in time
+        worker.join(min(target.timeout, CLEANUP_S))  # and then it closes what it started
         result.reason = f"no answer within {target.timeout:g} s" + (
             "; the check was abandoned still running" if worker.is_alive() else "")
+    else:
+        result.status = outcome["status"]
+        result.reason = outcome.get("reason", "")
+        result.detail = outcome.get("detail", "")
     result.seconds = time.monotonic() - start
     return result
 

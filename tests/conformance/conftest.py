@@ -19,7 +19,7 @@ from pvgpu.conformance.context import MEMORY_MODELS  # noqa: E402
 from pvgpu.conformance.runner import cases, probe  # noqa: E402
 
 EXTERNAL = os.environ.get("PVGPU_CONFORMANCE_ENDPOINT")
-TIMEOUT = 100.0  # within pytest's 120 s per test
+TIMEOUT = 100.0  # + the runner's CLEANUP_S: within pytest's 120 s per test
 
 
 def pytest_generate_tests(metafunc):

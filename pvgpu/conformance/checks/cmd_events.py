@@ -59,7 +59,9 @@ def cmd_event_record_query_layout_and_timestamp(raw):
     with_longer_burns(attempt)
 
 
-@check("CMD-EVENT-RECORD-1", "CMD-EVENT-WAIT-1", "CMD-EVENT-QUERY-1", "CMD-EVENT-DESTROY-1", "CMD-EVENT-EXPORT-1", "CMD-EVENT-IMPORT-1", "ERR-RESP-3", "CMD-CHECK-1", "CMD-EVENT-DESTROY-2")
+@check("CMD-EVENT-RECORD-1", "CMD-EVENT-WAIT-1", "CMD-EVENT-QUERY-1", "CMD-EVENT-DESTROY-1",
+       "CMD-EVENT-EXPORT-1", "CMD-EVENT-IMPORT-1", "ERR-RESP-3", "CMD-CHECK-1",
+       "CMD-EVENT-DESTROY-2")
 def cmd_event_bad_ids(raw):
     """[CMD-EVENT-RECORD-1] [CMD-EVENT-WAIT-1] [CMD-EVENT-QUERY-1] [CMD-EVENT-DESTROY-1]
     [CMD-EVENT-EXPORT-1] [CMD-EVENT-IMPORT-1] [ERR-RESP-3]"""
@@ -183,7 +185,8 @@ def cmd_stats_layout_and_room(raw):
         assert hdr[0] == wire.RESP_OK_STATS
 
 
-@check("CMD-EVENT-EXPORT-2", "CMD-EVENT-IMPORT-1", "CMD-EVENT-IMPORT-2", "FENCE-EXPORT-1", "FENCE-EXPORT-2", "FENCE-EXPORT-3")
+@check("CMD-EVENT-EXPORT-2", "CMD-EVENT-IMPORT-1", "CMD-EVENT-IMPORT-2", "FENCE-EXPORT-1",
+       "FENCE-EXPORT-2", "FENCE-EXPORT-3")
 def fence_export_between_sessions(two):
     """[CMD-EVENT-EXPORT-2] [CMD-EVENT-IMPORT-1] [CMD-EVENT-IMPORT-2] [FENCE-EXPORT-1]
     [FENCE-EXPORT-2] [FENCE-EXPORT-3]"""

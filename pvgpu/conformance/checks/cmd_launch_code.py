@@ -114,7 +114,8 @@ def check_store_index(raw, ctx, n=64, rid=60):
     np.testing.assert_array_equal(np.frombuffer(d2h(raw, ctx, out, 4 * n), np.uint32), np.arange(n))
 
 
-@check("CMD-LAUNCH-CODE-2", "CMD-LAUNCH-CODE-3", "CMD-LAUNCH-CODE-4", feature=wire.PVGPU_F_COMPUTE)
+@check("CMD-LAUNCH-CODE-2", "CMD-LAUNCH-CODE-3", "CMD-LAUNCH-CODE-4",
+       feature=wire.PVGPU_F_COMPUTE)
 def cmd_launch_code_runs_accepted_or_fenced(raw):
     """[CMD-LAUNCH-CODE-2] [CMD-LAUNCH-CODE-3] [CMD-LAUNCH-CODE-4]: unfenced is "accepted" at
     once, fenced answers when done; the parameters are the device's copy (the chain's
@@ -138,7 +139,8 @@ def cmd_launch_code_runs_accepted_or_fenced(raw):
     assert ERR.unpack_from(body)[:2] == (codeobj.entry_va(obj_va, obj, 2), isa.COBJ_ERR_LAUNCH)
 
 
-@check("CMD-LAUNCH-CODE-5", "ERR-RESP-3", "CMD-FAULT-1", "CMD-FAULT-4", "CMD-ALLOC-3", feature=wire.PVGPU_F_COMPUTE)
+@check("CMD-LAUNCH-CODE-5", "ERR-RESP-3", "CMD-FAULT-1", "CMD-FAULT-4", "CMD-ALLOC-3",
+       feature=wire.PVGPU_F_COMPUTE)
 def cmd_launch_code_faults(raw):
     """[CMD-LAUNCH-CODE-5] [ERR-RESP-3] [CMD-FAULT-1] [CMD-FAULT-4]: a trap and a
     malformed instruction are code faults (info0 the record, info1 the reason), an object

@@ -157,7 +157,8 @@ def cmd_shm_control_remove_while_attached(raw):
     raw.call(cmd(wire.CMD_SHM_CONTROL, (new_id, wire.SHM_CTL_RMID)))
 
 
-@check("CMD-SHM-EXPORT-1", "CMD-SHM-EXPORT-2", "CMD-SHM-IMPORT-1", "CMD-SHM-IMPORT-2", "CMD-SHM-2", "CMD-SHM-4", "DEV-ISOLATE-1")
+@check("CMD-SHM-EXPORT-1", "CMD-SHM-EXPORT-2", "CMD-SHM-IMPORT-1", "CMD-SHM-IMPORT-2",
+       "CMD-SHM-2", "CMD-SHM-4", "DEV-ISOLATE-1")
 def cmd_shm_export_import_between_sessions(two):
     """[CMD-SHM-EXPORT-1] [CMD-SHM-EXPORT-2] [CMD-SHM-IMPORT-1] [CMD-SHM-IMPORT-2]
     [CMD-SHM-2] [CMD-SHM-4] [DEV-ISOLATE-1]"""

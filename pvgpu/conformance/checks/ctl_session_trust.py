@@ -1,5 +1,5 @@
 """spec §2.1 and §2.7 — what a session may claim: its connection and its own memory
-(clauses CTL-ENDPOINT-4, CTL-ENDPOINT-5, CTL-MEMTABLE-3, CTL-MEMTABLE-5). Each test
+(clauses CTL-ENDPOINT-4, CTL-ENDPOINT-5, CTL-MEMTABLE-3, CTL-MEMTABLE-5). Each check
 repeats an attack that once worked against the reference host."""
 
 import secrets

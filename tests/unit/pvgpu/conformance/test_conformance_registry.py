@@ -23,6 +23,17 @@ def test_every_check_names_clauses_of_the_spec():
     assert len({c.name for c in checks}) == len(checks)
 
 
+NAMED = re.compile(r"^((?:ctl|mem|vq|dev|cmd|fence|krn|err|evtq|prime|sched)(?:_[a-z]+)*?_\d+)(?=_)")
+
+
+def test_a_clause_in_a_check_name_is_one_of_its_clauses():
+    """fence_timeline_2_order_across_engines checks FENCE-TIMELINE-2 (and says so)."""
+    named = [(c.name, m.group(1).upper().replace("_", "-"), c.clauses)
+             for c in all_checks() if (m := NAMED.match(c.name))]
+    assert len(named) > 15
+    assert [(name, cid) for name, cid, clauses in named if cid not in clauses] == []
+
+
 def test_a_check_takes_only_what_a_context_hands_out():
     with pytest.raises(TypeError, match="unknown parameters"):
         check("CTL-PING-1")(lambda raw, endpoint: None)
