@@ -5,7 +5,7 @@ host."""
 
 import struct
 
-from spec import isa, wire
+from spec import wire
 
 from pvgpu.conformance.checks.cmd_launch_code import BODY
 
