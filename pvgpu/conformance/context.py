@@ -26,7 +26,7 @@ class Target:
     endpoint: str
     memories: tuple = MEMORY_MODELS
     timeout: float = 60.0  # the longest a check may take, and any wait in it
-    endpoints: tuple = ()  # every endpoint of the same host, the first one's transport first
+    endpoints: tuple = ()  # every endpoint of the same host (default: endpoint alone)
     # a host that keeps a vanished guest's session for long (CTL-ENDPOINT-4's takeover
     # meets the old session still alive); default: endpoint
     patient_endpoint: str | None = None
@@ -57,7 +57,7 @@ class Context:
                 mem_size: int = 16 << 20, **kw):
         """A session of our own driver (guest.connect) in `memory` (default: this run's);
         Skip when that is the shared model and it was not selected."""
-        import guest
+        import guest  # (on demand: codeobj.py's users on the host side need none of it)
         self._check_open()
         memory = memory or self.memory
         if memory == wire.MEMORY_SHARED and memory not in self.target.memories:
