@@ -17,6 +17,8 @@
   pvgpu bench ptx [--json FILE] [--quick]         PTX kernels on the SMs vs numpy and the built-ins
   pvgpu bench jobs [--json FILE] [--quick]        the fixed cost of a job: tiny launches, round
                                                   trips, 8 guests at once, the KMD alone
+  pvgpu conformance --endpoint EP [--memory M] [--clauses PATTERN] [--json FILE|-] [--timeout S]
+                                                  the protocol conformance checks against any host
 """
 
 from __future__ import annotations
@@ -200,6 +202,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sched: the hosts' BAND time buffer (default: the host's, Gdev's 500)")
     p.add_argument("--sizes", default=None, metavar="MiB,...",
                    help="p2p: copy sizes in MiB (default 16,64,256; 16,64 with --quick)")
+
+    p = sub.add_parser("conformance", help="run the protocol conformance checks of spec/pvgpu.md "
+                                           "against a host (ours or another implementation)",
+                       description="Runs the black-box checks of spec/pvgpu.md against the "
+                                   "host at ENDPOINT, speaking only the wire protocol: one line "
+                                   "per check with its clause IDs (PASS, FAIL, or SKIP with the "
+                                   "reason), then a summary. Exit status 0 only if no check "
+                                   "failed.")
+    p.add_argument("--endpoint", required=True, metavar="ENDPOINT",
+                   help="the host under test: ipc://PATH or tcp://HOST:PORT")
+    p.add_argument("--memory", choices=wire.MEMORY_MODELS, action="append", default=None,
+                   help="memory model of the sessions (repeatable; default: both). shared "
+                        "needs the host on this machine; against a remote host use inline")
+    p.add_argument("--clauses", metavar="PATTERN", default=None,
+                   help="only the checks of clauses matching PATTERN (fnmatch, any case; "
+                        "comma-separated: CTL-HELLO-*,VQ-*); a check name matches too")
+    p.add_argument("--json", metavar="FILE", default=None,
+                   help="also write the results as JSON to FILE (- : to stdout, the lines "
+                        "then go to stderr)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="the longest a check may take, and any wait for the host in it; a "
+                        "silent host fails with 'no answer within S s' (default %(default)s)")
+    p.add_argument("--list", action="store_true", help="list the selected checks, run nothing")
+    p.add_argument("-v", "--verbose", action="store_true", help="print each failure's traceback")
     return ap
 
 
@@ -207,7 +233,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"host": cmd_host, "info": cmd_info, "run": cmd_run, "demo": cmd_demo,
-                "bench": cmd_bench, "tenant": cmd_tenant}[args.command](args)
+                "bench": cmd_bench, "tenant": cmd_tenant,
+                "conformance": cmd_conformance}[args.command](args)
     except KeyboardInterrupt:
         return 130
 
@@ -394,6 +421,41 @@ def cmd_bench(args) -> int:
         return run_copies(json_path=args.json, quick=args.quick)
     from bench.hotpaths import run_bench
     return run_bench(json_path=args.json, quick=args.quick)
+
+
+def cmd_conformance(args) -> int:
+    from pvgpu.conformance import Target, select
+    from pvgpu.conformance.runner import as_json, cases, run, summary
+    patterns = [p.strip() for p in (args.clauses or "").split(",") if p.strip()]
+    checks = select(patterns)
+    if not checks:
+        print(f"pvgpu conformance: no check of a clause matching {args.clauses!r}", file=sys.stderr)
+        return 2
+    memories = tuple(dict.fromkeys(args.memory or wire.MEMORY_MODELS))
+    out = sys.stderr if args.json == "-" else sys.stdout
+    if args.list:
+        for check, memory in cases(checks, memories):
+            print(f"{' '.join(check.clauses)}  {check.name}" + (f"[{memory}]" if memory else ""),
+                  file=out)
+        return 0
+    target = Target(args.endpoint, memories=memories, timeout=args.timeout)
+
+    def report(result):
+        print(result.line(), file=out, flush=True)
+        if args.verbose and result.detail:
+            print("    " + result.detail.rstrip().replace("\n", "\n    "), file=out, flush=True)
+    results = run(target, checks, report=report)
+    s = summary(results)
+    print(f"{s['passed']} passed, {s['failed']} failed, {s['skipped']} skipped "
+          f"({s['total']} runs of {len(checks)} checks) against {args.endpoint}", file=out)
+    if args.json:
+        text = json.dumps(as_json(target, results, patterns), indent=2)
+        if args.json == "-":
+            print(text)
+        else:
+            with open(args.json, "w") as f:
+                f.write(text + "\n")
+    return 1 if s["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -4,14 +4,14 @@ A gate (tests/unit/host/kmd/conftest.py) keeps a job queued; some checks need a 
 is on the hardware -- handed to the ring, counted busy, its context not evictable -- for
 as long as the test says, however loaded the machine. `SpinGates` gives a KMD context
 code launches that spin on a flag each in host memory mapped into the context
-(tests/codeobj.py wait_flag); open(i) writes flag i and the launch completes.
+(pvgpu/conformance/codeobj.py wait_flag); open(i) writes flag i and the launch completes.
 """
 
 import struct
 
 import numpy as np
 
-import codeobj
+from pvgpu.conformance import codeobj
 
 # where the flags (and the code, on its way to VRAM) are mapped: far from the guest window
 # and from where the VA allocator puts buffers

@@ -11,7 +11,10 @@ it imports, at module level or inside a function, fails the test. In particular:
   contexts reach the KMD as ContextLimits from host/backend (host/backend/limits.py);
 - no lower layer imports a higher one (hw -> kmd, kmd -> backend, transport -> host or
   guest, frontend -> api, ...);
-- only transport/channel.py imports zmq (and bench/, which measures bare zmq as a limit);
+- only transport/channel.py imports zmq (and bench/, which measures bare zmq as a limit, and
+  pvgpu/conformance/rawpeer.py, a conformance peer that sends frames our channel never would);
+- the conformance suite (pvgpu/conformance) is a client: it imports the guest side, transport
+  and spec, never host/, so it can test any implementation of the device;
 - pvgpu/ loads bench/ on demand only: no pvgpu module imports it at module level, and only
   the CLI's `bench` sub-command imports it at all.
 
@@ -41,8 +44,10 @@ ALLOWED = {
     "guest": ("guest.api", "spec"),  # the package's own __init__: re-exports the API
     # the host process (host/main.py, host/config.py): puts the layers together
     "host": ("host", "transport", "spec"),
+    # the conformance suite: a client of the wire protocol (and of `python -m pvgpu run`)
+    "pvgpu.conformance": ("pvgpu.conformance", "pvgpu.procs", "guest", "transport", "spec"),
 }
-ZMQ_USERS = ("transport.channel", "bench")
+ZMQ_USERS = ("transport.channel", "bench", "pvgpu.conformance.rawpeer")
 # The import cycles among guest/api modules today: one component, through core's
 # function-level imports of module, prime and shm, and operands' and params' of core.
 # The guest API's split into modules removes them.

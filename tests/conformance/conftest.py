@@ -1,97 +1,67 @@
-"""Black-box conformance fixtures: a real host and a raw DEALER that speaks the wire directly.
+"""Black-box conformance: the checks of pvgpu/conformance (the suite `pvgpu conformance`
+runs) against a real host, one pytest item per check and memory model.
 
-Set PVGPU_CONFORMANCE_ENDPOINT=ipc://... or tcp://... to run the suite against another
-implementation of the spec instead of a `pvgpu host` started here.
+A test module names its group of checks (GROUP, a module of pvgpu/conformance/checks) and
+has a test taking `conformance_case`; it is parametrized over that group. Our own host
+must pass every check: a SKIP is a failure here. Set PVGPU_CONFORMANCE_ENDPOINT=ipc://...
+or tcp://... to run the suite against another implementation instead of a `pvgpu host`
+started here (a SKIP is then a skip).
 """
 
 import os
 
-import msgpack
 import pytest
-import zmq
 
-import guest
-from rawdevice import Raw
+pytest.register_assert_rewrite("pvgpu.conformance.checks")
 
+from pvgpu.conformance import FAIL, SKIP, Target, run_case, select  # noqa: E402
+from pvgpu.conformance.context import MEMORY_MODELS  # noqa: E402
+from pvgpu.conformance.runner import cases, probe  # noqa: E402
 
-class RawPeer:
-    """A bare DEALER socket: sends arbitrary frames, receives with a deadline."""
-
-    def __init__(self, endpoint, routing_id: bytes | None = None):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.DEALER)
-        self.sock.linger = 0
-        if routing_id is not None:
-            self.sock.routing_id = routing_id
-        self.sock.connect(endpoint)
-        self.seq = 0
-
-    def send_frames(self, frames):
-        self.sock.send_multipart(frames)
-
-    def recv(self, timeout_ms=30_000):
-        if not self.sock.poll(timeout_ms):
-            return None
-        frames = self.sock.recv_multipart()
-        return msgpack.unpackb(frames[0], raw=False), frames[1:]
-
-    def request(self, msg, frames=(), timeout_ms=30_000):
-        self.seq += 1
-        msg = dict(msg, seq=self.seq)
-        self.send_frames([msgpack.packb(msg, use_bin_type=True), *frames])
-        while True:
-            got = self.recv(timeout_ms)
-            if got is None:
-                return None
-            if got[0].get("op") == "reply" and got[0].get("seq") == self.seq:
-                return got[0]
-
-    def close(self):
-        self.sock.close()
-        self.ctx.term()
+EXTERNAL = os.environ.get("PVGPU_CONFORMANCE_ENDPOINT")
+TIMEOUT = 100.0  # + the runner's CLEANUP_S: within pytest's 120 s per test
 
 
-class ExternalHost:
-    def __init__(self, endpoint):
-        self.endpoint = endpoint
-        self.endpoints = [endpoint]
+def pytest_generate_tests(metafunc):
+    if "conformance_case" in metafunc.fixturenames:
+        group = metafunc.module.GROUP
+        found = cases(select(group=group), MEMORY_MODELS)
+        assert found, f"no checks in group {group}"
+        metafunc.parametrize("conformance_case", [
+            pytest.param((c, m), id=f"{c.name}-{m}" if m else c.name) for c, m in found])
 
 
 @pytest.fixture(scope="module")
-def conformance_host(request):
+def patient_endpoint():
+    """A host that keeps a vanished guest's session for long (Target.patient_endpoint);
+    None: the host under test. test_ctl_session_trust.py starts one."""
+    return None
+
+
+@pytest.fixture(scope="module")
+def conformance_target(request, patient_endpoint):
     """The implementation under test: PVGPU_CONFORMANCE_ENDPOINT, or our own host."""
-    endpoint = os.environ.get("PVGPU_CONFORMANCE_ENDPOINT")
-    if endpoint:
-        return ExternalHost(endpoint)
-    return request.getfixturevalue("shared_host")
+    if EXTERNAL:
+        target = Target(EXTERNAL, timeout=TIMEOUT)
+    else:
+        host = request.getfixturevalue("shared_host")
+        target = Target(host.endpoint, endpoints=tuple(host.endpoints), timeout=TIMEOUT,
+                        patient_endpoint=patient_endpoint)
+    assert probe(target) is None, "the host does not answer hello"
+    return target
 
 
 @pytest.fixture
-def raw_peer(conformance_host):
-    """A factory of raw DEALER peers speaking the control channel directly."""
-    peers = []
-
-    def make(endpoint=None, routing_id=None):
-        p = RawPeer(endpoint or conformance_host.endpoint, routing_id)
-        peers.append(p)
-        return p
-    try:
-        yield make
-    finally:
-        for p in peers:
-            p.close()
-
-
-@pytest.fixture(params=["shared", "inline"])
-def raw(request, conformance_host):
-    """Raw device requests through a real driver (rawdevice.Raw), in both memory models."""
-    with guest.connect(conformance_host.endpoint, memory=request.param, mem_size=32 << 20) as conn:
-        yield Raw(conn)
-
-
-@pytest.fixture
-def two(conformance_host):
-    """Two sessions (two guests, as far as the host can tell), one per memory model."""
-    with guest.connect(conformance_host.endpoint, mem_size=16 << 20) as a, \
-            guest.connect(conformance_host.endpoint, memory="inline", mem_size=16 << 20) as b:
-        yield Raw(a), Raw(b)
+def run_conformance_case(conformance_target):
+    """-> run((check, memory)): the check passes, or the test fails with its report."""
+    def run(case):
+        check, memory = case
+        result = run_case(conformance_target, check, memory)
+        if result.status == FAIL:
+            pytest.fail(f"{result.line()}\n{result.detail}", pytrace=False)
+        if result.status == SKIP:
+            if EXTERNAL:
+                pytest.skip(result.reason)
+            pytest.fail(f"our own host must pass every check, not skip it: {result.line()}",
+                        pytrace=False)
+    return run

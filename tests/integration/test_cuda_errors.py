@@ -11,7 +11,7 @@ import struct
 import numpy as np
 import pytest
 
-import codeobj
+from pvgpu.conformance import codeobj
 import guest
 import pvgpu.cuda
 from cuda_facade import LAUNCH_PTX, ctx, fails, model, ok  # noqa: F401

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import codeobj
+from pvgpu.conformance import codeobj
 import guest
 from spec import isa, wire
 

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from anymachine import with_longer_burns
+from pvgpu.conformance.burns import with_longer_burns
 
 import guest
 from pvgpu.procs import reap

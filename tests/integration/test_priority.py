@@ -3,7 +3,7 @@ waiting job of a high-priority context runs before one of a low-priority context
 was submitted earlier."""
 
 import pytest
-from anymachine import with_longer_burns
+from pvgpu.conformance.burns import with_longer_burns
 
 import guest
 

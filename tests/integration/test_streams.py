@@ -9,7 +9,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from anymachine import with_longer_burns
+from pvgpu.conformance.burns import with_longer_burns
 
 import guest
 from guest.api.copy import STAGING_DEPTH

@@ -8,7 +8,7 @@ import struct
 import numpy as np
 import pytest
 
-import codeobj
+from pvgpu.conformance import codeobj
 from guest.api import errors, module, params
 from spec import isa
 

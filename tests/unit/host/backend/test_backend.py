@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from anymachine import with_longer_burns
+from pvgpu.conformance.burns import with_longer_burns
 
 from host.backend.events import EventSnapshot
 from host.backend.session import Backend

@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-import codeobj
+from pvgpu.conformance import codeobj
 from host.backend import commands
 from host.kmd.bo import CodeFault, GpuFault
 from spec import isa, wire

@@ -19,7 +19,7 @@ from host.kmd.bo import GpuFault
 from host.kmd.errors import ContextLost, JobTimedOut
 from spec import wire
 
-from anymachine import with_longer_burns
+from pvgpu.conformance.burns import with_longer_burns
 from test_backend import Guest, _backend, cmd, timeline_fence
 
 FEATURES = (1 << wire.PVGPU_F_COMPUTE) | (1 << wire.PVGPU_F_CONTEXT_INIT)

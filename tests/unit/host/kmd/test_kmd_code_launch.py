@@ -1,13 +1,13 @@
 """Code launches in the KMD against the real emulated GPU: executable buffer objects, the
 kernarg area, PKT_LAUNCH_CODE jobs, code faults, implicit sync and TDR. Code objects are
-built by hand (tests/codeobj.py)."""
+built by hand (pvgpu/conformance/codeobj.py)."""
 
 import struct
 
 import numpy as np
 import pytest
 
-import codeobj
+from pvgpu.conformance import codeobj
 from host.hw import regs
 from host.kmd import GpuFault, InvalidArgument
 from host.kmd.errors import ContextLost

@@ -5,7 +5,7 @@ back when VRAM frees up (host/kmd/evict.py)."""
 import msgpack
 import numpy as np
 import pytest
-from anymachine import with_longer_burns
+from pvgpu.conformance.burns import with_longer_burns
 
 from host.hw import regs
 from host.kmd import OutOfMemory

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-import codeobj
+from pvgpu.conformance import codeobj
 from guest.api import module
 from pvgpu.cuda import _launch, handles
 from pvgpu.cuda._errors import CudaError

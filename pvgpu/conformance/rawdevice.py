@@ -1,7 +1,7 @@
 """The device side of the conformance suite: raw requests through a real driver.
 
 Requests are raw bytes and responses are read back raw, so every header field the device
-writes is checked. The fixtures `raw` and `two` (conftest.py) hand out Raw objects."""
+writes is checked. A check's `raw` and `two` (context.py) are Raw objects."""
 
 import struct
 
@@ -55,6 +55,7 @@ class Raw:
         self.drv = conn.devices[dev].driver
         self.heap = conn.session.heap
         self.ctx_ids = iter(range(100, 10_000))
+        self.timeout = conn.session.timeout  # the session's wait for any answer
 
     def submit(self, command, data=b"", read_back=0):
         readable, writable = [], []
@@ -67,7 +68,7 @@ class Raw:
         return self.drv.submit(command, readable, writable)
 
     def wait(self, req):
-        self.conn.session.wait_for(lambda: req.done, timeout=30)
+        self.conn.session.wait_for(lambda: req.done, timeout=self.timeout)
         mem = self.drv.mem
         raw = b"".join(mem.read(g, n) for g, n in req.writable)[:req.used_len]
         return HDR.unpack_from(raw), raw[wire.CTRL_HDR_SIZE:], req.used_len
