@@ -63,7 +63,8 @@ def _check_functions(path: Path):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             is_check = any("check" in ast.unparse(d) for d in node.decorator_list)
             if node.name.startswith("test_") or is_check:  # whole lines: trailing comments too
-                yield node, "\n".join(lines[node.lineno - 1:node.end_lineno])
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                yield node, "\n".join(lines[first - 1:node.end_lineno])
 
 
 def citations(defined) -> dict:

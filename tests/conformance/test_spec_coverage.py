@@ -23,9 +23,12 @@ def test_a_citation_in_a_test_body_or_name_counts(tmp_path, monkeypatch):
     (t / "test_x.py").write_text('"""module text citing CTL-HELLO-1 does not count."""\n\n\n'
                                  "def test_ctl_hello_6_twice():\n    pass\n\n\n"
                                  "def test_other():\n    x = 1  # [CMD-FAULT-3]\n\n\n"
-                                 "def helper():\n    return 'CTL-HELLO-2'\n")
+                                 "def helper():\n    return 'CTL-HELLO-2'\n\n\n"
+                                 '@check("CMD-FAULT-4")\ndef a_check(ctx):\n    pass\n')
     monkeypatch.setattr(coverage_table, "ROOT", tmp_path)
     monkeypatch.setattr(coverage_table, "SOURCES", [t])
-    cov = coverage_table.citations(["CTL-HELLO-1", "CTL-HELLO-2", "CTL-HELLO-6", "CMD-FAULT-3"])
+    cov = coverage_table.citations(["CTL-HELLO-1", "CTL-HELLO-2", "CTL-HELLO-6", "CMD-FAULT-3",
+                                    "CMD-FAULT-4"])
     assert cov == {"CTL-HELLO-6": ["tests/test_x.py::test_ctl_hello_6_twice"],
-                   "CMD-FAULT-3": ["tests/test_x.py::test_other"]}
+                   "CMD-FAULT-3": ["tests/test_x.py::test_other"],
+                   "CMD-FAULT-4": ["tests/test_x.py::a_check"]}  # a conformance check's decorator
