@@ -210,8 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "per check with its clause IDs (PASS, FAIL, or SKIP with the "
                                    "reason), then a summary. Exit status 0 only if no check "
                                    "failed.")
-    p.add_argument("--endpoint", required=True, metavar="ENDPOINT",
-                   help="the host under test: ipc://PATH or tcp://HOST:PORT")
+    p.add_argument("--endpoint", metavar="ENDPOINT",
+                   help="the host under test: ipc://PATH or tcp://HOST:PORT (required but "
+                        "with --list)")
     p.add_argument("--memory", choices=wire.MEMORY_MODELS, action="append", default=None,
                    help="memory model of the sessions (repeatable; default: both). shared "
                         "needs the host on this machine; against a remote host use inline")
@@ -438,6 +439,9 @@ def cmd_conformance(args) -> int:
             print(f"{' '.join(check.clauses)}  {check.name}" + (f"[{memory}]" if memory else ""),
                   file=out)
         return 0
+    if not args.endpoint:
+        print("pvgpu conformance: --endpoint ENDPOINT is required (the host to check)", file=sys.stderr)
+        return 2
     target = Target(args.endpoint, memories=memories, timeout=args.timeout)
 
     def report(result):
