@@ -338,6 +338,7 @@ def test_sealed_memfd_is_the_default_and_shared_both_ways():
 
 
 def test_a_guest_cannot_shrink_or_grow_memory_the_host_mapped():
+    # [CTL-MEMTABLE-4] the driver's memfd is sealed (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
     guest = SharedGuestMemory.create(1 << 16)
     host = SharedGuestMemory.attach(guest.name, 1 << 16)
     try:

@@ -273,10 +273,10 @@ def test_silent_session_is_reclaimed(backend):
     g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
     g.call(cmd(wire.CMD_MEM_ALLOC, (1, 0, 8 << 20), ctx_id=1))
     assert backend.kmds[0].vram_free() < free
-    backend.expire(now=0.25)  # 2.5 periods: still alive
+    backend.expire(now=0.25)  # 2.5 periods: still alive ([CTL-HB-3]: not reclaimed earlier)
     assert g.peer in backend.sessions
     backend.expire(now=0.35)
-    assert g.peer not in backend.sessions and backend.stats["expired_sessions"] == 1
+    assert g.peer not in backend.sessions and backend.stats["expired_sessions"] == 1  # [CTL-HB-3]
     assert backend.kmds[0].vram_free() == free
     assert backend.pending_releases() == 0
 
