@@ -71,3 +71,63 @@ def test_ctl_hb_5_a_session_whose_host_is_lost_is_not_used_again():
     s.host_lost = True  # as a wait that saw HEARTBEAT_MISSES silent periods leaves it
     s.close()
     assert s.channel.sent[sent:] == []  # not even a bye, nor a kick of deferred chains
+
+
+class _Log:
+    def __init__(self):
+        self.events = []
+
+
+class _Queue:
+    """A used ring that has an entry pending the first time interrupts are re-enabled."""
+
+    def __init__(self, log):
+        self.log, self.enabled, self.pending = log, False, True
+
+    def enable_interrupts(self):
+        self.log.events.append("enable")
+        self.enabled = True
+        pending, self.pending = self.pending, False
+        return not pending
+
+    def disable_interrupts(self):
+        self.log.events.append("disable")
+        self.enabled = False
+
+
+class _Device:
+    deferred = False
+
+    def __init__(self, log):
+        self.log, self.queue, self.done = log, _Queue(log), False
+
+    def reap(self):
+        self.log.events.append("reap")
+
+
+class _BlockingChannel:
+    heartbeat_ms = 0
+
+    def __init__(self, device):
+        self.device = device
+
+    def recv_until(self, predicate, timeout=None):
+        self.device.log.events.append(("block", self.device.queue.enabled))
+        self.device.done = True
+        return {"op": wire.OP_CALL, "dev": 0, "queue": 0, "notify": True}, []
+
+
+def test_vq_notify_5_a_polling_driver_reenables_and_rereads_before_it_blocks(monkeypatch):
+    log = _Log()
+    dev = _Device(log)
+    s = _session(_BlockingChannel(dev))
+    s.inline, s.memory, s.devices = False, wire.MEMORY_SHARED, [dev]
+    s.POLL_MAX = -1.0  # no busy-poll window: straight to the blocking path
+    s.wait_for(lambda: dev.done)
+    ev = log.events
+    first_block = next(i for i, e in enumerate(ev) if isinstance(e, tuple))
+    assert ev[first_block] == ("block", True)  # blocks only with notifications enabled
+    # the first enable found an entry pending: suppressed again and re-read, no block
+    first_enable = ev.index("enable")
+    assert ev[first_enable + 1:first_enable + 3] == ["disable", "reap"]
+    assert ev[first_block - 1] == "enable" and ev.count("enable") == 2

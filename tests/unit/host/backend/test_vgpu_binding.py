@@ -60,6 +60,7 @@ def test_a_host_without_vgpus_has_no_vgpu_in_the_reply():
 
 
 def test_memory_share_is_enforced_across_the_vgpus_sessions(backend):
+    # [SCHED-VGPU-1] beyond the vGPU's memory share MEM_ALLOC fails RESP_ERR_OUT_OF_MEMORY
     kmd = backend.kmds[0]
     limit = kmd.vgpu_mem_limit(A)
     g1, g2 = Guest(backend, b"g1"), Guest(backend, b"g2")
