@@ -68,6 +68,7 @@ def reinit(g, dev=0):
 # --- messages and parsing (§2.3, §2.4) ---
 
 def test_ctl_msg_3_every_request_gets_one_reply_that_echoes_its_seq(backend):
+    # [ERR-CTL-1] every error is one of the CTL_ERR_* names
     peer = Peer(0, b"g", "c")
     for seq, msg in [(5, dict(HELLO, op="hello")), (9, {"op": "ping"}), (77, {"op": "frobnicate"}),
                      (3, {"op": "get_status", "dev": 9})]:
@@ -183,6 +184,7 @@ def test_ctl_parse_5_a_refused_request_changes_nothing(backend):
 
 
 def test_ctl_parse_6_one_sessions_junk_leaves_another_session_alone(backend):
+    # [DEV-ISOLATE-3] errors of one session affect only that session
     good, bad = Guest(backend, b"good"), Guest(backend, b"bad")
     good.init()
     hello(bad)
@@ -553,6 +555,7 @@ def test_ctl_kick_6_spurious_kicks_are_harmless(backend):
 
 
 def test_ctl_call_2_inline_calls_carry_every_device_write(backend):
+    # [MEM-INLINE-3] after the calls the driver's memory equals the mirror where the device wrote
     g = Guest(backend)
     g.init()
     (session,) = backend.sessions.values()
@@ -616,6 +619,7 @@ def _shared_nop_round(backend, g, queue, mem, at):
 
 @pytest.mark.parametrize("event_idx", [True, False])
 def test_ctl_call_1_shared_calls_notify_unless_suppressed(backend, shared_guest, event_idx):
+    # [MEM-SHARED-2] calls of the shared model carry no patches
     g, mem = shared_guest
     features = wire.DEVICE_FEATURES & ~(0 if event_idx else 1 << wire.VIRTIO_F_EVENT_IDX)
     to_features_ok(g, features=features)
@@ -633,6 +637,7 @@ def test_ctl_call_1_shared_calls_notify_unless_suppressed(backend, shared_guest,
 
 
 def test_ctl_call_3_inline_patches_come_before_what_refers_to_them(backend):
+    # [VQ-USED-1] the used element is sent no later than the idx that publishes it
     g = Guest(backend)
     g.init()
     layout = g.queue.layout

@@ -162,6 +162,7 @@ def test_vq_invalid_3_held_chains_are_dropped(backend):
 
 
 def test_vq_invalid_4_other_devices_and_sessions_carry_on(backend):
+    # [DEV-ISOLATE-3] an invalid chain affects only its device
     g, other = Guest(backend, b"g"), Guest(backend, b"other")
     g.init()
     other.init()
