@@ -269,6 +269,7 @@ class _HelloChannel(LoopbackChannel):
     def request(self, msg, frames=(), timeout=None):
         reply, extra = super().request(msg, frames, timeout)
         if msg["op"] == wire.OP_HELLO:
+            self.hello = msg
             reply.update(session="s1", heartbeat_ms=0, devices=[
                 {"index": 0, "name": "d0", "vram_size": 1 << 30, "device_id": wire.VIRTIO_ID_PVGPU,
                  "peers": []}])
@@ -282,6 +283,7 @@ def test_mem_window_3_memory_handed_to_kernels_never_overlaps_the_rings():
     s.devices, s.closed, s.host_lost, s._wait_ewma, s._kicks = [], False, False, 0.0, {}
     s.channel = _HelloChannel()
     s._open()
+    assert s.channel.hello["version"] == list(wire.PROTOCOL_VERSION)  # [CTL-HELLO-1]
     (drv,) = s.devices
     area = (drv.base, drv.base + VirtioGpuDriver.area_size())
     layout = drv.queue.layout

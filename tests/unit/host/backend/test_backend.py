@@ -294,6 +294,7 @@ N_FLOOD = 120  # chains of two descriptors in a 256-entry queue
 def test_full_engine_ring_holds_chains_back_instead_of_blocking(backend_small_ring):
     """Flow control: with the GPU scheduler's queue full the device leaves chains in the
     avail ring (no handle() call waits inside the KMD) and resumes as jobs complete."""
+    # [VQ-USED-3] every chain comes back, and once only: a second return would fail DriverQueue's used-id check
     backend = backend_small_ring
     g = Guest(backend)
     g.init(qsize=256)

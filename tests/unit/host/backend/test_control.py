@@ -208,7 +208,7 @@ def test_ctl_hello_1_hello_fields_are_checked(backend):
     assert hello(g, memory="telepathy")["error"] == wire.CTL_ERR_MALFORMED
     for size in (0, 1000, wire.PAGE_SIZE + 1):
         assert hello(g, mem_size=size)["error"] == wire.CTL_ERR_MALFORMED
-    assert hello(g, version=(0, 1, 0)[:2])["ok"]
+    assert hello(g, version=list(wire.PROTOCOL_VERSION))["ok"]  # the driver sends PROTOCOL_VERSION
 
 
 def test_ctl_hello_2_major_version_must_match_minor_may_differ(backend):
