@@ -232,7 +232,8 @@ class Backend:
                     return self._kick(session, msg, extra)
             self.stats["unexpected_notifications"] += 1
             return []
-        if op == wire.OP_REPLY:
+        if op == wire.OP_REPLY:  # v0.1 hosts send no requests ([CTL-PARSE-2])
+            self.stats["unexpected_replies"] += 1
             return []
         seq = msg["seq"]
         try:

@@ -95,6 +95,7 @@ def test_memory_and_every_memcpy_kind(model):
 
 
 def test_mapped_and_managed_memory(model):
+    # [MEM-WINDOW-5] mapped and managed memory in place in the shared model, cudaErrorNotSupported inline
     n = 1 << 12
     mapped = ok(cudart.cudaHostAlloc(n * 4, cudart.cudaHostAllocDefault))
     ok(cudart.cudaFreeHost(mapped))

@@ -73,6 +73,7 @@ def test_a_killed_guest_is_reclaimed_by_heartbeat(host_factory, tmp_endpoint, me
 
 
 def test_bye_reclaims_everything(host_factory, tmp_endpoint):
+    # [CTL-RECLAIM-1] bye reclaims the session
     host = host_factory([tmp_endpoint], vram="128M")
     before = _vram_free(host.endpoint)
     with guest.connect(host.endpoint, mem_size=8 << 20) as c:

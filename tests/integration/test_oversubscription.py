@@ -13,6 +13,7 @@ GRID, BLOCK = N // 256, 256
 
 
 def test_two_sessions_whose_working_sets_exceed_vram(host_factory, tmp_endpoint):
+    # [SCHED-VGPU-5] results are the same when VRAM is oversubscribed
     host = host_factory([tmp_endpoint], vram="32M")
     rng = np.random.default_rng(7)
     with guest.connect(host.endpoint, mem_size=32 << 20) as c1, \

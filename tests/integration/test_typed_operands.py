@@ -46,6 +46,7 @@ def _args(sig, arrays, n):
 
 # ------------------------------------------------------------------ launches
 def test_vector_add_on_other_dtypes_is_refused_before_submitting(ctx, submits):
+    # [KRN-ARGS-2] a typed array of another element type is refused before submitting
     for dtype in (np.float64, np.int32, np.float16, np.dtype(">f4")):
         a = ctx.to_device(np.array([1, 2, 3, 4], dtype))
         submits.clear()
@@ -83,6 +84,7 @@ def test_every_pointer_argument_of_every_kernel_is_checked(ctx, submits, sig):
 
 
 def test_bare_addresses_stay_untyped_and_arrays_of_other_contexts_are_refused(conn, ctx):
+    # [KRN-ARGS-2] an untyped VA is passed as is
     a = ctx.to_device(np.arange(N, dtype=F32))
     ints = ctx.to_device(np.zeros(N, np.int32))
     ctx.launch("scale", N // 256, 256, (ints.ptr, a.ptr, 1.0, N))  # raw VAs: no check

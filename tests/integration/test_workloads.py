@@ -89,6 +89,7 @@ def test_device_info_and_features(conn):
 
 
 def test_results_identical_across_memory_models(shared_host):
+    # [MEM-EQUIV-1] the same requests give the same bytes in both models
     ep = _endpoint(shared_host, "ipc")
     rng = np.random.default_rng(3)
     a = rng.standard_normal((64, 48)).astype(np.float32)

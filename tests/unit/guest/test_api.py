@@ -34,6 +34,7 @@ def test_event_handle_rejects_malformed_strings(bad):
     (0x12EE, guest.DeviceError),  # unknown error codes are still device errors
 ])
 def test_device_error_codes_map_to_exceptions(code, cls):
+    # [ERR-RESP-2] an unknown 0x12xx code is still an error
     e = errors.translate(DeviceResponseError(code, "boom", 0x1000, 2, command=wire.CMD_CTX_SYNC))
     assert type(e) is cls and e.code == code and isinstance(e, guest.DeviceError)
     assert "CTX_SYNC" in str(e) and "boom" in str(e)

@@ -80,6 +80,7 @@ def loopback():
 
 
 def test_calls_sent_before_the_reset_reply_land_before_the_rings_are_set_up(loopback):
+    # [DEV-RESET-5] calls from before the reset reply are applied before the new rings are written
     drv = loopback.driver
     stale = [drv.submit(command(wire.CMD_NOP)) for _ in range(3)]
     assert loopback.calls and not any(r.done for r in stale)  # answered, not yet seen
@@ -94,6 +95,7 @@ def test_calls_sent_before_the_reset_reply_land_before_the_rings_are_set_up(loop
 
 
 def test_a_used_ring_that_fails_the_checks_fails_the_requests_not_the_caller(loopback):
+    # [VQ-USED-CHECK-1] nothing completes from the bad element; pending requests fail; reset before reuse
     drv = loopback.driver
     req = drv.submit(command(wire.CMD_NOP))
     loopback.drain_notifications()

@@ -49,6 +49,7 @@ def sample_args(sig):
 @pytest.mark.parametrize("sig", list(wire.BUILTIN_KERNELS.values()), ids=lambda s: s.name)
 @pytest.mark.parametrize("ring_idx", [0, 5])
 def test_every_builtin_kernel_encodes_its_launch_as_the_wire_defines(sig, ring_idx):
+    # [KRN-ARGS-1] [CMD-HDR-1] high halves of u32/f32 slots and pad are 0; no flag but INFO_RING_IDX
     ctx, s = make(ring_idx=ring_idx)
     args = sample_args(sig)
     launch.builtin(ctx, s, sig.name, (4, 2), 128, args)

@@ -110,6 +110,7 @@ def test_lengths_computed_when_not_given():
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.integers(1, 20), min_size=1, max_size=6), st.data())
 def test_extents_reassemble_the_stream(lengths, data):
+    # [VQ-DESC-3] any split of the stream into descriptors reads the same
     segs, gpa = [], 0
     for n in lengths:
         segs.append((gpa, n))
@@ -139,6 +140,7 @@ def device(mem, layout, indirect=True):
 
 
 def test_direct_chain_with_zero_length_buffers(ring):
+    # [VQ-DESC-3] descriptors of length 0 are allowed
     mem, layout, raw = ring
     raw.desc(3, DATA, 10, NEXT, 5)
     raw.desc(5, 0xFFFF_FFFF_FFFF, 0, NEXT, 1)  # zero length: skipped, address unchecked
@@ -159,6 +161,7 @@ def test_full_length_direct_chain_is_accepted(ring):
 
 
 def test_direct_then_indirect_and_write_flag_of_table_pointer_ignored(ring):
+    # [VQ-INDIRECT-2] direct descriptors then one indirect; WRITE on it ignored
     mem, layout, raw = ring
     raw.desc(2, DATA, 4, NEXT, 6)
     raw.desc(6, TABLE, 3 * 16, IND | WRITE)  # WRITE on the table pointer is ignored
@@ -276,6 +279,7 @@ def test_vq_loop_indirect(ring):
 
 
 def test_vq_indirect_not_negotiated(ring):
+    # [DEV-FEAT-3] indirect descriptors without the negotiated feature are invalid
     mem, layout, raw = ring
     raw.desc(0, DATA, 1, 0, 0, table=TABLE)
     raw.desc(0, TABLE, 16, IND)
@@ -340,6 +344,7 @@ def test_vq_write_order(ring, where):
     (MEM - 16, 32, IND),                  # table past the end
 ])
 def test_vq_addr_range(ring, addr, length, flags):
+    # [MEM-GPA-2] the device checks addr + len <= mem_size before using a range
     mem, layout, raw = ring
     raw.desc(0, addr, length, flags)
     raw.publish(0)
@@ -347,6 +352,7 @@ def test_vq_addr_range(ring, addr, length, flags):
 
 
 def test_vq_addr_range_inside_table(ring):
+    # [MEM-GPA-2] ... inside an indirect table too
     mem, layout, raw = ring
     raw.desc(0, DATA, 4, NEXT, 1, table=TABLE)
     raw.desc(1, MEM - 1, 2, WRITE, 0, table=TABLE)

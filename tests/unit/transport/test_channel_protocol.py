@@ -141,7 +141,7 @@ def test_idle_pings_once_per_silent_period():
     p = proto(now=0.0)
     assert p.next_deadline(0.0) == pytest.approx(P)
     assert p.tick(P * 0.99) == []
-    [ping] = pings(p.tick(P))
+    [ping] = pings(p.tick(P))  # [CTL-HB-2] silent for P: a ping
     assert p.next_deadline(P) == pytest.approx(2 * P)
     assert p.tick(P * 1.5) == []  # one per period, not one per tick
     # its reply is absorbed, not a notification, and counts as hearing the host
@@ -155,7 +155,7 @@ def test_sending_postpones_the_ping():
     t = 0.0
     for _ in range(20):  # busy: something sent every 0.9 P
         t += 0.9 * P
-        assert pings(p.tick(t)) == []
+        assert pings(p.tick(t)) == []  # [CTL-HB-2] whatever is sent counts as the message of P
         p.sent(t)
     assert p.next_deadline(t) == pytest.approx(t + P)
     assert len(pings(p.tick(t + P))) == 1

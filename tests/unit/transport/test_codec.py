@@ -102,7 +102,7 @@ def test_extra_frames_pass_through_untouched():
     arr = np.arange(1 << 18, dtype=np.uint32)
     mv = memoryview(bytearray(b"abc"))
     out = encode({"op": OP_KICK, "dev": 0, "queue": 0, "patches": [[4096, 0], [0, 1]]}, [arr, mv])
-    assert out[1] is arr and out[2] is mv
+    assert out[1] is arr and out[2] is mv  # [CTL-MSG-1] bulk data travels in extra frames
     msg, extra = decode(out)
     assert extra[0] is arr and extra[1] is mv
     assert msg["patches"] == [[4096, 0], [0, 1]]
@@ -154,10 +154,12 @@ def test_not_msgpack_is_malformed_without_seq(frames):
 
 @pytest.mark.parametrize("obj", [[1, 2], "hello", 7, None, b"bytes", True, 1.5])
 def test_not_a_map(obj):
+    # [CTL-MSG-1] frame 0 is a msgpack map
     expect([msgpack.packb(obj, use_bin_type=True)], CTL_ERR_MALFORMED, None)
 
 
 def test_non_str_map_keys_rejected():
+    # [CTL-MSG-1] frame 0 is a map with string keys
     expect([msgpack.packb({1: 2, "seq": 3})], CTL_ERR_MALFORMED, None)
 
 

@@ -144,6 +144,7 @@ def test_take_dirty_merges_adjacent_overlapping_contained():
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 255), st.integers(0, 16)), max_size=40))
 def test_take_dirty_covers_exactly_the_written_bytes(ranges):
+    # [MEM-INLINE-2] every byte the driver changed is in the ranges it sends
     mem = InlineGuestMemory(512)
     expected = np.zeros(512, dtype=bool)
     for gpa, n in ranges:
@@ -205,6 +206,7 @@ def test_apply_patches_rejects_non_buffer_frame():
 
 
 def test_inline_pair_converges_through_patches():
+    # [MEM-INLINE-2] [MEM-INLINE-3] patches both ways leave driver memory and mirror equal
     guest, host = InlineGuestMemory(SIZE), InlineGuestMemory(SIZE)
     guest.write(0, b"request")
     guest.write_u16(1000, 9)
@@ -232,6 +234,7 @@ def guest_shm():
 
 
 def test_shared_create_attach_visible_both_ways(guest_shm):
+    # [MEM-SHARED-2] both sides read and write the same memory in place
     name = guest_shm.name
     assert name.startswith(f"pvgpu-{os.getpid()}-")
     assert _shm_exists(name)
@@ -338,6 +341,8 @@ def test_sealed_memfd_is_the_default_and_shared_both_ways():
 
 
 def test_a_guest_cannot_shrink_or_grow_memory_the_host_mapped():
+    # [CTL-MEMTABLE-4] the driver's memfd is sealed (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+    # [MEM-SHARED-4] the driver cannot shrink the object: it is sealed
     guest = SharedGuestMemory.create(1 << 16)
     host = SharedGuestMemory.attach(guest.name, 1 << 16)
     try:

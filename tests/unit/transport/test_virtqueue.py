@@ -95,6 +95,7 @@ def test_vring_need_event(event, new, old, expected):
 
 
 def test_vring_need_event_matches_definition_everywhere():
+    # [VQ-NOTIFY-2] need_event as the spec defines it
     rng = np.random.default_rng(1)
     for _ in range(2000):
         old = int(rng.integers(0, 1 << 16))
@@ -168,6 +169,7 @@ def test_readable_only_and_writable_only_chains(link):
 
 
 def test_many_chains_in_flight_completed_out_of_order(link):
+    # [VQ-DESC-5] descriptors of chains in flight are not reused (QueueFull) until returned
     drv, dev = make_pair(link, qsize=4)
     heads = [drv.add_chain([(DATA + 64 * i, 8)], [(DATA + 1024 + 64 * i, 8)]) for i in range(2)]
     assert drv.num_free == 0 and drv.in_flight == 2
@@ -221,6 +223,7 @@ def test_device_marks_ring_writes_only_in_memory_that_tracks_them(event_idx):
 
 
 def test_driver_rejects_bad_chains():
+    # [MEM-GPA-1] the driver refuses buffers outside guest memory
     mem = GuestMemory(1 << 16)
     drv = DriverQueue(mem, VirtqLayout.at(0, 4))
     with pytest.raises(ValueError, match="at least one"):
@@ -247,6 +250,7 @@ def test_driver_rejects_bad_chains():
 
 
 def test_driver_init_zeroes_rings_and_sets_indices():
+    # [VQ-LAYOUT-3] the driver zeroes the avail and used rings before set_vring
     mem = GuestMemory(np.full(1 << 14, 0xAA, dtype=np.uint8))
     lay = VirtqLayout.at(16, 8)
     DriverQueue(mem, lay, start_idx=0x1234)
@@ -267,6 +271,7 @@ def test_driver_init_zeroes_rings_and_sets_indices():
 @pytest.mark.parametrize("event_idx", [False, True])
 @pytest.mark.parametrize("indirect", [False, True])
 def test_indices_wrap_at_65536(link, event_idx, indirect):
+    # [VQ-LAYOUT-2] indices wrap 65535 -> 0 on both sides, slots are i mod Q
     q = 4
     drv, dev = make_pair(link, qsize=q, event_idx=event_idx, indirect=indirect,
                          start_idx=65533)
@@ -283,6 +288,7 @@ def test_indices_wrap_at_65536(link, event_idx, indirect):
 
 
 def test_batches_across_wrap(link):
+    # [VQ-AVAIL-2] the device takes the heads from its next avail index to avail.idx, in ring order
     drv, dev = make_pair(link, qsize=8, start_idx=65531)
     for rnd in range(5):
         heads = [drv.add_chain([(DATA + 32 * i, 4)], [(DATA + 1024 + 32 * i, 4)])
@@ -301,6 +307,7 @@ def test_batches_across_wrap(link):
 
 # ---------------------------------------------------------------- notifications
 def test_kick_and_notify_without_event_idx(link):
+    # [VQ-NOTIFY-1] no notification while NO_INTERRUPT is set; flags 0 or 1
     drv, dev = make_pair(link)
     lay = drv.layout
     assert drv.should_kick() is False  # nothing added
@@ -384,6 +391,7 @@ def test_vq_notify_3_avail_event_stays_current_under_event_idx(link):
 
 
 def test_notify_with_event_idx(link):
+    # [VQ-NOTIFY-2] need_event decides both directions under EVENT_IDX
     drv, dev = make_pair(link, event_idx=True, start_idx=65535)
     lay = drv.layout
     used_event = lay.avail + 4 + 2 * 8
@@ -593,6 +601,7 @@ class VirtqPair(RuleBasedStateMachine):
 
 
 def test_virtq_pair_state_machine(make_link):
+    # [VQ-USED-3] every chain taken comes back exactly once (the state machine's invariant)
     run_state_machine_as_test(
         lambda: VirtqPair(make_link),
         settings=settings(max_examples=200, stateful_step_count=50, deadline=None,

@@ -143,6 +143,7 @@ def backend_small_ring():
 
 
 def test_launch_without_compute_feature_is_an_unknown_command(backend):
+    # [DEV-FEAT-3] a feature not negotiated (COMPUTE) is not used by the device
     g = Guest(backend)
     g.init(features=1 << wire.VIRTIO_F_VERSION_1)
     hdr, _ = g.call(cmd(wire.CMD_CTX_CREATE, (0, b"x"), ctx_id=1))
@@ -174,6 +175,7 @@ def test_without_compute_launches_are_unknown_before_the_body_and_ring_checks(ba
 
 
 def test_response_echoes_ring_idx_and_fence(backend):
+    # [FENCE-ID-1] fence ids are only echoed
     g = Guest(backend)
     g.init(features=wire.DEVICE_FEATURES & ~(1 << wire.PVGPU_F_CONTEXT_INIT))
     g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=3))
@@ -190,6 +192,7 @@ def timeline_fence(backend, g, ctx_id, ring_idx=0):
 
 
 def test_fenced_nop_is_held_until_the_timeline_completes(backend):
+    # [CMD-NOP-1] a fenced NOP is answered only when its timeline completed
     g = Guest(backend)
     g.init()
     g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
@@ -212,6 +215,7 @@ def test_fenced_nop_is_held_until_the_timeline_completes(backend):
 
 
 def test_unfenced_fault_is_reported_once_by_the_next_sync_point(backend):
+    # [FENCE-ERROR-1] the error of an accepted command is remembered and reported once
     g = Guest(backend)
     g.init()
     g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
@@ -228,6 +232,7 @@ def test_unfenced_fault_is_reported_once_by_the_next_sync_point(backend):
 
 
 def test_copies_round_trip_and_used_len_counts_data(backend):
+    # [VQ-USED-2] [CMD-CHAIN-5] used len is the response size plus the data of a COPY_D2H
     g = Guest(backend)
     g.init()
     g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
@@ -257,6 +262,7 @@ def test_handles_are_checked(backend):
 
 
 def test_failed_status_stops_the_queue(backend):
+    # [VQ-ORDER-2] [DEV-STATUS-2] no chain is taken with STATUS_FAILED set
     g = Guest(backend)
     g.init()
     assert g.request(wire.OP_SET_STATUS, dev=0, status=15 | wire.STATUS_FAILED)["ok"]
@@ -267,16 +273,17 @@ def test_failed_status_stops_the_queue(backend):
 
 
 def test_silent_session_is_reclaimed(backend):
+    # [CTL-RECLAIM-1] reclaimed when its heartbeat expires, its memory freed
     g = Guest(backend)
     g.init()
     free = backend.kmds[0].vram_free()
     g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
     g.call(cmd(wire.CMD_MEM_ALLOC, (1, 0, 8 << 20), ctx_id=1))
     assert backend.kmds[0].vram_free() < free
-    backend.expire(now=0.25)  # 2.5 periods: still alive
+    backend.expire(now=0.25)  # 2.5 periods: still alive ([CTL-HB-3]: not reclaimed earlier)
     assert g.peer in backend.sessions
     backend.expire(now=0.35)
-    assert g.peer not in backend.sessions and backend.stats["expired_sessions"] == 1
+    assert g.peer not in backend.sessions and backend.stats["expired_sessions"] == 1  # [CTL-HB-3]
     assert backend.kmds[0].vram_free() == free
     assert backend.pending_releases() == 0
 
@@ -287,6 +294,7 @@ N_FLOOD = 120  # chains of two descriptors in a 256-entry queue
 def test_full_engine_ring_holds_chains_back_instead_of_blocking(backend_small_ring):
     """Flow control: with the GPU scheduler's queue full the device leaves chains in the
     avail ring (no handle() call waits inside the KMD) and resumes as jobs complete."""
+    # [VQ-USED-3] every chain comes back, and once only: a second return would fail DriverQueue's used-id check
     backend = backend_small_ring
     g = Guest(backend)
     g.init(qsize=256)
@@ -361,6 +369,7 @@ def test_reset_replies_only_when_nothing_can_still_write_guest_memory(backend):
     """DEV-RESET-1/2: work already on the GPU (here a burn, then a copy into guest memory
     behind it) finishes before the reply to set_status 0; only then may the driver
     reuse its buffers."""
+    # [VQ-USED-3] [DEV-RESET-2] a chain dropped by reset never comes back, nothing is written after the reply
     g = Guest(backend)
     g.init()
     g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))

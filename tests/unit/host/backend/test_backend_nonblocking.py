@@ -53,6 +53,7 @@ def shm_get(size):
 
 @pytest.mark.parametrize("command", [mem_alloc, shm_get])
 def test_allocation_blocked_on_busy_victims_keeps_other_sessions_served(backend, command):
+    # [FENCE-HOLD-3] the chain is held, other sessions are served, then it is answered
     kmd = backend.kmds[0]
     busy = kmd.create_context("busy")  # another client of the same KMD
     gates = SpinGates(kmd, busy)
@@ -98,6 +99,7 @@ def backend_no_wait():
 def test_blocked_allocation_gives_out_of_memory_once_the_timeout_passed(backend_no_wait):
     """Re-driven after the KMD's timeout and still blocked: answered with the error the
     KMD's own wait would have ended in, and the queue goes on."""
+    # [FENCE-HOLD-3] giving up after the KMD's timeout answers RESP_ERR_OUT_OF_MEMORY
     backend = backend_no_wait
     kmd = backend.kmds[0]
     busy = kmd.create_context("busy")

@@ -77,6 +77,7 @@ def test_export_import_across_sessions_and_devices(backend):
 
 
 def test_without_the_token_or_after_revoke_there_is_no_import(backend):
+    # [PRIME-EXPORT-1] without the token there is no import
     a, b = guest(backend, b"a"), guest(backend, b"b")
     alloc(a, 1)
     handle, token, _ = export(a, 1)

@@ -53,6 +53,7 @@ def executed(backend, g) -> int:
 
 
 def test_a_queue_the_driver_keeps_filling_yields_to_the_loop_each_queue_size(backend, guest):
+    # [VQ-ORDER-4] at most Q chains a turn, the rest at later turns without a kick
     dev = backend.sessions[guest.peer].devices[0]
     execute = dev.compute.execute
 

@@ -153,6 +153,7 @@ def error_of(fn, *a, **k) -> int:
 
 # ------------------------------------------------------------------ record / wait
 def test_event_wait_makes_the_next_job_depend_on_the_events_fences():
+    # [SCHED-ORDER-2] the host holds the job until the event completes
     dev = _dev()
     create(dev, 1)
     create(dev, 2)
@@ -456,6 +457,7 @@ def test_nop_sync_point_waits_for_the_timelines_event_waits():
 
 # ------------------------------------------------------------------ lost contexts
 def test_lost_context_and_timeouts_map_to_their_codes():
+    # [FENCE-LOST-2] work of a lost context fails with RESP_ERR_CONTEXT_LOST
     assert commands.fault_to_error(JobTimedOut("x")).resp == wire.RESP_ERR_JOB_TIMEOUT
     assert commands.fault_to_error(ContextLost("x")).resp == wire.RESP_ERR_CONTEXT_LOST
     assert commands.fault_to_error("illegal packet").resp == wire.RESP_ERR_UNSPEC

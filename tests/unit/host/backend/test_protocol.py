@@ -100,6 +100,7 @@ def test_commands_encode_to_their_wire_format_and_decode_back(data):
 
 @given(st.data())
 def test_launch_arguments_decode_from_any_split(data):
+    # [VQ-DESC-3] a command decodes the same from any split into descriptors
     cmd, _ = data.draw(commands_of(protocol.Launch))
     args = data.draw(st.lists(U64, max_size=wire.MAX_KERNEL_ARGS))
     cmd = protocol.Launch(cmd.hdr, cmd.kernel_id, cmd.grid, cmd.block, len(args))

@@ -60,6 +60,7 @@ def test_a_later_connection_cannot_say_hello_into_the_old_session(backend):
 
 
 def test_notifications_of_a_replaced_session_are_never_sent(backend):
+    # [CTL-RECLAIM-3] nothing is sent for a reclaimed session
     victim = Guest(backend, name=b"victim")
     victim.init()
     ctx = 1
@@ -103,6 +104,7 @@ def set_mem_table(backend, peer, name):
 
 
 def test_another_guests_memory_is_refused(backend):
+    # [DEV-ISOLATE-2] a session cannot map another session's guest memory
     victim_peer, thief_peer = Peer(0, b"victim", "c1"), Peer(0, b"thief", "c2")
     victim_challenge = shared_session(backend, victim_peer)
     shared_session(backend, thief_peer)

@@ -28,13 +28,13 @@ def hello(g, **fields):
 
 def test_hello_binds_the_named_vgpu_and_reports_its_shares(backend):
     r = hello(Guest(backend, b"g1"), vgpu="B")
-    assert r["ok"] and r["vgpu"] == {"name": "B", "compute": 50, "copy": 50, "mem": 50}
+    assert r["ok"] and r["vgpu"] == {"name": "B", "compute": 50, "copy": 50, "mem": 50}  # [CTL-HELLO-8]
 
 
 def test_unknown_vgpu_is_refused_with_limit_and_creates_no_session(backend):
     g = Guest(backend, b"g1")
     r = hello(g, vgpu="nope")
-    assert not r["ok"] and r["error"] == wire.CTL_ERR_LIMIT and "nope" in r["message"]
+    assert not r["ok"] and r["error"] == wire.CTL_ERR_LIMIT and "nope" in r["message"]  # [CTL-HELLO-8]
     assert g.peer not in backend.sessions
     assert hello(g, vgpu="A")["ok"]  # may try again
 
@@ -52,7 +52,7 @@ def test_a_host_without_vgpus_has_no_vgpu_in_the_reply():
     try:
         g = Guest(b, b"g1")
         assert "vgpu" not in hello(g)
-        assert hello(Guest(b, b"g2"), vgpu="A")["error"] == wire.CTL_ERR_LIMIT
+        assert hello(Guest(b, b"g2"), vgpu="A")["error"] == wire.CTL_ERR_LIMIT  # [CTL-HELLO-8]
     finally:
         b.shutdown()
         kmd.stop()
@@ -60,6 +60,7 @@ def test_a_host_without_vgpus_has_no_vgpu_in_the_reply():
 
 
 def test_memory_share_is_enforced_across_the_vgpus_sessions(backend):
+    # [SCHED-VGPU-1] beyond the vGPU's memory share MEM_ALLOC fails RESP_ERR_OUT_OF_MEMORY
     kmd = backend.kmds[0]
     limit = kmd.vgpu_mem_limit(A)
     g1, g2 = Guest(backend, b"g1"), Guest(backend, b"g2")

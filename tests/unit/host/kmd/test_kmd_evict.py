@@ -50,6 +50,7 @@ def pte(ctx, bo, off=0):
 
 
 def test_eviction_keeps_data_reachable_and_restores_on_free(make_dev):
+    # [SCHED-VGPU-5] evicted buffers keep their data, restored later
     dev = make_dev(vram_size=VRAM)
     a, b = dev.create_context("a"), dev.create_context("b")
     win = Window(dev, a)
@@ -198,6 +199,7 @@ def test_evicted_bytes_limit_gives_out_of_memory(make_dev):
 
 
 def test_vgpu_share_counts_evicted_bytes(make_dev):
+    # [SCHED-VGPU-1] evicted buffers count as resident ones
     s = VgpuShares("s", mem=50)
     dev = make_dev(vram_size=VRAM, vgpus=[s], max_evicted_bytes=8 * MiB)
     limit = dev.vgpu_mem_limit(s)

@@ -17,6 +17,7 @@ def burn(ctx, us, wait=(), timeline=0):
 
 
 def test_a_hung_job_is_stopped_and_only_its_context_is_lost(make_dev):
+    # [SCHED-TDR-1] the other context's job completes normally; [FENCE-LOST-2] queued work of the lost context fails ContextLost, later submissions too
     dev = make_dev(job_timeout_ns=200 * MS)
     bad, good = dev.create_context("bad"), dev.create_context("good")
     src, dst = good.alloc(P), good.alloc(P)

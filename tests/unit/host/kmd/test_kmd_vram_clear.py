@@ -25,6 +25,7 @@ def test_destroying_large_untouched_buffers_does_not_populate_vram(make_dev):
 
 
 def test_freed_vram_reads_zero_in_the_next_allocation(make_dev):
+    # [CMD-ALLOC-2] [DEV-ISOLATE-2] a new allocation shows no earlier owner's data
     dev = make_dev(vram_size=64 * MiB)
     ctx = dev.create_context()
     bo = ctx.alloc(48 * MiB)

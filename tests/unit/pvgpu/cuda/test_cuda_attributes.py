@@ -33,6 +33,7 @@ def test_every_attribute_has_a_value_and_the_modelled_ones_are_the_devices():
 
 
 def test_properties():
+    # [MEM-WINDOW-5] canMapHostMemory and managedMemory are 0 in the inline model
     p = _attributes.properties(SHARED)
     assert set(vars(p)) == set(_attributes.PROPERTY_FIELDS)
     assert p.name == b"pvgpu-emu" and p.totalGlobalMem == 1 << 30
