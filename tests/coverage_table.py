@@ -40,9 +40,6 @@ UNTESTED: dict[str, str] = {
                     "order is tested under CTL-CALL-3",
     "VQ-NOTIFY-4": "single 16-bit accesses and store order between processes cannot be observed "
                    "by a deterministic test",
-    "CTL-RECLAIM-4": "constrains what a guest expects, not anything it does; that the host "
-                     "keeps nothing of a reclaimed session is tested under CTL-ENDPOINT-5 and "
-                     "CTL-RECLAIM-3",
 }
 
 

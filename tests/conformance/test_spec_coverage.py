@@ -17,6 +17,13 @@ def test_reasons_are_given_only_for_must_clauses_without_a_test():
     assert sorted(c for c in coverage_table.UNTESTED if c in cov) == []
 
 
+def test_every_must_clause_has_a_test_or_says_why_not():
+    all_clauses = coverage_table.clauses()
+    cov = coverage_table.citations(all_clauses)
+    assert sorted(c for c in coverage_table.must_clauses(all_clauses)
+                  if c not in cov and c not in coverage_table.UNTESTED) == []
+
+
 def test_a_citation_in_a_test_body_or_name_counts(tmp_path, monkeypatch):
     t = tmp_path / "tests"
     t.mkdir()
