@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from anymachine import with_longer_burns
+from pvgpu.conformance.burns import with_longer_burns
 from spec import wire
 
 from test_backend import MEM, Guest, _backend, cmd, d2h, ok

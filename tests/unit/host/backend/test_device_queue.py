@@ -9,7 +9,7 @@ import pytest
 
 from spec import wire
 
-from anymachine import with_longer_burns
+from pvgpu.conformance.burns import with_longer_burns
 from test_backend import MEM, Guest, _backend, cmd
 from transport import codec
 from transport.virtqueue import DriverQueue, VirtqLayout
