@@ -43,6 +43,7 @@ class HostServer:
         self.backend = Backend(self.kmds, heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size,
                                wakeup=self._wakeup, vgpus=self.sched.vgpus)
         self.channel = HostChannel(list(endpoints or [default_endpoint()]))
+        self.backend.credentials = self.channel.peer_credentials
         self._stop = False
 
     @property
@@ -80,6 +81,9 @@ class HostServer:
                 except Exception:  # a bug must not take the host down for every guest
                     log.exception("internal error handling a message from %r", peer)
                     backend.stats["internal_errors"] += 1
+            # after the messages they sent before closing (a bye, a last kick)
+            for connection in self.channel.take_disconnected():
+                backend.connection_closed(connection)
             if ready:
                 try:
                     os.read(self._wake_r, 4096)

@@ -95,6 +95,7 @@ from transport.channel_protocol import (
     Transmit,
 )
 from transport.codec import ZERO_COPY_MIN, encode
+from transport.connections import ConnectionWatch, peer_credentials
 from transport.peer import Peer
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,9 @@ _POLLIN = int(zmq.POLLIN)
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq looks for the ZAP handler (RFC 27)
 _ZAP_DOMAIN = b"pvgpu"
 _USER_ID = "User-Id"  # message property: the User-Id the ZAP handler gave the connection
+_ACCEPTED = int(zmq.EVENT_ACCEPTED)
+_DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+_HANDSHAKE_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 
 
 class ChannelError(Exception):
@@ -232,6 +236,12 @@ class Waker:
                     pass
 
 
+def _monitor_event(parts: list) -> tuple:
+    """A socket-monitor message -> (event, value): frame 0 is le16 event, le32 value."""
+    head = parts[0]
+    return int.from_bytes(head[:2], "little"), int.from_bytes(head[2:6], "little")
+
+
 def _recv_rest(sock, more: bool) -> list:
     """The remaining parts of a message whose last part received said `more`: frame 0 as
     bytes (small, the codec reads it), the raw frames after it as zero-copy memoryviews.
@@ -268,6 +278,9 @@ class HostChannel:
         self._ipc_files: list = []  # (path, inode) that close() removes
         self._closed = False
         self._zap = None
+        self._monitors: list = []  # one PAIR per ROUTER socket: its connection events
+        self._watch = ConnectionWatch()
+        self._ended: list = []  # names of watched connections that closed (take_disconnected)
         try:
             self._zap = self._ctx.socket(zmq.ROUTER)
             self._zap.linger = 0
@@ -282,6 +295,7 @@ class HostChannel:
                 s.linger = 0
                 s.setsockopt(zmq.ROUTER_MANDATORY, 1)
                 s.zap_domain = _ZAP_DOMAIN  # every connection is accepted by _serve_zap
+                self._monitor(s)  # before bind: no connection's ACCEPTED may be missed
                 path = _ipc_path(ep)
                 if path is not None:
                     _clear_stale_ipc(path, ep)
@@ -304,6 +318,8 @@ class HostChannel:
         for s in self._sockets:
             self._poller.register(s, zmq.POLLIN)
         self._poller.register(self._zap, zmq.POLLIN)
+        for m in self._monitors:
+            self._poller.register(m, zmq.POLLIN)
         self._extra: tuple = ()
         self._extra_nos: list = []
 
@@ -331,8 +347,8 @@ class HostChannel:
         events = dict(self._poller.poll(timeout_ms))  # keyed by socket or by fd number
         messages: list = []
         if events:
-            if self._zap in events:
-                self._serve_zap()
+            if self._zap in events or any(m in events for m in self._monitors):
+                self._serve_connections()
             for i, s in enumerate(self._sockets):
                 if s in events:
                     self._drain(i, s, messages)
@@ -358,28 +374,76 @@ class HostChannel:
                 return
             out.append((Peer(index, head.bytes, head.get(_USER_ID)), _recv_rest(s, head.more)))
 
+    # ----------------------------------------------------------------- connections
+    def _monitor(self, s) -> None:
+        """Watch the accepts and disconnects of ROUTER socket s (a socket monitor)."""
+        self._monitors.append(s.get_monitor_socket(_ACCEPTED | _DISCONNECTED))
+
+    def _serve_connections(self) -> None:
+        """Read every connection event, serving ZAP requests in between: each request is
+        served only after every monitor event emitted before it has been read
+        (transport/connections.py, the mapping rule)."""
+        zap = self._zap
+        while True:
+            self._read_monitors()
+            if not zap.getsockopt(_EVENTS) & _POLLIN:
+                break
+            self._serve_zap()
+        self._watch.forget_ghosts()  # their requests, if any, were queued before: served
+
+    def _read_monitors(self) -> None:
+        watch = self._watch
+        for index, mon in enumerate(self._monitors):
+            while mon.getsockopt(_EVENTS) & _POLLIN:
+                event, fd = _monitor_event(mon.recv_multipart(_NOBLOCK))
+                if event == _ACCEPTED:
+                    watch.accepted(fd, index, peer_credentials(fd))
+                elif event == _DISCONNECTED:
+                    name = watch.disconnected(fd)
+                    if name is not None:
+                        log.debug("connection %s closed", name)
+                        self._ended.append(name)
+
+    def take_disconnected(self) -> list:
+        """-> the names of the connections seen to close since the last call (only
+        connections the channel could map to their fd; transport/connections.py)."""
+        ended, self._ended = self._ended, []
+        return ended
+
+    def peer_credentials(self, connection: str):
+        """Who is at the other end of an open connection: ipc ``{transport, pid, uid,
+        gid}``, tcp ``{transport, address, ip}``; None if not known."""
+        return self._watch.credentials.get(connection)
+
+    @property
+    def connections_unwatched(self) -> int:
+        """Connections whose closing cannot be seen (ambiguous; heartbeats reclaim them)."""
+        return self._watch.unwatched
+
     def _serve_zap(self) -> None:
-        """Accept every connection that is handshaking (ZAP requests, RFC 27), naming
-        each with a fresh User-Id. Runs on the loop's thread: a connection delivers no
+        """Accept the next connection that is handshaking (a ZAP request, RFC 27), naming
+        it with a fresh User-Id. Runs on the loop's thread: a connection delivers no
         message before its request has been answered here."""
         zap = self._zap
-        while zap.getsockopt(_EVENTS) & _POLLIN:
-            parts = zap.recv_multipart(_NOBLOCK)
-            try:
-                delim = parts.index(b"")
-                envelope, request = parts[:delim + 1], parts[delim + 1:]
-                version, request_id, _domain, address = request[:4]
-            except ValueError:
-                log.warning("dropped a malformed ZAP request")
-                continue
-            if version != b"1.0":
-                zap.send_multipart(envelope + [b"1.0", request_id, b"400", b"bad ZAP version",
-                                               b"", b""])
-                continue
-            self.connections_accepted += 1
-            conn = f"c{self.connections_accepted}"
-            log.debug("accepted connection %s from %s", conn, address.decode(errors="replace"))
-            zap.send_multipart(envelope + [b"1.0", request_id, b"200", b"OK", conn.encode(), b""])
+        parts = zap.recv_multipart(_NOBLOCK)
+        try:
+            delim = parts.index(b"")
+            envelope, request = parts[:delim + 1], parts[delim + 1:]
+            version, request_id, _domain, address = request[:4]
+        except ValueError:
+            log.warning("dropped a malformed ZAP request")
+            return
+        if version != b"1.0":
+            zap.send_multipart(envelope + [b"1.0", request_id, b"400", b"bad ZAP version",
+                                           b"", b""])
+            return
+        self.connections_accepted += 1
+        conn = f"c{self.connections_accepted}"
+        peer = address.decode(errors="replace")
+        watched = self._watch.named(peer, conn)
+        log.debug("accepted connection %s from %s%s", conn, peer,
+                  "" if watched else " (not watched: ambiguous)")
+        zap.send_multipart(envelope + [b"1.0", request_id, b"200", b"OK", conn.encode(), b""])
 
     def send(self, peer, frames, *, copy: bool = False) -> bool:
         """Send [frame0, *extra] (see codec.encode) to peer (a Peer, or its route
@@ -410,13 +474,21 @@ class HostChannel:
         """send(peer, codec.encode(msg, frames))"""
         return self.send(peer, encode(msg, frames), copy=copy)
 
-    def close(self) -> None:
-        """Close every socket (linger=0) and remove the ipc socket files we created."""
+    def close(self, linger_ms: int = 0) -> None:
+        """Close every socket and remove the ipc socket files we created. linger_ms: how
+        long messages already sent may take to leave (0: dropped at once)."""
         if self._closed:
             return
         self._closed = True
         for s in self._sockets:
-            s.close(linger=0)
+            try:
+                s.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        for m in self._monitors:
+            m.close(linger=0)
+        for s in self._sockets:
+            s.close(linger=linger_ms)
         if self._zap is not None:
             self._zap.close(linger=0)
         if self._own_ctx:
