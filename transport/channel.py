@@ -62,6 +62,13 @@ GuestChannel (any guest thread)
     ``HostLost``. ``heartbeat_ms <= 0`` disables both (then only ``timeout`` ends a
     wait).
 
+    Connection. A socket monitor on the DEALER reports the connection's handshakes and
+    closes; it is in every waiter's poll set and the heartbeat thread reads it too.
+    A close after a handshake succeeded loses the host at once (spec [CTL-HB-6]): the
+    messages received before it are dispatched, then every wait raises ``HostLost``,
+    and so does every later request or send (the DEALER reconnects by itself, but a
+    new connection would be a new session).
+
 Timeouts: HostChannel takes milliseconds (like zmq); GuestChannel takes seconds.
 Sockets are closed with linger=0. Zero-copy: frames sent with ``copy=False`` (the
 default) and larger than zmq's copy threshold are not copied; such a buffer must
@@ -87,6 +94,7 @@ import zmq
 from spec.wire import DEFAULT_ENDPOINT_NAME, DEFAULT_HEARTBEAT_MS
 from transport.channel_protocol import (
     ChannelProtocol,
+    ConnectionLost,
     HostSilent,
     Malformed,
     Notification,
@@ -130,7 +138,8 @@ class ChannelError(Exception):
 
 
 class HostLost(ChannelError):
-    """The host stopped answering: nothing heard for HEARTBEAT_MISSES heartbeat periods."""
+    """The host is gone: its connection closed, it shut down, or nothing was heard from it
+    for HEARTBEAT_MISSES heartbeat periods."""
 
 
 class ChannelTimeout(ChannelError, TimeoutError):
@@ -534,10 +543,12 @@ class GuestChannel:
         self._sock.linger = 0
         # An identity nobody can guess ([CTL-ENDPOINT-5]); a leading zero byte is libzmq's.
         self._sock.routing_id = bytes([1 + secrets.randbelow(255)]) + secrets.token_bytes(15)
+        # before connect: the connection's events ([CTL-HB-6]), none missed
+        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_SUCCEEDED | _DISCONNECTED)
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
-            self._sock.close(linger=0)
+            self._close_sockets()
             raise ChannelError(f"cannot connect to {endpoint}: {e}") from None
         self._sock_lock = threading.RLock()
         self._cv = threading.Condition(threading.Lock())  # guards _proto and everything below
@@ -552,6 +563,7 @@ class GuestChannel:
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._waker, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         self._start_heartbeat()
 
     def __enter__(self):
@@ -616,6 +628,8 @@ class GuestChannel:
         wanted = self._acquire()
         try:
             self._check_open()
+            with self._cv:
+                self._check_alive()
             self._send_locked(parts, copy)
         finally:
             self._release(wanted)
@@ -669,7 +683,7 @@ class GuestChannel:
             self._hb_thread.join(timeout=5)
         got = self._sock_lock.acquire(timeout=5)
         try:
-            self._sock.close(linger=0)
+            self._close_sockets()
         finally:
             if got:
                 self._sock_lock.release()
@@ -678,6 +692,41 @@ class GuestChannel:
         self._waker.close()
 
     # ----------------------------------------------------------------- internals
+
+    def _close_sockets(self) -> None:
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)
+
+    def _check_alive(self) -> None:
+        """Refuse to use a session whose host is lost ([CTL-HB-5]); _cv held."""
+        if self._proto.lost is not None:
+            raise HostLost(f"host at {self.endpoint} is lost: {self._proto.lost}")
+
+    def _read_monitor(self) -> None:
+        """Feed the connection's events to the protocol; socket lock held. Before a close
+        is reported, the messages received until then are handed over."""
+        mon = self._monitor
+        while mon.getsockopt(_EVENTS) & _POLLIN:
+            event, _fd = _monitor_event(mon.recv_multipart(_NOBLOCK))
+            if event == _HANDSHAKE_SUCCEEDED:
+                with self._cv:
+                    self._proto.handshake_succeeded()
+            elif event == _DISCONNECTED:
+                self._drain()
+                with self._cv:
+                    self._fail(self._proto.disconnected())
+
+    def _fail(self, events: list) -> None:
+        """Deliver ConnectionLost events; _cv held."""
+        for e in events:
+            if isinstance(e, ConnectionLost):
+                e.token.error = HostLost(f"host at {self.endpoint} is lost: {e.reason}")
+        if events and self._sleepers:
+            self._cv.notify_all()
 
     def _start_heartbeat(self) -> None:
         if self._proto.period is not None and self._hb_thread is None and not self._closed:
@@ -762,6 +811,7 @@ class GuestChannel:
         start = _monotonic()
         deadline = None if timeout is None else start + timeout
         with self._cv:
+            self._check_alive()
             self._proto.begin_wait(w, start)
         try:
             return self._wait_loop(w, timeout, deadline, parts, copy)
@@ -799,6 +849,8 @@ class GuestChannel:
                     for obj, _ in events:
                         if obj is sock:
                             readable = True
+                        elif obj is self._monitor:
+                            self._read_monitor()
                         else:
                             self._waker.clear()
                             self._check_open()
@@ -923,6 +975,7 @@ class GuestChannel:
                 try:
                     if self._closed:
                         return
+                    self._read_monitor()
                     self._drain()
                     self._tick(_monotonic())
                 finally:

@@ -1,16 +1,19 @@
-"""Connection loss is seen at once (spec [CTL-HB-7]): the host reclaims a guest that
-died as soon as its connection closes. Every host here runs with a heartbeat of a minute,
+"""Connection loss is seen at once (spec [CTL-HB-7], [CTL-HB-6]): the host reclaims a
+guest that died as soon as its connection closes, and a guest blocked in a call raises
+HostLost as soon as the host's connection closes. Every host here runs with a heartbeat of a minute,
 so heartbeats (3 missed periods: 3 minutes) cannot explain what the tests see; no test
 asserts a duration."""
 
 import os
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
 
 import guest
+from spec import wire
 
 HEARTBEAT_MS = 60_000  # a heartbeat expiry takes 3 minutes: far beyond every wait here
 WAIT = 30.0  # how long a test waits for what the disconnect must bring about
@@ -68,3 +71,39 @@ def test_a_session_s_stats_show_its_peer(host_factory, tmp_endpoint):
     with guest.connect(tcp, mem_size=8 << 20) as c:
         peer = c.devices[0].stats()["session"]["peer"]
         assert peer["transport"] == "tcp" and peer["address"].startswith("127.0.0.1:")
+
+
+def _blocked_synchronize(endpoint, memory):
+    """A guest thread blocked in synchronize on a kernel that never ends -> (thread,
+    outcome): outcome["error"] is what synchronize raised."""
+    c = guest.connect(endpoint, memory=memory, mem_size=8 << 20, heartbeat_ms=HEARTBEAT_MS)
+    ctx = c.devices[0].create_context()
+    ctx.launch("burn", 1, 1, (wire.BURN_FOREVER,))
+    outcome = {}
+
+    def wait():
+        try:
+            ctx.synchronize()
+            outcome["error"] = None
+        except Exception as e:  # what the test checks
+            outcome["error"] = e
+
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    time.sleep(0.3)  # past the driver's polling: blocked on the channel
+    assert t.is_alive()
+    return c, t, outcome
+
+
+@pytest.mark.parametrize("memory", ["shared", "inline"])
+def test_a_guest_blocked_in_a_call_raises_host_lost_when_the_host_dies(host_factory, tmp_endpoint,
+                                                                        memory):
+    host = host_factory([tmp_endpoint], vram="64M", heartbeat_ms=HEARTBEAT_MS)
+    c, t, outcome = _blocked_synchronize(host.endpoint, memory)
+    host.kill()
+    t.join(WAIT)
+    assert not t.is_alive()
+    assert isinstance(outcome["error"], guest.HostLost)
+    with pytest.raises(guest.HostLost):  # and the session is not used again ([CTL-HB-5])
+        c.devices[0].info()
+    c.close()
