@@ -911,6 +911,8 @@ class GuestChannel:
                 elif isinstance(e, RequestFailed):
                     e.token.error = ChannelError(
                         f"malformed reply from host at {self.endpoint}: {e.error}")
+                elif isinstance(e, ConnectionLost):
+                    e.token.error = HostLost(f"host at {self.endpoint} is lost: {e.reason}")
                 elif isinstance(e, Notification) and not self._claim(e):
                     if handler is not None:
                         for_handler.append(e)

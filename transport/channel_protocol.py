@@ -47,7 +47,9 @@ Theory of operation
     reconnection would be a new connection, so a new session ([CTL-ENDPOINT-4]). Every
     wait and pending request fails (``ConnectionLost``) and ``lost`` says why; the pump
     refuses to use the session afterwards ([CTL-HB-5]). A close before any handshake
-    succeeded (the host is not up yet, or refused the handshake) loses nothing.
+    succeeded (the host is not up yet, or refused the handshake) loses nothing. A
+    ``shutdown`` notification from the host loses it the same way, with the host's
+    reason ([CTL-BYE-3]).
 
 Not thread-safe: the pump serialises every call.
 """
@@ -57,7 +59,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from spec.wire import DEFAULT_HEARTBEAT_MS, HEARTBEAT_MISSES, OP_PING, OP_REPLY
+from spec.wire import DEFAULT_HEARTBEAT_MS, HEARTBEAT_MISSES, OP_PING, OP_REPLY, OP_SHUTDOWN
 from transport.codec import CodecError, decode, encode, reply_ok
 
 # A host that never answers pings must not grow the set of ping seqs without bound.
@@ -188,6 +190,8 @@ class ChannelProtocol:
                 return [Reply(self._pending.pop(seq), msg, frames)]
         elif op == OP_PING:  # the host checks on us
             return [self._transmit(encode(reply_ok(msg["seq"])), now)]
+        elif op == OP_SHUTDOWN:  # the host is stopping: nothing more will come
+            return self._lose(f"host shut down ({msg['reason']})")
         return [Notification(msg, frames)]
 
     def input_empty(self, now: float) -> None:

@@ -27,7 +27,7 @@ tcp address; GET_STATS `session`) from the `credentials` function the main loop 
 the backend. A session owns its guest memory (a shared POSIX segment or an inline
 mirror), one DMA mapping of that memory per GPU, and one `VirtioGpuDevice` per GPU. A
 session ends with `bye`, with heartbeat loss, with its connection closed or replaced, or
-with host shutdown; everything it owned
+with host shutdown (after a `shutdown` notification, [CTL-BYE-2]); everything it owned
 is reclaimed, and its guest memory is unmapped only after the engines have finished
 every job that might still touch it.
 """
@@ -538,6 +538,12 @@ class Backend:
                 f"message(s), {st['control_errors']} control error(s); "
                 f"{st['disconnected_sessions']} session(s) reclaimed on disconnect, "
                 f"{st['expired_sessions']} after missed heartbeats")
+
+    def announce_shutdown(self, reason: str) -> list:
+        """-> a `shutdown` notification for every session ([CTL-BYE-2]): the host is
+        stopping; the main loop sends them, lets them leave, then calls `shutdown`."""
+        frames = codec.encode({"op": wire.OP_SHUTDOWN, "reason": reason})
+        return [(session.peer, frames) for session in self.sessions.values()]
 
     def shutdown(self) -> None:
         for session in list(self.sessions.values()):

@@ -1,6 +1,7 @@
-"""Connection loss is seen at once (spec [CTL-HB-7], [CTL-HB-6]): the host reclaims a
-guest that died as soon as its connection closes, and a guest blocked in a call raises
-HostLost as soon as the host's connection closes. Every host here runs with a heartbeat of a minute,
+"""Connection loss is seen at once (spec [CTL-HB-7], [CTL-HB-6], [CTL-BYE-2]): the host
+reclaims a guest that died as soon as its connection closes, a guest blocked in a call
+raises HostLost as soon as the host's connection closes, and a host stopped by a signal
+tells its guests first ("host shut down"). Every host here runs with a heartbeat of a minute,
 so heartbeats (3 missed periods: 3 minutes) cannot explain what the tests see; no test
 asserts a duration."""
 
@@ -106,4 +107,16 @@ def test_a_guest_blocked_in_a_call_raises_host_lost_when_the_host_dies(host_fact
     assert isinstance(outcome["error"], guest.HostLost)
     with pytest.raises(guest.HostLost):  # and the session is not used again ([CTL-HB-5])
         c.devices[0].info()
+    c.close()
+
+
+def test_a_host_stopped_by_sigterm_tells_its_guests_first(host_factory, tmp_endpoint):
+    host = host_factory([tmp_endpoint], vram="64M", heartbeat_ms=HEARTBEAT_MS)
+    c, t, outcome = _blocked_synchronize(host.endpoint, "shared")
+    host.proc.terminate()
+    t.join(WAIT)
+    assert not t.is_alive()
+    assert isinstance(outcome["error"], guest.HostLost)
+    assert "host shut down" in str(outcome["error"])
+    assert host.proc.wait(WAIT) == 0
     c.close()

@@ -20,6 +20,7 @@ from spec.wire import (
     OP_KICK,
     OP_PING,
     OP_REPLY,
+    OP_SHUTDOWN,
 )
 from transport.channel_protocol import (
     ChannelProtocol,
@@ -179,6 +180,21 @@ def test_a_close_before_any_handshake_loses_nothing():
     assert p.disconnected() == [] and p.lost is None
     p.handshake_succeeded()
     assert [e.token for e in p.disconnected()] == [tok]
+
+
+def test_the_hosts_shutdown_notice_loses_it_at_once_with_its_reason():
+    """[CTL-BYE-3]: no handshake event needed, no heartbeat window."""
+    p = proto()
+    tok, waiter = object(), object()
+    p.send_request({"op": OP_GET_STATUS, "dev": 0}, (), tok)
+    p.begin_wait(tok, 0.0)
+    p.begin_wait(waiter, 0.0)
+    events = p.receive(encode({"op": OP_SHUTDOWN, "reason": "received SIGTERM"}), 0.01)
+    assert {e.token for e in events} == {tok, waiter}
+    assert all(isinstance(e, ConnectionLost) for e in events)
+    assert events[0].reason == "host shut down (received SIGTERM)" == p.lost
+    p.handshake_succeeded()
+    assert p.disconnected() == []  # the close that follows adds nothing
 
 
 # --------------------------------------------------------------------------- pings
