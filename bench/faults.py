@@ -57,8 +57,9 @@ c = guest.connect(sys.argv[1], mem_size=64 << 20)
 ctx = c.devices[0].create_context()
 bufs = [ctx.empty(16 << 20, np.uint8) for _ in range(4)]
 host = np.ones(16 << 20, np.uint8)
-if mode == "kernel":
+if mode == "kernel":  # one kernel at a time on the GPU
     ctx.launch("burn", 1, 1, (KERNEL_US,))
+    ctx.synchronize()
     print("ready", flush=True)
     while True:
         ctx.launch("burn", 1, 1, (KERNEL_US,))

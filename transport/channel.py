@@ -28,6 +28,14 @@ HostChannel (host main loop, one thread)
     that connection delivers. The channel owns its zmq context (one ZAP handler per
     context).
 
+    Connection events (spec [CTL-HB-7]). A socket monitor on every ROUTER socket, in
+    the same poll set, reports accepts and closes by file descriptor;
+    transport/connections.py links a descriptor to the connection's name (the rule is
+    written there) and reads the peer's credentials from it. ``take_disconnected()``
+    gives the loop the names of the connections that closed, ``peer_credentials(name)``
+    who is at the other end of one. ``close(linger_ms)`` lets messages already sent
+    (the ``shutdown`` notices, [CTL-BYE-2]) leave first.
+
 GuestChannel (any guest thread)
     A thin pump around ``transport.channel_protocol.ChannelProtocol``, which holds
     the protocol state (seq matching, replies, notifications, pings, liveness) and
@@ -329,6 +337,7 @@ class HostChannel:
         self._poller.register(self._zap, zmq.POLLIN)
         for m in self._monitors:
             self._poller.register(m, zmq.POLLIN)
+        self._handshakes = frozenset([self._zap, *self._monitors])  # _serve_connections
         self._extra: tuple = ()
         self._extra_nos: list = []
 
@@ -356,7 +365,7 @@ class HostChannel:
         events = dict(self._poller.poll(timeout_ms))  # keyed by socket or by fd number
         messages: list = []
         if events:
-            if self._zap in events or any(m in events for m in self._monitors):
+            if not self._handshakes.isdisjoint(events):
                 self._serve_connections()
             for i, s in enumerate(self._sockets):
                 if s in events:
