@@ -637,7 +637,7 @@ class GuestChannel:
         wanted = self._acquire()
         try:
             self._check_open()
-            with self._cv:
+            if self._proto.lost is not None:
                 self._check_alive()
             self._send_locked(parts, copy)
         finally:
@@ -711,7 +711,8 @@ class GuestChannel:
         self._sock.close(linger=0)
 
     def _check_alive(self) -> None:
-        """Refuse to use a session whose host is lost ([CTL-HB-5]); _cv held."""
+        """Refuse to use a session whose host is lost ([CTL-HB-5]). (One attribute read,
+        without _cv: `lost` only ever goes from None to a reason.)"""
         if self._proto.lost is not None:
             raise HostLost(f"host at {self.endpoint} is lost: {self._proto.lost}")
 
@@ -853,6 +854,11 @@ class GuestChannel:
                     slice_ms = None if target is None else max(0, int((target - now) * 1000) + 1)
                     if deadline is not None and now >= deadline:
                         slice_ms = 0
+                    if self._want > (1 if wanted else 0):
+                        # another thread wants the socket and its wake may have been taken
+                        # by the holder before us (the Waker signals once until cleared)
+                        step_aside = True
+                        break
                     events = self._poller.poll(slice_ms)
                     readable = not events  # timed out: look once, so silence is proven
                     for obj, _ in events:
