@@ -2,8 +2,10 @@
 
 The loop is single-threaded and thin: it waits on the ROUTER sockets and on a wakeup
 pipe that engine threads write when a fence signals, hands messages to the sans-IO
-`Backend`, and sends what it returns. Heartbeat expiry runs on a timer. SIGINT/SIGTERM
-stop it cleanly: sessions are reclaimed, engines stopped, sockets closed.
+`Backend`, and sends what it returns. Heartbeat expiry runs on a timer; a connection the
+channel sees close has its session reclaimed at once. SIGINT/SIGTERM stop it cleanly:
+every session is sent `shutdown` (spec [CTL-BYE-2]), then sessions are reclaimed, engines
+stopped, and the sockets closed once the notices have left (SHUTDOWN_LINGER_MS at most).
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ class HostServer:
         self.backend = Backend(self.kmds, heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size,
                                wakeup=self._wakeup, vgpus=self.sched.vgpus)
         self.channel = HostChannel(list(endpoints or [default_endpoint()]))
+        self.backend.credentials = self.channel.peer_credentials
         self._stop = False
+        self.stop_reason = "stopped"  # the `shutdown` notices' reason
 
     @property
     def endpoints(self):
@@ -62,8 +66,14 @@ class HostServer:
         for kmd in self.kmds:
             kmd.start()
 
-    def stop(self) -> None:
+    def stop(self, reason: str = "stopped") -> None:
+        """End serve() at once (safe in a signal handler: it only writes the wake pipe)."""
+        self.stop_reason = reason
         self._stop = True
+        try:
+            self._wakeup()
+        except OSError:  # closed already
+            pass
 
     def serve(self) -> None:
         backend = self.backend
@@ -80,6 +90,9 @@ class HostServer:
                 except Exception:  # a bug must not take the host down for every guest
                     log.exception("internal error handling a message from %r", peer)
                     backend.stats["internal_errors"] += 1
+            # after the messages they sent before closing (a bye, a last kick)
+            for connection in self.channel.take_disconnected():
+                backend.connection_closed(connection)
             if ready:
                 try:
                     os.read(self._wake_r, 4096)
@@ -98,6 +111,8 @@ class HostServer:
                 next_expiry = now + period
 
     def close(self) -> None:
+        for peer, frames in self.backend.announce_shutdown(self.stop_reason):
+            self.channel.send(peer, frames)
         self.backend.shutdown()
         for kmd in self.kmds:
             kmd.stop()
@@ -105,7 +120,7 @@ class HostServer:
         while self.backend.pending_releases() and time.monotonic() < deadline:
             self.backend.run_completions()
             time.sleep(0.01)
-        self.channel.close()
+        self.channel.close(linger_ms=wire.SHUTDOWN_LINGER_MS)  # the notices leave first
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -119,8 +134,9 @@ def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
                         max_evicted_bytes=max_evicted_bytes, topology=topology)
 
     def on_signal(signum, _frame):
-        log.info("received %s, shutting down", signal.Signals(signum).name)
-        server.stop()
+        name = signal.Signals(signum).name
+        log.info("received %s, shutting down", name)
+        server.stop(f"received {name}")
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)

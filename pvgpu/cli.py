@@ -17,6 +17,8 @@
   pvgpu bench ptx [--json FILE] [--quick]         PTX kernels on the SMs vs numpy and the built-ins
   pvgpu bench jobs [--json FILE] [--quick]        the fixed cost of a job: tiny launches, round
                                                   trips, 8 guests at once, the KMD alone
+  pvgpu bench faults [--json FILE] [--quick]      reclaim of a SIGKILLed guest, HostLost after a
+                                                  host's SIGKILL/SIGTERM (exit 1: a target missed)
   pvgpu conformance --endpoint EP [--memory M] [--clauses PATTERN] [--json FILE|-] [--timeout S]
                                                   the protocol conformance checks against any host
 """
@@ -172,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure hot paths against this machine's limits, or "
                                      "the GPU scheduler's fairness (`bench sched`)")
     p.add_argument("which", nargs="?",
-                   choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx", "jobs"),
+                   choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx", "jobs",
+                            "faults"),
                    default="hotpaths",
                    help="hotpaths (default): copies, round trip, kernels against the machine's "
                         "limits; sched: Gdev's fairness experiment under each policy, four "
@@ -187,7 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "built-in kernels; jobs: the fixed cost of a job: async tiny "
                         "launches/s, launch + synchronize and a 4 KiB copy against a bare "
                         "zmq round trip, 8 guests x 2,000 mixed operations, per-job cost "
-                        "of an in-process KMD against a bare thread handoff")
+                        "of an in-process KMD against a bare thread handoff; faults: how fast "
+                        "a SIGKILLed guest is reclaimed (mid-transfer, mid-kernel) and a "
+                        "guest blocked in a call raises after its host's SIGKILL or SIGTERM, "
+                        "10 repetitions, median and max against the targets")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     p.add_argument("--seconds", type=float, default=20.0,
@@ -417,6 +423,10 @@ def cmd_bench(args) -> int:
         from bench.jobs import run_bench as run_jobs
         run_jobs(json_path=args.json, quick=args.quick)
         return 0
+    if args.which == "faults":
+        from bench.faults import run_bench as run_faults
+        results = run_faults(json_path=args.json, quick=args.quick)
+        return 0 if all(r["met"] for r in results.values()) or args.quick else 1
     if args.which == "copies":
         from bench.copies import run_bench as run_copies
         return run_copies(json_path=args.json, quick=args.quick)

@@ -28,6 +28,14 @@ HostChannel (host main loop, one thread)
     that connection delivers. The channel owns its zmq context (one ZAP handler per
     context).
 
+    Connection events (spec [CTL-HB-7]). A socket monitor on every ROUTER socket, in
+    the same poll set, reports accepts and closes by file descriptor;
+    transport/connections.py links a descriptor to the connection's name (the rule is
+    written there) and reads the peer's credentials from it. ``take_disconnected()``
+    gives the loop the names of the connections that closed, ``peer_credentials(name)``
+    who is at the other end of one. ``close(linger_ms)`` lets messages already sent
+    (the ``shutdown`` notices, [CTL-BYE-2]) leave first.
+
 GuestChannel (any guest thread)
     A thin pump around ``transport.channel_protocol.ChannelProtocol``, which holds
     the protocol state (seq matching, replies, notifications, pings, liveness) and
@@ -62,6 +70,13 @@ GuestChannel (any guest thread)
     ``HostLost``. ``heartbeat_ms <= 0`` disables both (then only ``timeout`` ends a
     wait).
 
+    Connection. A socket monitor on the DEALER reports the connection's handshakes and
+    closes; it is in every waiter's poll set and the heartbeat thread reads it too.
+    A close after a handshake succeeded loses the host at once (spec [CTL-HB-6]): the
+    messages received before it are dispatched, then every wait raises ``HostLost``,
+    and so does every later request or send (the DEALER reconnects by itself, but a
+    new connection would be a new session).
+
 Timeouts: HostChannel takes milliseconds (like zmq); GuestChannel takes seconds.
 Sockets are closed with linger=0. Zero-copy: frames sent with ``copy=False`` (the
 default) and larger than zmq's copy threshold are not copied; such a buffer must
@@ -87,6 +102,7 @@ import zmq
 from spec.wire import DEFAULT_ENDPOINT_NAME, DEFAULT_HEARTBEAT_MS
 from transport.channel_protocol import (
     ChannelProtocol,
+    ConnectionLost,
     HostSilent,
     Malformed,
     Notification,
@@ -95,6 +111,7 @@ from transport.channel_protocol import (
     Transmit,
 )
 from transport.codec import ZERO_COPY_MIN, encode
+from transport.connections import ConnectionWatch, peer_credentials
 from transport.peer import Peer
 
 log = logging.getLogger(__name__)
@@ -119,6 +136,9 @@ _POLLIN = int(zmq.POLLIN)
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq looks for the ZAP handler (RFC 27)
 _ZAP_DOMAIN = b"pvgpu"
 _USER_ID = "User-Id"  # message property: the User-Id the ZAP handler gave the connection
+_ACCEPTED = int(zmq.EVENT_ACCEPTED)
+_DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
+_HANDSHAKE_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 
 
 class ChannelError(Exception):
@@ -126,7 +146,8 @@ class ChannelError(Exception):
 
 
 class HostLost(ChannelError):
-    """The host stopped answering: nothing heard for HEARTBEAT_MISSES heartbeat periods."""
+    """The host is gone: its connection closed, it shut down, or nothing was heard from it
+    for HEARTBEAT_MISSES heartbeat periods."""
 
 
 class ChannelTimeout(ChannelError, TimeoutError):
@@ -232,6 +253,12 @@ class Waker:
                     pass
 
 
+def _monitor_event(parts: list) -> tuple:
+    """A socket-monitor message -> (event, value): frame 0 is le16 event, le32 value."""
+    head = parts[0]
+    return int.from_bytes(head[:2], "little"), int.from_bytes(head[2:6], "little")
+
+
 def _recv_rest(sock, more: bool) -> list:
     """The remaining parts of a message whose last part received said `more`: frame 0 as
     bytes (small, the codec reads it), the raw frames after it as zero-copy memoryviews.
@@ -268,6 +295,9 @@ class HostChannel:
         self._ipc_files: list = []  # (path, inode) that close() removes
         self._closed = False
         self._zap = None
+        self._monitors: list = []  # one PAIR per ROUTER socket: its connection events
+        self._watch = ConnectionWatch()
+        self._ended: list = []  # names of watched connections that closed (take_disconnected)
         try:
             self._zap = self._ctx.socket(zmq.ROUTER)
             self._zap.linger = 0
@@ -282,6 +312,7 @@ class HostChannel:
                 s.linger = 0
                 s.setsockopt(zmq.ROUTER_MANDATORY, 1)
                 s.zap_domain = _ZAP_DOMAIN  # every connection is accepted by _serve_zap
+                self._monitor(s)  # before bind: no connection's ACCEPTED may be missed
                 path = _ipc_path(ep)
                 if path is not None:
                     _clear_stale_ipc(path, ep)
@@ -304,6 +335,9 @@ class HostChannel:
         for s in self._sockets:
             self._poller.register(s, zmq.POLLIN)
         self._poller.register(self._zap, zmq.POLLIN)
+        for m in self._monitors:
+            self._poller.register(m, zmq.POLLIN)
+        self._handshakes = frozenset([self._zap, *self._monitors])  # _serve_connections
         self._extra: tuple = ()
         self._extra_nos: list = []
 
@@ -331,8 +365,8 @@ class HostChannel:
         events = dict(self._poller.poll(timeout_ms))  # keyed by socket or by fd number
         messages: list = []
         if events:
-            if self._zap in events:
-                self._serve_zap()
+            if not self._handshakes.isdisjoint(events):
+                self._serve_connections()
             for i, s in enumerate(self._sockets):
                 if s in events:
                     self._drain(i, s, messages)
@@ -358,28 +392,76 @@ class HostChannel:
                 return
             out.append((Peer(index, head.bytes, head.get(_USER_ID)), _recv_rest(s, head.more)))
 
+    # ----------------------------------------------------------------- connections
+    def _monitor(self, s) -> None:
+        """Watch the accepts and disconnects of ROUTER socket s (a socket monitor)."""
+        self._monitors.append(s.get_monitor_socket(_ACCEPTED | _DISCONNECTED))
+
+    def _serve_connections(self) -> None:
+        """Read every connection event, serving ZAP requests in between: each request is
+        served only after every monitor event emitted before it has been read
+        (transport/connections.py, the mapping rule)."""
+        zap = self._zap
+        while True:
+            self._read_monitors()
+            if not zap.getsockopt(_EVENTS) & _POLLIN:
+                break
+            self._serve_zap()
+        self._watch.forget_ghosts()  # their requests, if any, were queued before: served
+
+    def _read_monitors(self) -> None:
+        watch = self._watch
+        for index, mon in enumerate(self._monitors):
+            while mon.getsockopt(_EVENTS) & _POLLIN:
+                event, fd = _monitor_event(mon.recv_multipart(_NOBLOCK))
+                if event == _ACCEPTED:
+                    watch.accepted(fd, index, peer_credentials(fd))
+                elif event == _DISCONNECTED:
+                    name = watch.disconnected(fd)
+                    if name is not None:
+                        log.debug("connection %s closed", name)
+                        self._ended.append(name)
+
+    def take_disconnected(self) -> list:
+        """-> the names of the connections seen to close since the last call (only
+        connections the channel could map to their fd; transport/connections.py)."""
+        ended, self._ended = self._ended, []
+        return ended
+
+    def peer_credentials(self, connection: str):
+        """Who is at the other end of an open connection: ipc ``{transport, pid, uid,
+        gid}``, tcp ``{transport, address, ip}``; None if not known."""
+        return self._watch.credentials.get(connection)
+
+    @property
+    def connections_unwatched(self) -> int:
+        """Connections whose closing cannot be seen (ambiguous; heartbeats reclaim them)."""
+        return self._watch.unwatched
+
     def _serve_zap(self) -> None:
-        """Accept every connection that is handshaking (ZAP requests, RFC 27), naming
-        each with a fresh User-Id. Runs on the loop's thread: a connection delivers no
+        """Accept the next connection that is handshaking (a ZAP request, RFC 27), naming
+        it with a fresh User-Id. Runs on the loop's thread: a connection delivers no
         message before its request has been answered here."""
         zap = self._zap
-        while zap.getsockopt(_EVENTS) & _POLLIN:
-            parts = zap.recv_multipart(_NOBLOCK)
-            try:
-                delim = parts.index(b"")
-                envelope, request = parts[:delim + 1], parts[delim + 1:]
-                version, request_id, _domain, address = request[:4]
-            except ValueError:
-                log.warning("dropped a malformed ZAP request")
-                continue
-            if version != b"1.0":
-                zap.send_multipart(envelope + [b"1.0", request_id, b"400", b"bad ZAP version",
-                                               b"", b""])
-                continue
-            self.connections_accepted += 1
-            conn = f"c{self.connections_accepted}"
-            log.debug("accepted connection %s from %s", conn, address.decode(errors="replace"))
-            zap.send_multipart(envelope + [b"1.0", request_id, b"200", b"OK", conn.encode(), b""])
+        parts = zap.recv_multipart(_NOBLOCK)
+        try:
+            delim = parts.index(b"")
+            envelope, request = parts[:delim + 1], parts[delim + 1:]
+            version, request_id, _domain, address = request[:4]
+        except ValueError:
+            log.warning("dropped a malformed ZAP request")
+            return
+        if version != b"1.0":
+            zap.send_multipart(envelope + [b"1.0", request_id, b"400", b"bad ZAP version",
+                                           b"", b""])
+            return
+        self.connections_accepted += 1
+        conn = f"c{self.connections_accepted}"
+        peer = address.decode(errors="replace")
+        watched = self._watch.named(peer, conn)
+        log.debug("accepted connection %s from %s%s", conn, peer,
+                  "" if watched else " (not watched: ambiguous)")
+        zap.send_multipart(envelope + [b"1.0", request_id, b"200", b"OK", conn.encode(), b""])
 
     def send(self, peer, frames, *, copy: bool = False) -> bool:
         """Send [frame0, *extra] (see codec.encode) to peer (a Peer, or its route
@@ -410,13 +492,21 @@ class HostChannel:
         """send(peer, codec.encode(msg, frames))"""
         return self.send(peer, encode(msg, frames), copy=copy)
 
-    def close(self) -> None:
-        """Close every socket (linger=0) and remove the ipc socket files we created."""
+    def close(self, linger_ms: int = 0) -> None:
+        """Close every socket and remove the ipc socket files we created. linger_ms: how
+        long messages already sent may take to leave (0: dropped at once)."""
         if self._closed:
             return
         self._closed = True
         for s in self._sockets:
-            s.close(linger=0)
+            try:
+                s.disable_monitor()
+            except zmq.ZMQError:
+                pass
+        for m in self._monitors:
+            m.close(linger=0)
+        for s in self._sockets:
+            s.close(linger=linger_ms)
         if self._zap is not None:
             self._zap.close(linger=0)
         if self._own_ctx:
@@ -462,10 +552,12 @@ class GuestChannel:
         self._sock.linger = 0
         # An identity nobody can guess ([CTL-ENDPOINT-5]); a leading zero byte is libzmq's.
         self._sock.routing_id = bytes([1 + secrets.randbelow(255)]) + secrets.token_bytes(15)
+        # before connect: the connection's events ([CTL-HB-6]), none missed
+        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_SUCCEEDED | _DISCONNECTED)
         try:
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
-            self._sock.close(linger=0)
+            self._close_sockets()
             raise ChannelError(f"cannot connect to {endpoint}: {e}") from None
         self._sock_lock = threading.RLock()
         self._cv = threading.Condition(threading.Lock())  # guards _proto and everything below
@@ -480,6 +572,7 @@ class GuestChannel:
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._waker, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
         self._start_heartbeat()
 
     def __enter__(self):
@@ -544,6 +637,8 @@ class GuestChannel:
         wanted = self._acquire()
         try:
             self._check_open()
+            if self._proto.lost is not None:
+                self._check_alive()
             self._send_locked(parts, copy)
         finally:
             self._release(wanted)
@@ -597,7 +692,7 @@ class GuestChannel:
             self._hb_thread.join(timeout=5)
         got = self._sock_lock.acquire(timeout=5)
         try:
-            self._sock.close(linger=0)
+            self._close_sockets()
         finally:
             if got:
                 self._sock_lock.release()
@@ -606,6 +701,42 @@ class GuestChannel:
         self._waker.close()
 
     # ----------------------------------------------------------------- internals
+
+    def _close_sockets(self) -> None:
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(linger=0)
+        self._sock.close(linger=0)
+
+    def _check_alive(self) -> None:
+        """Refuse to use a session whose host is lost ([CTL-HB-5]). (One attribute read,
+        without _cv: `lost` only ever goes from None to a reason.)"""
+        if self._proto.lost is not None:
+            raise HostLost(f"host at {self.endpoint} is lost: {self._proto.lost}")
+
+    def _read_monitor(self) -> None:
+        """Feed the connection's events to the protocol; socket lock held. Before a close
+        is reported, the messages received until then are handed over."""
+        mon = self._monitor
+        while mon.getsockopt(_EVENTS) & _POLLIN:
+            event, _fd = _monitor_event(mon.recv_multipart(_NOBLOCK))
+            if event == _HANDSHAKE_SUCCEEDED:
+                with self._cv:
+                    self._proto.handshake_succeeded()
+            elif event == _DISCONNECTED:
+                self._drain()
+                with self._cv:
+                    self._fail(self._proto.disconnected())
+
+    def _fail(self, events: list) -> None:
+        """Deliver ConnectionLost events; _cv held."""
+        for e in events:
+            if isinstance(e, ConnectionLost):
+                e.token.error = HostLost(f"host at {self.endpoint} is lost: {e.reason}")
+        if events and self._sleepers:
+            self._cv.notify_all()
 
     def _start_heartbeat(self) -> None:
         if self._proto.period is not None and self._hb_thread is None and not self._closed:
@@ -690,6 +821,7 @@ class GuestChannel:
         start = _monotonic()
         deadline = None if timeout is None else start + timeout
         with self._cv:
+            self._check_alive()
             self._proto.begin_wait(w, start)
         try:
             return self._wait_loop(w, timeout, deadline, parts, copy)
@@ -722,11 +854,18 @@ class GuestChannel:
                     slice_ms = None if target is None else max(0, int((target - now) * 1000) + 1)
                     if deadline is not None and now >= deadline:
                         slice_ms = 0
+                    if self._want > (1 if wanted else 0):
+                        # another thread wants the socket and its wake may have been taken
+                        # by the holder before us (the Waker signals once until cleared)
+                        step_aside = True
+                        break
                     events = self._poller.poll(slice_ms)
                     readable = not events  # timed out: look once, so silence is proven
                     for obj, _ in events:
                         if obj is sock:
                             readable = True
+                        elif obj is self._monitor:
+                            self._read_monitor()
                         else:
                             self._waker.clear()
                             self._check_open()
@@ -787,6 +926,8 @@ class GuestChannel:
                 elif isinstance(e, RequestFailed):
                     e.token.error = ChannelError(
                         f"malformed reply from host at {self.endpoint}: {e.error}")
+                elif isinstance(e, ConnectionLost):
+                    e.token.error = HostLost(f"host at {self.endpoint} is lost: {e.reason}")
                 elif isinstance(e, Notification) and not self._claim(e):
                     if handler is not None:
                         for_handler.append(e)
@@ -851,6 +992,7 @@ class GuestChannel:
                 try:
                     if self._closed:
                         return
+                    self._read_monitor()
                     self._drain()
                     self._tick(_monotonic())
                 finally:

@@ -40,6 +40,17 @@ Theory of operation
         host can be called lost.
     ``next_deadline(now)`` is when ``tick`` next has something to do (None: never).
 
+    Connection ([CTL-HB-6]). The pump reports its socket monitor's events:
+    ``handshake_succeeded()`` once the connection to the host is up, ``disconnected()``
+    when a connection closes. A close after a handshake succeeded loses the host at
+    once: the session belonged to that connection, and the DEALER's automatic
+    reconnection would be a new connection, so a new session ([CTL-ENDPOINT-4]). Every
+    wait and pending request fails (``ConnectionLost``) and ``lost`` says why; the pump
+    refuses to use the session afterwards ([CTL-HB-5]). A close before any handshake
+    succeeded (the host is not up yet, or refused the handshake) loses nothing. A
+    ``shutdown`` notification from the host loses it the same way, with the host's
+    reason ([CTL-BYE-3]).
+
 Not thread-safe: the pump serialises every call.
 """
 
@@ -48,7 +59,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from spec.wire import DEFAULT_HEARTBEAT_MS, HEARTBEAT_MISSES, OP_PING, OP_REPLY
+from spec.wire import DEFAULT_HEARTBEAT_MS, HEARTBEAT_MISSES, OP_PING, OP_REPLY, OP_SHUTDOWN
 from transport.codec import CodecError, decode, encode, reply_ok
 
 # A host that never answers pings must not grow the set of ping seqs without bound.
@@ -96,6 +107,13 @@ class HostSilent:
     silent: float  # seconds of silence proven
 
 
+@dataclass(frozen=True, slots=True)
+class ConnectionLost:
+    """The wait or request ``token`` fails: the host is lost for ``reason``."""
+    token: object
+    reason: str
+
+
 class ChannelProtocol:
     """Seq matching, replies, notifications, pings and liveness of one guest session's
     control connection. Times are seconds on any monotonic clock the caller likes."""
@@ -110,6 +128,8 @@ class ChannelProtocol:
         self._pending: dict = {}  # seq -> token of a request awaiting its reply
         self._pings: set = set()  # seqs of our own pings not answered yet
         self._waits: dict = {}  # token -> start of the wait
+        self.connected = False  # a handshake with the host has succeeded
+        self.lost = None  # why the host is lost ([CTL-HB-6]); None while it is not
 
     # ----------------------------------------------------------------- configuration
 
@@ -170,6 +190,8 @@ class ChannelProtocol:
                 return [Reply(self._pending.pop(seq), msg, frames)]
         elif op == OP_PING:  # the host checks on us
             return [self._transmit(encode(reply_ok(msg["seq"])), now)]
+        elif op == OP_SHUTDOWN:  # the host is stopping: nothing more will come
+            return self._lose(f"host shut down ({msg['reason']})")
         return [Notification(msg, frames)]
 
     def input_empty(self, now: float) -> None:
@@ -190,6 +212,30 @@ class ChannelProtocol:
         they keep the driver's own pings, which would be, from going out)."""
         return max(0.0, self._looked - max(self.last_heard, start))
 
+    # ----------------------------------------------------------------- connection
+
+    def handshake_succeeded(self) -> None:
+        """The connection to the host is up (the socket monitor's HANDSHAKE_SUCCEEDED)."""
+        self.connected = True
+
+    def disconnected(self) -> list:
+        """A connection to the host closed -> ``ConnectionLost`` for every wait and
+        pending request, if a handshake had succeeded (the pump has handed over every
+        message received before the close)."""
+        if not self.connected:
+            return []
+        return self._lose("its connection closed")
+
+    def _lose(self, reason: str) -> list:
+        if self.lost is not None:
+            return []
+        self.lost = reason
+        tokens = dict.fromkeys(self._waits)
+        tokens.update(dict.fromkeys(t for t in self._pending.values() if t is not None))
+        self._waits.clear()
+        self._pending.clear()
+        return [ConnectionLost(t, reason) for t in tokens]
+
     # ----------------------------------------------------------------- time
 
     def begin_wait(self, token, now: float) -> None:
@@ -201,8 +247,8 @@ class ChannelProtocol:
 
     def next_deadline(self, now: float):
         """When ``tick`` next has work (a ping due, a wait's silence window ending),
-        or None while heartbeats are disabled."""
-        if self.period is None:
+        or None while heartbeats are disabled or the host is lost."""
+        if self.period is None or self.lost is not None:
             return None
         due = self.last_sent + self.period
         if self._waits:
@@ -212,7 +258,7 @@ class ChannelProtocol:
     def tick(self, now: float) -> list:
         """-> ``HostSilent`` for every wait whose silence window has been proven to
         have passed (the wait ends), then a ``Transmit`` of a ping if one is due."""
-        if self.period is None:
+        if self.period is None or self.lost is not None:
             return []
         # (the same sums as next_deadline, so that a tick at the deadline acts)
         events = []

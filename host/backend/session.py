@@ -20,12 +20,16 @@ nothing writes the mirror between a call's patches being taken and being sent.
 One connection = one `GuestSession` ("a VM"): a session is keyed by the `Peer` (route
 and transport connection) its hello came from, so a later connection that presents the
 same routing identity is not served in it; its first message ends the old session
-instead (spec [CTL-ENDPOINT-4]). A session owns its guest memory (a shared
-POSIX segment or an inline mirror), one DMA mapping of that memory per GPU, and one
-`VirtioGpuDevice` per GPU. A session ends with `bye`, with heartbeat loss, with its
-connection replaced, or with host
-shutdown; everything it owned is reclaimed, and its guest memory is unmapped only after
-the engines have finished every job that might still touch it.
+instead (spec [CTL-ENDPOINT-4]). The main loop also reports the connections it saw close
+(`connection_closed`): their sessions are reclaimed at once ([CTL-HB-7]). A session
+records who is at the other end of its connection (`peer_credentials`: ipc pid and uid,
+tcp address; GET_STATS `session`) from the `credentials` function the main loop gives
+the backend. A session owns its guest memory (a shared POSIX segment or an inline
+mirror), one DMA mapping of that memory per GPU, and one `VirtioGpuDevice` per GPU. A
+session ends with `bye`, with heartbeat loss, with its connection closed or replaced, or
+with host shutdown (after a `shutdown` notification, [CTL-BYE-2]); everything it owned
+is reclaimed, and its guest memory is unmapped only after the engines have finished
+every job that might still touch it.
 """
 
 from __future__ import annotations
@@ -60,8 +64,10 @@ def _call_frame(dev: int, queue: int) -> bytes:
 
 class GuestSession:
     def __init__(self, backend, peer, sid: str, name: str, memory: str, mem_size: int, now: float,
-                 vgpu=None):
+                 vgpu=None, peer_credentials=None):
         self.backend = backend
+        # who is at the other end of the connection: ipc {pid, uid, gid}, tcp {address}
+        self.peer_credentials = peer_credentials
         self.vgpu = vgpu  # host.kmd.sched.VgpuShares, or None for the default vGPU
         self.peer = peer
         self.sid = sid
@@ -181,6 +187,8 @@ class Backend:
         self.heartbeat_ms = heartbeat_ms
         self.max_mem_size = max_mem_size
         self.wakeup = wakeup
+        # connection name -> its peer's credentials (dict) or None; the main loop's channel
+        self.credentials = lambda connection: None
         self.lock = threading.Lock()
         self.sessions: dict = {}  # Peer (route and connection) -> GuestSession
         self._routes: dict = {}  # Peer.route -> the GuestSession its messages go to
@@ -282,7 +290,9 @@ class Backend:
         sid = f"s{next(self._ids)}"
         self.stats["sessions"] += 1
         name = str(msg["name"])[:64] or sid
-        session = GuestSession(self, peer, sid, name, memory, mem_size, now, vgpu)
+        creds = self.credentials(peer.connection)
+        session = GuestSession(self, peer, sid, name, memory, mem_size, now, vgpu,
+                               {k: v for k, v in creds.items() if k != "ip"} if creds else None)
         self.sessions[peer] = session
         self._routes[peer.route] = session
         log.info("session %s (%s) opened: %s memory, %d MiB, vGPU %s", sid, name, memory,
@@ -505,6 +515,15 @@ class Backend:
         self._releases = keep
         self._inflight = [f for f in self._inflight if not f.signaled]
 
+    def connection_closed(self, connection: str) -> None:
+        """The transport connection named `connection` closed: its session, if it has
+        one, is reclaimed now ([CTL-HB-7]), not after missed heartbeats."""
+        for session in self.sessions.values():
+            if session.peer.connection == connection:
+                self.stats["disconnected_sessions"] += 1
+                self.close_session(session, "disconnected")
+                return
+
     def expire(self, now: float) -> None:
         """Reclaim sessions silent for HEARTBEAT_MISSES periods (spec CTL heartbeat)."""
         limit = wire.HEARTBEAT_MISSES * self.heartbeat_ms / 1000.0
@@ -522,7 +541,14 @@ class Backend:
         return (f"{st['sessions']} session(s), {st['chains']} request(s); rejected: "
                 f"{st['bad_chains']} malformed chain(s), {st['bad_messages']} undecodable "
                 f"message(s), {st['control_errors']} control error(s); "
-                f"{st['expired_sessions']} session(s) reclaimed after missed heartbeats")
+                f"{st['disconnected_sessions']} session(s) reclaimed on disconnect, "
+                f"{st['expired_sessions']} after missed heartbeats")
+
+    def announce_shutdown(self, reason: str) -> list:
+        """-> a `shutdown` notification for every session ([CTL-BYE-2]): the host is
+        stopping; the main loop sends them, lets them leave, then calls `shutdown`."""
+        frames = codec.encode({"op": wire.OP_SHUTDOWN, "reason": reason})
+        return [(session.peer, frames) for session in self.sessions.values()]
 
     def shutdown(self) -> None:
         for session in list(self.sessions.values()):

@@ -414,8 +414,10 @@ class EvictMixin:
 
     def mem_stats(self) -> dict:
         """Memory placement (msgpack-able): VRAM, evicted bytes, eviction counters and,
-        per context (keyed by str(id)), resident and evicted bytes."""
+        per context (keyed by str(id)), resident and evicted bytes. Frees deferred until
+        work that has finished now are done first, as vram_free() does."""
         with self.lock:
+            self._reclaim_locked()
             ctxs = {}
             for c in self.contexts.values():
                 ev = sum(b.size for b in c._bos.values() if b.sysmem is not None)

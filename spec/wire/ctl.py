@@ -26,12 +26,13 @@ OP_REPLY = "reply"
 OP_KICK = "kick"  # driver -> device: available-buffer notification
 OP_CALL = "call"  # device -> driver: used-buffer notification
 OP_CONFIG_CHANGED = "config_changed"  # device -> driver
+OP_SHUTDOWN = "shutdown"  # host -> driver: the host is stopping; the session ends (CTL-BYE-2)
 
 REQUEST_OPS = frozenset({
     OP_HELLO, OP_GET_FEATURES, OP_SET_FEATURES, OP_GET_STATUS, OP_SET_STATUS,
     OP_GET_CONFIG, OP_SET_MEM_TABLE, OP_SET_VRING, OP_ENABLE_VRING, OP_PING, OP_BYE,
 })
-NOTIFY_OPS = frozenset({OP_KICK, OP_CALL, OP_CONFIG_CHANGED})
+NOTIFY_OPS = frozenset({OP_KICK, OP_CALL, OP_CONFIG_CHANGED, OP_SHUTDOWN})
 
 # Control-channel error names (reply `error`).
 CTL_ERR_MALFORMED = "malformed"  # frame 0 not a map, wrong field types, bad frame index
@@ -65,6 +66,7 @@ CTL_FIELDS = {
     OP_KICK: (("dev", int), ("queue", int)),
     OP_CALL: (("dev", int), ("queue", int), ("notify", bool)),
     OP_CONFIG_CHANGED: (("dev", int),),
+    OP_SHUTDOWN: (("reason", str),),
     OP_REPLY: (("ok", bool),),
 }
 
@@ -78,6 +80,7 @@ MEM_CHALLENGE_SIZE = 32
 
 DEFAULT_HEARTBEAT_MS = 1000
 HEARTBEAT_MISSES = 3  # a peer silent for this many periods is gone
+SHUTDOWN_LINGER_MS = 1000  # how long a stopping host lets its `shutdown` notices leave
 DEFAULT_GUEST_MEM_SIZE = 192 << 20
 MAX_GUEST_MEM_SIZE = 4 << 30
 DEFAULT_ENDPOINT_NAME = "pvgpu.sock"  # under $XDG_RUNTIME_DIR (or the temp dir)

@@ -343,6 +343,62 @@ def test_host_lost_fails_every_wait(endpoint, make_host, make_guest):
     assert len(outcome) == 4 and all(isinstance(e, HostLost) for e in outcome)
 
 
+def test_a_closed_connection_fails_every_wait_and_later_use(endpoint, make_host, make_guest):
+    """[CTL-HB-6]: heartbeats disabled, so only the connection's close can end the waits."""
+    host = make_host(endpoint, on_message=None)
+    g = make_guest(host.endpoint, heartbeat_ms=0)
+    assert g.request({"op": OP_PING}, timeout=10)[0]["ok"]  # connected, handshake done
+    outcome = []
+
+    def wait(k):
+        try:
+            if k % 2:
+                g.request({"op": OP_GET_STATUS, "dev": k})
+            else:
+                g.recv_until(lambda m: False)
+        except ChannelError as e:
+            outcome.append(e)
+
+    threads = [threading.Thread(target=wait, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    assert wait_for(lambda: sum(1 for _, m, _ in host.received if m["op"] == OP_GET_STATUS) == 2)
+    host.stop()  # closes its sockets: the guest's connection closes
+    for t in threads:
+        t.join(timeout=30)
+    assert not any(t.is_alive() for t in threads)
+    assert len(outcome) == 4 and all(isinstance(e, HostLost) for e in outcome)
+    assert all("connection closed" in str(e) for e in outcome)
+    with pytest.raises(HostLost):
+        g.send({"op": OP_KICK, "dev": 0, "queue": 0})
+    with pytest.raises(HostLost):
+        g.request({"op": OP_PING}, timeout=10)
+
+
+def test_the_host_channel_reports_a_closed_connection_and_its_peer(endpoint, make_guest):
+    """[CTL-HB-7]: the connection's name, as its messages carried it, once it closes."""
+    host = HostChannel([endpoint])
+    try:
+        g = make_guest(host.endpoints[0])
+        g.send({"op": OP_KICK, "dev": 0, "queue": 0})
+        got = []
+        assert wait_for(lambda: got.extend(host.poll(10)[0]) or got)
+        name = got[0][0].connection
+        creds = host.peer_credentials(name)
+        if endpoint.startswith("ipc"):
+            assert (creds["pid"], creds["uid"]) == (os.getpid(), os.getuid())
+        else:
+            assert creds["address"].startswith("127.0.0.1:")
+        assert host.take_disconnected() == []
+        g.close()
+        ended = []
+        assert wait_for(lambda: ended.extend(host.poll(10)[0] and [] or host.take_disconnected())
+                        or ended)
+        assert ended == [name] and host.peer_credentials(name) is None
+    finally:
+        host.close()
+
+
 def test_a_descheduled_waiter_reads_what_arrived_before_declaring_the_host_lost(
         endpoint, make_host, make_guest, monkeypatch):
     """A waiting thread that did not run for longer than the silence window (a loaded
@@ -502,6 +558,33 @@ def test_concurrent_requests_from_many_threads(endpoint, make_host, make_guest):
         t.join(timeout=20)
     assert not errors and len(results) == 4
     assert wait_for(lambda: host.ops().count(OP_KICK) == 40)
+
+
+def test_every_request_goes_out_beside_long_waits_with_heartbeats_disabled(
+        endpoint, make_host, make_guest):
+    """Without heartbeats a holder of the socket polls without a timeout: a thread that
+    takes over the socket must still let the next one in (the Waker signals once until
+    cleared, so the wake of a third thread can be taken by the holder it replaced)."""
+    host = make_host(endpoint, on_message=None)  # requests stay unanswered
+    g = make_guest(host.endpoint, heartbeat_ms=0)
+    assert g.request({"op": OP_PING}, timeout=10)[0]["ok"]
+
+    def wait(k):
+        with pytest.raises(ChannelTimeout):
+            if k % 2:
+                g.request({"op": OP_GET_STATUS, "dev": k}, timeout=8)
+            else:
+                g.recv_until(lambda m: False, timeout=8)
+
+    threads = [threading.Thread(target=wait, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        assert wait_for(lambda: sorted(m["dev"] for _, m, _ in host.received
+                                       if m["op"] == OP_GET_STATUS) == [1, 3])
+    finally:
+        for t in threads:
+            t.join(timeout=30)
 
 
 def test_sender_is_not_blocked_by_a_long_wait(endpoint, make_host, make_guest):

@@ -20,9 +20,11 @@ from spec.wire import (
     OP_KICK,
     OP_PING,
     OP_REPLY,
+    OP_SHUTDOWN,
 )
 from transport.channel_protocol import (
     ChannelProtocol,
+    ConnectionLost,
     HostSilent,
     Malformed,
     Notification,
@@ -133,6 +135,66 @@ def test_the_hosts_ping_is_answered_at_once():
     [t] = p.receive(encode({"op": OP_PING, "seq": 424242}), 2.0)
     assert msg_of(t) == reply_ok(424242)
     assert p.last_sent == 2.0
+
+
+# --------------------------------------------------------------------------- connection
+
+def test_a_close_after_the_handshake_loses_the_host_for_every_wait_and_request():
+    """[CTL-HB-6]: long before any heartbeat window, whatever the clock says."""
+    p = proto()
+    req, waiter, idle = object(), object(), object()
+    p.handshake_succeeded()
+    p.send_request({"op": OP_GET_STATUS, "dev": 0}, (), req)
+    p.begin_wait(req, 1.0)
+    p.begin_wait(waiter, 1.0)
+    p.send_request({"op": OP_GET_STATUS, "dev": 1}, (), idle)  # sent, not waited for yet
+    events = p.disconnected()
+    assert {e.token for e in events} == {req, waiter, idle}
+    assert all(isinstance(e, ConnectionLost) and "closed" in e.reason for e in events)
+    assert p.lost is not None
+    # once: a later close (the DEALER reconnected and lost that too) reports nothing
+    assert p.disconnected() == []
+    # and the lost session has no timers: no pings, no deadline
+    assert p.tick(100.0) == [] and p.next_deadline(100.0) is None
+
+
+def test_a_reply_received_before_the_close_is_still_the_reply():
+    p = proto()
+    tok = object()
+    p.handshake_succeeded()
+    seq, _ = p.send_request({"op": OP_GET_STATUS, "dev": 0}, (), tok)
+    p.begin_wait(tok, 0.0)
+    [r] = p.receive(host_reply(seq, status=7), 0.1)  # the pump hands over what came first
+    assert isinstance(r, Reply)
+    p.end_wait(tok)
+    assert p.disconnected() == []  # nothing was pending
+    assert p.lost is not None
+
+
+def test_a_close_before_any_handshake_loses_nothing():
+    """The host is not up yet, or refused the handshake: the DEALER retries."""
+    p = proto()
+    tok = object()
+    p.send_request({"op": OP_GET_STATUS, "dev": 0}, (), tok)
+    p.begin_wait(tok, 0.0)
+    assert p.disconnected() == [] and p.lost is None
+    p.handshake_succeeded()
+    assert [e.token for e in p.disconnected()] == [tok]
+
+
+def test_the_hosts_shutdown_notice_loses_it_at_once_with_its_reason():
+    """[CTL-BYE-3]: no handshake event needed, no heartbeat window."""
+    p = proto()
+    tok, waiter = object(), object()
+    p.send_request({"op": OP_GET_STATUS, "dev": 0}, (), tok)
+    p.begin_wait(tok, 0.0)
+    p.begin_wait(waiter, 0.0)
+    events = p.receive(encode({"op": OP_SHUTDOWN, "reason": "received SIGTERM"}), 0.01)
+    assert {e.token for e in events} == {tok, waiter}
+    assert all(isinstance(e, ConnectionLost) for e in events)
+    assert events[0].reason == "host shut down (received SIGTERM)" == p.lost
+    p.handshake_succeeded()
+    assert p.disconnected() == []  # the close that follows adds nothing
 
 
 # --------------------------------------------------------------------------- pings

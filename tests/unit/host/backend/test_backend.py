@@ -288,6 +288,39 @@ def test_silent_session_is_reclaimed(backend):
     assert backend.pending_releases() == 0
 
 
+
+def test_a_closed_connection_s_session_is_reclaimed_at_once(backend):
+    """CTL-HB-7: the loop reports the connection's name; only its session goes, now."""
+    g, other = Guest(backend), Guest(backend, b"g2")
+    backend.credentials = {g.peer.connection: {"transport": "ipc", "pid": 7, "uid": 1,
+                                               "gid": 1}}.get
+    g.init()
+    other.init()
+    assert backend.sessions[g.peer].peer_credentials == {"transport": "ipc", "pid": 7,
+                                                         "uid": 1, "gid": 1}
+    assert backend.sessions[other.peer].peer_credentials is None  # not known: not guessed
+    free = backend.kmds[0].vram_free()
+    g.call(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
+    g.call(cmd(wire.CMD_MEM_ALLOC, (1, 0, 8 << 20), ctx_id=1))
+    backend.connection_closed("no-such-connection")
+    assert g.peer in backend.sessions
+    backend.connection_closed(g.peer.connection)
+    assert g.peer not in backend.sessions and other.peer in backend.sessions
+    assert backend.stats["disconnected_sessions"] == 1
+    assert backend.kmds[0].vram_free() == free
+
+
+def test_shutdown_is_announced_to_every_session(backend):
+    """CTL-BYE-2: one `shutdown` notification per session, with the reason."""
+    guests = [Guest(backend, name) for name in (b"g1", b"g2")]
+    for g in guests:
+        g.init()
+    out = backend.announce_shutdown("received SIGTERM")
+    assert sorted(peer for peer, _ in out) == sorted(g.peer for g in guests)
+    for _peer, frames in out:
+        assert codec.decode(frames)[0] == {"op": wire.OP_SHUTDOWN, "reason": "received SIGTERM"}
+
+
 N_FLOOD = 120  # chains of two descriptors in a 256-entry queue
 
 

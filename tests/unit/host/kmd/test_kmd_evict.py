@@ -285,3 +285,23 @@ def test_make_resident(make_dev):
     assert a.wait_idle(5)  # the restore's copy: the PTEs switch once it is done
     assert not pte(a, bo) & regs.PTE_SYSTEM
     assert np.array_equal(read(a, win, bo, MiB), d)
+
+
+def test_mem_stats_count_the_frees_that_became_safe(make_dev, gate):
+    """A context destroyed with work in flight frees its memory once that work is done
+    (a deferred free); the statistics report it then, as vram_free() does, whether or not
+    anything else ran on the device meanwhile (a guest killed mid-transfer, reclaimed at
+    once: the host's GET_STATS must show its VRAM back)."""
+    dev = make_dev(vram_size=VRAM)
+    baseline = dev.mem_stats()["vram_free"]
+    ctx = dev.create_context()
+    win = Window(dev, ctx)
+    bo = ctx.alloc(MiB)
+    g = gate()
+    copy = ctx.submit_copy(bo.va, W, MiB, wait=[g])
+    dev.destroy_context(ctx)
+    assert dev.mem_stats()["vram_free"] < baseline  # the copy may still touch it
+    g.signal()
+    assert copy.wait(5)
+    assert dev.mem_stats()["vram_free"] == baseline
+    del win  # (its buffer had to outlive the copy)
