@@ -17,6 +17,8 @@
   pvgpu bench ptx [--json FILE] [--quick]         PTX kernels on the SMs vs numpy and the built-ins
   pvgpu bench jobs [--json FILE] [--quick]        the fixed cost of a job: tiny launches, round
                                                   trips, 8 guests at once, the KMD alone
+  pvgpu bench soak [--rounds R] [--workloads]     host RSS after rounds of 8 guests x 2,000
+                                                  mixed operations: a plateau, not growth
 """
 
 from __future__ import annotations
@@ -170,7 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure hot paths against this machine's limits, or "
                                      "the GPU scheduler's fairness (`bench sched`)")
     p.add_argument("which", nargs="?",
-                   choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx", "jobs"),
+                   choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx", "jobs", "soak"),
                    default="hotpaths",
                    help="hotpaths (default): copies, round trip, kernels against the machine's "
                         "limits; sched: Gdev's fairness experiment under each policy, four "
@@ -185,7 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "built-in kernels; jobs: the fixed cost of a job: async tiny "
                         "launches/s, launch + synchronize and a 4 KiB copy against a bare "
                         "zmq round trip, 8 guests x 2,000 mixed operations, per-job cost "
-                        "of an in-process KMD against a bare thread handoff")
+                        "of an in-process KMD against a bare thread handoff; soak: the host's RSS "
+                        "after each round of 8 guests x 2,000 mixed operations")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     p.add_argument("--seconds", type=float, default=20.0,
@@ -200,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sched: the hosts' BAND time buffer (default: the host's, Gdev's 500)")
     p.add_argument("--sizes", default=None, metavar="MiB,...",
                    help="p2p: copy sizes in MiB (default 16,64,256; 16,64 with --quick)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="soak: rounds of 8 guests x 2,000 mixed operations (default %(default)s)")
+    p.add_argument("--workloads", action="store_true",
+                   help="soak: also run the `pvgpu run` workloads in both memory models each round")
     return ap
 
 
@@ -388,6 +395,11 @@ def cmd_bench(args) -> int:
     if args.which == "jobs":
         from bench.jobs import run_bench as run_jobs
         run_jobs(json_path=args.json, quick=args.quick)
+        return 0
+    if args.which == "soak":
+        from bench.soak import run_bench as run_soak
+        run_soak(rounds=2 if args.quick else args.rounds, ops=500 if args.quick else 2000,
+                 workloads=args.workloads, json_path=args.json)
         return 0
     if args.which == "copies":
         from bench.copies import run_bench as run_copies
