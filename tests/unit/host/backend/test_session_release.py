@@ -4,7 +4,7 @@ events and exports on both devices; afterwards every per-session registry of the
 backend and the KMDs is empty and no session object is reachable."""
 
 import gc
-import struct
+import time
 import weakref
 
 import pytest
@@ -34,11 +34,18 @@ def busy_session(backend, name: bytes, dev: int) -> Guest:
     return g
 
 
-def settle(backend) -> None:
-    for kmd in backend.kmds:
-        kmd.wait_idle(5.0)
-    backend.run_completions()
-    gc.collect()
+def settle(backend, refs, timeout=30.0) -> None:
+    """Let the engines finish and the backend run what they posted (a completion posted
+    for an ended session holds it until then), until no session object is alive."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for kmd in backend.kmds:
+            kmd.wait_idle(5.0)
+        backend.run_completions()
+        gc.collect()
+        if all(r() is None for r in refs) or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
 
 
 def test_ended_sessions_leave_nothing_behind(backend):
@@ -54,7 +61,7 @@ def test_ended_sessions_leave_nothing_behind(backend):
         else:
             assert g.request(wire.OP_BYE)["ok"]
         del g, session
-    settle(backend)
+    settle(backend, refs)
     assert not backend.sessions and not backend._routes
     assert backend.pending_releases() == 0 and not backend._inflight
     assert len(backend.event_exports) == 0 and len(backend.resource_exports) == 0
