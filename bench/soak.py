@@ -11,6 +11,7 @@ reaches a plateau: the last rounds add (next to) nothing.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -37,8 +38,12 @@ def _workloads(endpoint: str) -> None:
 
 def run_bench(*, rounds: int = 5, guests: int = 8, ops: int = 2000, vram: str = "1G",
               workloads: bool = False, json_path: str | None = None, out=print) -> dict:
-    endpoint, _tmp = private_endpoint("pvgpu-soak")
-    host = HostProcess([endpoint], vram=vram)
+    endpoint, tmp = private_endpoint("pvgpu-soak")
+    try:
+        host = HostProcess([endpoint], vram=vram)
+    except Exception:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     pid = host.proc.pid
     try:
         time.sleep(0.5)
@@ -63,6 +68,7 @@ def run_bench(*, rounds: int = 5, guests: int = 8, ops: int = 2000, vram: str = 
             raise RuntimeError("the host died during the soak")
     finally:
         code = host.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     result = {"guests": guests, "ops": ops, "vram": vram, "workloads": workloads,
               "start_rss_mib": start, "rounds": figures, "host_exit_code": code}
     if len(figures) >= 2:
