@@ -16,7 +16,7 @@ from guest.api.errors import (ContextLostError, ControlError, DeviceError, Devic
                               HostLost, InvalidAddressError, InvalidContextError,
                               InvalidEventError, InvalidKernelError, InvalidParameterError,
                               InvalidResourceError, InvalidSegmentError, JobTimeoutError,
-                              NotReadyError, OutOfMemoryError, PageFaultError,
+                              LimitError, NotReadyError, OutOfMemoryError, PageFaultError,
                               PermissionDeniedError, PvgpuError, ShortCommandError,
                               UnknownCommandError)
 from guest.api.prime import BufferHandle, ImportedArray
@@ -32,7 +32,7 @@ __all__ = [
     "PvgpuError", "DeviceError", "OutOfMemoryError", "InvalidResourceError", "InvalidContextError",
     "InvalidParameterError", "UnknownCommandError", "ShortCommandError", "InvalidKernelError",
     "InvalidAddressError", "PageFaultError", "ContextLostError", "JobTimeoutError",
-    "InvalidEventError", "InvalidSegmentError", "PermissionDeniedError", "NotReadyError",
+    "InvalidEventError", "InvalidSegmentError", "PermissionDeniedError", "LimitError", "NotReadyError",
     "DeviceNeedsReset", "HostLost", "ControlError",
 ]
 

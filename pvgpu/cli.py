@@ -21,6 +21,8 @@
                                                   host's SIGKILL/SIGTERM (exit 1: a target missed)
   pvgpu conformance --endpoint EP [--memory M] [--clauses PATTERN] [--json FILE|-] [--timeout S]
                                                   the protocol conformance checks against any host
+  pvgpu bench soak [--rounds R] [--workloads]     host RSS after rounds of 8 guests x 2,000
+                                                  mixed operations: a plateau, not growth
 """
 
 from __future__ import annotations
@@ -175,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "the GPU scheduler's fairness (`bench sched`)")
     p.add_argument("which", nargs="?",
                    choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx", "jobs",
-                            "faults"),
+                            "faults", "soak"),
                    default="hotpaths",
                    help="hotpaths (default): copies, round trip, kernels against the machine's "
                         "limits; sched: Gdev's fairness experiment under each policy, four "
@@ -193,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "of an in-process KMD against a bare thread handoff; faults: how fast "
                         "a SIGKILLed guest is reclaimed (mid-transfer, mid-kernel) and a "
                         "guest blocked in a call raises after its host's SIGKILL or SIGTERM, "
-                        "10 repetitions, median and max against the targets")
+                        "10 repetitions, median and max against the targets; soak: the host's RSS "
+                        "after each round of 8 guests x 2,000 mixed operations")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
     p.add_argument("--seconds", type=float, default=20.0,
@@ -208,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sched: the hosts' BAND time buffer (default: the host's, Gdev's 500)")
     p.add_argument("--sizes", default=None, metavar="MiB,...",
                    help="p2p: copy sizes in MiB (default 16,64,256; 16,64 with --quick)")
+    p.add_argument("--rounds", type=int, default=5,
+                   help="soak: rounds of 8 guests x 2,000 mixed operations (default %(default)s)")
+    p.add_argument("--workloads", action="store_true",
+                   help="soak: also run the `pvgpu run` workloads in both memory models each round")
 
     p = sub.add_parser("conformance", help="run the protocol conformance checks of spec/pvgpu.md "
                                            "against a host (ours or another implementation)",
@@ -427,6 +434,11 @@ def cmd_bench(args) -> int:
         from bench.faults import run_bench as run_faults
         results = run_faults(json_path=args.json, quick=args.quick)
         return 0 if all(r["met"] for r in results.values()) or args.quick else 1
+    if args.which == "soak":
+        from bench.soak import run_bench as run_soak
+        run_soak(rounds=2 if args.quick else args.rounds, ops=500 if args.quick else 2000,
+                 workloads=args.workloads, json_path=args.json)
+        return 0
     if args.which == "copies":
         from bench.copies import run_bench as run_copies
         return run_copies(json_path=args.json, quick=args.quick)

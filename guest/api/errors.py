@@ -36,6 +36,14 @@ class OutOfMemoryError(DeviceError):
     code = wire.RESP_ERR_OUT_OF_MEMORY
 
 
+class LimitError(OutOfMemoryError):
+    """A per-session or per-context count of the host is reached (spec §10.3: contexts,
+    events, segment ids, VA reservations and mappings, imports); freeing some of them
+    makes room. An OutOfMemoryError, as the CUDA driver reports too many contexts."""
+
+    code = wire.RESP_ERR_LIMIT
+
+
 class InvalidResourceError(DeviceError):
     code = wire.RESP_ERR_INVALID_RESOURCE_ID
 
@@ -196,7 +204,7 @@ _BY_CODE = {cls.code: cls for cls in (
     OutOfMemoryError, InvalidResourceError, InvalidContextError, InvalidParameterError,
     UnknownCommandError, ShortCommandError, InvalidKernelError, InvalidAddressError, PageFaultError,
     ContextLostError, JobTimeoutError, InvalidEventError, InvalidSegmentError,
-    PermissionDeniedError, IllegalCodeError)}
+    PermissionDeniedError, IllegalCodeError, LimitError)}
 
 
 def error_for(code: int, message: str, info0: int = 0, info1: int = 0) -> DeviceError:

@@ -61,7 +61,7 @@ from host.backend.shm import ShmTable, shm_error
 from host.kmd import errors as kmd_errors
 from host.kmd import sched
 from host.kmd.bo import CodeFault
-from host.kmd.errors import KmdError, OutOfMemory
+from host.kmd.errors import KmdError, LimitReached, OutOfMemory
 from host.kmd.prime import PrimeImport
 from spec import isa
 
@@ -167,6 +167,8 @@ def kmd_to_error(e: KmdError) -> CommandError:
     shm = shm_error(e)
     if shm is not None:
         return shm
+    if isinstance(e, LimitReached):  # DEV-LIMIT-2
+        return CommandError(wire.RESP_ERR_LIMIT, f"limit reached: {e}")
     if isinstance(e, OutOfMemory):
         return CommandError(wire.RESP_ERR_OUT_OF_MEMORY, f"out of device memory: {e}")
     code = getattr(e, "code", "")
@@ -184,8 +186,6 @@ def kmd_to_error(e: KmdError) -> CommandError:
 
 class ComputeDevice:
     """Contexts, resources and timelines of one session on one KMD device."""
-
-    MAX_CONTEXTS = 32
 
     def __init__(self, kmd, dma_mapping, mem_size: int, negotiated_features: int = 0, *,
                  exports: EventExports | None = None, owner=None, device_index: int | None = None,
@@ -305,9 +305,9 @@ class ComputeDevice:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
                                f"CTX_CREATE flags {flags:#x}: only a priority of 0 (normal), "
                                f"1 (low) or 2 (high) is defined")
-        if len(self.contexts) >= self.MAX_CONTEXTS:
-            raise CommandError(wire.RESP_ERR_OUT_OF_MEMORY,
-                               f"at most {self.MAX_CONTEXTS} contexts per device and session")
+        if len(self.contexts) >= wire.MAX_CONTEXTS:  # DEV-LIMIT-2
+            raise CommandError(wire.RESP_ERR_LIMIT,
+                               f"at most {wire.MAX_CONTEXTS} contexts per device and session")
         try:
             kctx = self.kmd.create_context(cmd.debug_name, vgpu=self.vgpu, client=self.owner,
                                            priority=priority, limits=GUEST_CONTEXT_LIMITS)
@@ -455,8 +455,8 @@ class ComputeDevice:
         if ev is not None:
             ev.snapshot = snapshot
             return
-        if len(self.events) >= wire.MAX_EVENTS:
-            raise CommandError(wire.RESP_ERR_OUT_OF_MEMORY,
+        if len(self.events) >= wire.MAX_EVENTS:  # DEV-LIMIT-2
+            raise CommandError(wire.RESP_ERR_LIMIT,
                                f"at most {wire.MAX_EVENTS} events per device and session")
         self.events[event_id] = EventState(snapshot)
 

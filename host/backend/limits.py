@@ -4,7 +4,8 @@ The KMD knows nothing of the guest protocol: a context it creates is bounded onl
 hardware unless its creator says otherwise. Every context the backend creates for a guest
 gets GUEST_CONTEXT_LIMITS: the user VA range of spec/pvgpu.md §6.3 and the limits the
 commands of §6 promise (VA_RESERVE alignment and count, MEM_MAP count, imports, LAUNCH
-arguments).
+arguments). The per-session counts of §10.3 (sessions, contexts, events, segment ids) are
+checked where those objects live: Backend, ComputeDevice, ShmTable.
 """
 
 from __future__ import annotations

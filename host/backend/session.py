@@ -179,13 +179,15 @@ class GuestSession:
 
 class Backend:
     def __init__(self, kmds, *, heartbeat_ms: int = wire.DEFAULT_HEARTBEAT_MS,
-                 max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, wakeup=lambda: None, vgpus=()):
+                 max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, wakeup=lambda: None, vgpus=(),
+                 max_sessions: int = wire.MAX_SESSIONS):
         self.kmds = list(kmds)
         # vGPUs a session may bind to at hello (CTL-HELLO-8); none: everyone shares the
         # KMD's default vGPU
         self.vgpus = {v.name: v for v in vgpus}
         self.heartbeat_ms = heartbeat_ms
         self.max_mem_size = max_mem_size
+        self.max_sessions = max_sessions  # DEV-LIMIT-1
         self.wakeup = wakeup
         # connection name -> its peer's credentials (dict) or None; the main loop's channel
         self.credentials = lambda connection: None
@@ -286,6 +288,9 @@ class Backend:
             raise ControlError(wire.CTL_ERR_MALFORMED, f"mem_size {mem_size} must be a positive multiple of 4096")
         if mem_size > self.max_mem_size:
             raise ControlError(wire.CTL_ERR_LIMIT, f"mem_size {mem_size} exceeds the host limit {self.max_mem_size}")
+        if len(self.sessions) >= self.max_sessions:  # DEV-LIMIT-1
+            raise ControlError(wire.CTL_ERR_LIMIT, f"the host serves at most {self.max_sessions} "
+                                                   "sessions at once")
         vgpu = self._bind_vgpu(msg.get("vgpu"))
         sid = f"s{next(self._ids)}"
         self.stats["sessions"] += 1

@@ -46,7 +46,7 @@ class ShmTable:
     def room_for_one(self) -> None:
         self.purge()
         if len(self.ids) >= self.limit:
-            raise CommandError(wire.RESP_ERR_OUT_OF_MEMORY,
+            raise CommandError(wire.RESP_ERR_LIMIT,  # DEV-LIMIT-2
                                f"at most {self.limit} shared segment ids per device and session")
 
     def bind(self, seg) -> int:

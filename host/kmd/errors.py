@@ -21,6 +21,7 @@ JOB_TIMEOUT = "job_timeout"
 QUOTA = "quota"
 INVALID_SEGMENT = "invalid_segment"
 PERMISSION = "permission"
+LIMIT = "limit"
 
 
 class KmdError(Exception):
@@ -36,6 +37,13 @@ class KmdError(Exception):
 
 class OutOfMemory(KmdError):
     code = OUT_OF_MEMORY
+
+
+class LimitReached(OutOfMemory):
+    """A count the context's ContextLimits bound (host/kmd/limits.py) is reached: not a
+    shortage that evicting or waiting would cure (like -ENOSPC of a full table)."""
+
+    code = LIMIT
 
 
 class InvalidArgument(KmdError):

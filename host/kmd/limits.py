@@ -6,7 +6,8 @@ host/backend translates the wire's limits (spec/pvgpu.md §6) into a ContextLimi
 gives it to each context it creates for a guest. Without one a context gets what the
 hardware allows: the whole VA space but page 0, and counts bounded only by the pages
 of that space (each reservation, mapping or import takes at least one) and by the
-largest LAUNCH packet.
+largest LAUNCH packet. A count at its limit raises LimitReached (an OutOfMemory that no
+eviction cures), which the backend reports as RESP_ERR_LIMIT.
 """
 
 from __future__ import annotations

@@ -47,7 +47,7 @@ from host.hw import regs
 from host.hw.pcie import P2PDMA_MAP_BUS_ADDR, P2PDMA_MAP_THRU_HOST_BRIDGE
 from host.kmd import wouldblock
 from host.kmd.dmabuf import SG_LOCAL, SG_PEER, SG_SYSTEM, DmaBuf, DmaBufCache, SgTable
-from host.kmd.errors import InvalidArgument, InvalidContext, OutOfMemory
+from host.kmd.errors import InvalidArgument, InvalidContext, LimitReached, OutOfMemory
 from host.kmd.fence import Fence
 from host.kmd.resv import (DMA_RESV_USAGE_KERNEL, DMA_RESV_USAGE_READ, DMA_RESV_USAGE_WRITE,
                            RESV_LOCK, DmaResv)
@@ -247,7 +247,7 @@ class PrimeExporter:
             raise InvalidArgument(f"not a dma-buf: {dmabuf!r}")
         with dev.lock:
             if len(ctx._imports) >= ctx.limits.max_imports:
-                raise OutOfMemory(f"{ctx.limits.max_imports} imports live in context {ctx.id}")
+                raise LimitReached(f"{ctx.limits.max_imports} imports live in context {ctx.id}")
         att = dmabuf.attach(dev, self, peer2peer=peer2peer)  # no lock: it may migrate
         try:
             with dev.lock:

@@ -12,7 +12,7 @@ from host.kmd import wouldblock
 from host.kmd.bo import BufferObject
 from host.kmd.buddy import round_up
 from host.kmd.dma import DmaMapping
-from host.kmd.errors import InvalidAddress, InvalidArgument, OutOfMemory
+from host.kmd.errors import InvalidAddress, InvalidArgument, LimitReached, OutOfMemory
 
 PAGE_SIZE = regs.PAGE_SIZE
 _U64 = (1 << 64) - 1
@@ -105,7 +105,7 @@ class ContextVaMixin:
             self._check()
             self.device._reclaim_locked()
             if len(self._va_reserved) >= lim.max_va_reservations:
-                raise OutOfMemory(f"{lim.max_va_reservations} VA reservations in use")
+                raise LimitReached(f"{lim.max_va_reservations} VA reservations in use")
             va = self.vm.va.alloc(psize, align)
             self._va_reserved[va] = psize
             self.stats["va_reserved"] += psize
@@ -191,7 +191,7 @@ class ContextVaMixin:
                         raise InvalidAddress(f"[{va:#x}, {va + size:#x}) overlaps the mapping "
                                              f"at {m:#x}")
                 if len(self._va_maps) >= self.limits.max_va_mappings:
-                    raise OutOfMemory(f"{self.limits.max_va_mappings} mappings in use")
+                    raise LimitReached(f"{self.limits.max_va_mappings} mappings in use")
                 pending = any(s < va + size and va < s + n for s, n, _f in self.vm.mappings())
                 if getattr(bo, "sysmem", None) is not None:  # evicted: back into VRAM first
                     if dev._ctx_on_gpu(self) or dev._bo_moving(bo):

@@ -124,6 +124,7 @@ RESP_ERR_INVALID_SEGMENT = 0x1289  # shared segment id unknown, removed, or not 
 RESP_ERR_PERMISSION = 0x128A  # not the segment's creator; SHM_IMPORT handle/token not valid
 RESP_ERR_ILLEGAL_CODE = 0x128B  # LAUNCH_CODE: the device refused the code object or the
 # launch (info0 = VA of the offending record, info1 = the reason, spec/isa.py COBJ_ERR_*)
+RESP_ERR_LIMIT = 0x128C  # a per-session or per-context count of spec §10.3 reached
 
 RESP_NAMES = {
     RESP_OK_NODATA: "OK_NODATA",
@@ -156,6 +157,7 @@ RESP_NAMES = {
     RESP_ERR_INVALID_SEGMENT: "ERR_INVALID_SEGMENT",
     RESP_ERR_PERMISSION: "ERR_PERMISSION",
     RESP_ERR_ILLEGAL_CODE: "ERR_ILLEGAL_CODE",
+    RESP_ERR_LIMIT: "ERR_LIMIT",
 }
 
 
@@ -268,6 +270,8 @@ EVENT_STATUS_COMPLETE = 1  # all captured work completed without error
 EVENT_STATUS_ERROR = 2  # all captured work completed; some of it failed (`error`, info0/1)
 EVENT_STATUS_NAMES = {EVENT_STATUS_PENDING: "pending", EVENT_STATUS_COMPLETE: "complete",
                       EVENT_STATUS_ERROR: "error"}
+# Per-session limits (spec §10.3); reaching one is RESP_ERR_LIMIT
+MAX_CONTEXTS = 32  # live contexts per session and device
 MAX_EVENTS = 4096  # live event ids per session and device
 MAX_EVENT_EXPORTS = 1024  # live exports per session; exporting more withdraws the oldest
 STATS_BUFFER_SIZE = 64 << 10  # a writable size a driver may offer GET_STATS (a hint)

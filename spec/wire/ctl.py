@@ -83,5 +83,6 @@ HEARTBEAT_MISSES = 3  # a peer silent for this many periods is gone
 SHUTDOWN_LINGER_MS = 1000  # how long a stopping host lets its `shutdown` notices leave
 DEFAULT_GUEST_MEM_SIZE = 192 << 20
 MAX_GUEST_MEM_SIZE = 4 << 30
+MAX_SESSIONS = 256  # live sessions per host; hello beyond it: CTL_ERR_LIMIT (spec §10.3)
 DEFAULT_ENDPOINT_NAME = "pvgpu.sock"  # under $XDG_RUNTIME_DIR (or the temp dir)
 

@@ -31,6 +31,7 @@ def test_event_handle_rejects_malformed_strings(bad):
     (wire.RESP_ERR_JOB_TIMEOUT, guest.JobTimeoutError),
     (wire.RESP_ERR_INVALID_EVENT, guest.InvalidEventError),
     (wire.RESP_ERR_PAGE_FAULT, guest.PageFaultError),
+    (wire.RESP_ERR_LIMIT, guest.LimitError),
     (0x12EE, guest.DeviceError),  # unknown error codes are still device errors
 ])
 def test_device_error_codes_map_to_exceptions(code, cls):
@@ -39,6 +40,13 @@ def test_device_error_codes_map_to_exceptions(code, cls):
     assert type(e) is cls and e.code == code and isinstance(e, guest.DeviceError)
     assert "CTX_SYNC" in str(e) and "boom" in str(e)
     assert errors.error_for(code, "x").code == code
+
+
+def test_a_limit_is_an_out_of_memory_error_for_callers_and_cuda():
+    from pvgpu.cuda import _errors
+    e = errors.error_for(wire.RESP_ERR_LIMIT, "at most 32 contexts per device and session")
+    assert isinstance(e, guest.OutOfMemoryError) and e.name == "ERR_LIMIT"
+    assert _errors.code_of(e) == _errors.R.CUDA_ERROR_OUT_OF_MEMORY
 
 
 def test_not_ready_is_not_a_device_error():

@@ -239,7 +239,7 @@ def test_id_table_limit(backend):
     shm_get(g, 2, 4096)
     assert shm_get(g, 1, 4096)[0] == a  # an existing segment still has its id
     before = len(backend.kmds[0].shm.segments)
-    assert err(g, cmd(wire.CMD_SHM_GET, (3, 4096, 0))) == wire.RESP_ERR_OUT_OF_MEMORY
+    assert err(g, cmd(wire.CMD_SHM_GET, (3, 4096, 0))) == wire.RESP_ERR_LIMIT
     assert len(backend.kmds[0].shm.segments) == before  # nothing left behind
     ok(g, cmd(wire.CMD_SHM_CONTROL, (a, wire.SHM_CTL_RMID)))  # dead: its id is free
     shm_get(g, 3, 4096)

@@ -316,7 +316,7 @@ def test_event_limit(monkeypatch):
     create(dev, 1)
     for i in (1, 2, 3):
         run(dev, wire.CMD_EVENT_RECORD, (i,), ctx=1)
-    assert error_of(run, dev, wire.CMD_EVENT_RECORD, (4,), ctx=1) == wire.RESP_ERR_OUT_OF_MEMORY
+    assert error_of(run, dev, wire.CMD_EVENT_RECORD, (4,), ctx=1) == wire.RESP_ERR_LIMIT
     run(dev, wire.CMD_EVENT_RECORD, (3,), ctx=1)  # re-recording is not a new event
     run(dev, wire.CMD_EVENT_DESTROY, (1,))
     run(dev, wire.CMD_EVENT_RECORD, (4,), ctx=1)

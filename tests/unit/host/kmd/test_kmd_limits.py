@@ -9,6 +9,7 @@ import pytest
 from host.backend.limits import GUEST_CONTEXT_LIMITS
 from host.hw import packets, regs
 from host.kmd import InvalidArgument, OutOfMemory
+from host.kmd.errors import LimitReached
 from host.kmd.limits import ContextLimits
 from spec import wire
 
@@ -37,7 +38,7 @@ def test_a_context_takes_its_creators_limits_over_the_devices(make_dev):
     with pytest.raises(InvalidArgument, match="alignment"):
         ctx.reserve_va(P, 1 << 22)
     ctx.reserve_va(P, 1 << 21)
-    with pytest.raises(OutOfMemory, match="1 VA reservations"):
+    with pytest.raises(LimitReached, match="1 VA reservations"):
         ctx.reserve_va(P)
     other.reserve_va(P, 1 << 22)
     other.reserve_va(P)

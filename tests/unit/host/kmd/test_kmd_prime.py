@@ -9,6 +9,7 @@ import pytest
 
 from host.hw import regs
 from host.kmd import OutOfMemory
+from host.kmd.errors import LimitReached
 from host.kmd.dmabuf import DmaBufRevoked
 from spec import wire
 
@@ -234,7 +235,7 @@ def test_imports_per_context_are_bounded(pair, monkeypatch):
     monkeypatch.setattr(b, "limits", dataclasses.replace(b.limits, max_imports=3))
     dmabuf = a.export_dmabuf(a.alloc(64 * 1024))
     imps = [b.import_dmabuf(dmabuf) for _ in range(3)]
-    with pytest.raises(OutOfMemory, match="imports"):
+    with pytest.raises(LimitReached, match="imports"):
         b.import_dmabuf(dmabuf)
     assert dmabuf.nattach == 3
     b.free_import(imps[0])
