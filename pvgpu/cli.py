@@ -17,6 +17,9 @@
   pvgpu bench ptx [--json FILE] [--quick]         PTX kernels on the SMs vs numpy and the built-ins
   pvgpu bench jobs [--json FILE] [--quick]        the fixed cost of a job: tiny launches, round
                                                   trips, 8 guests at once, the KMD alone
+  pvgpu bench fuzz [--cases N] [--seed S] [--json FILE]  fuzz the control channel, commands and
+                                                  chains of a host it starts; exit 1 on a crash,
+                                                  hang or traceback
 """
 
 from __future__ import annotations
@@ -170,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("bench", help="measure hot paths against this machine's limits, or "
                                      "the GPU scheduler's fairness (`bench sched`)")
     p.add_argument("which", nargs="?",
-                   choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx", "jobs"),
+                   choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx", "jobs",
+                            "fuzz"),
                    default="hotpaths",
                    help="hotpaths (default): copies, round trip, kernels against the machine's "
                         "limits; sched: Gdev's fairness experiment under each policy, four "
@@ -185,9 +189,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "built-in kernels; jobs: the fixed cost of a job: async tiny "
                         "launches/s, launch + synchronize and a 4 KiB copy against a bare "
                         "zmq round trip, 8 guests x 2,000 mixed operations, per-job cost "
-                        "of an in-process KMD against a bare thread handoff")
+                        "of an in-process KMD against a bare thread handoff; fuzz: a "
+                        "structure-aware fuzzer of the control channel, the device commands "
+                        "and the descriptor chains against a host it starts (exit 1 on a "
+                        "crash, hang or traceback)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    p.add_argument("--cases", type=int, default=10_000,
+                   help="fuzz: how many cases (default %(default)s)")
+    p.add_argument("--seed", type=int, default=1,
+                   help="fuzz: the seed; a run is reproduced by its seed (default %(default)s)")
     p.add_argument("--seconds", type=float, default=20.0,
                    help="sched: measured seconds per run (default %(default)s)")
     p.add_argument("--short-us", type=int, default=1000,
@@ -389,6 +400,9 @@ def cmd_bench(args) -> int:
         from bench.jobs import run_bench as run_jobs
         run_jobs(json_path=args.json, quick=args.quick)
         return 0
+    if args.which == "fuzz":
+        from bench.fuzz.runner import run_bench as run_fuzz
+        return run_fuzz(cases=args.cases, seed=args.seed, json_path=args.json)
     if args.which == "copies":
         from bench.copies import run_bench as run_copies
         return run_copies(json_path=args.json, quick=args.quick)
