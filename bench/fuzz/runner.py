@@ -6,7 +6,10 @@ runs `cases` cases in batches, alternating the memory model per batch. Each case
   control  a mutated control message (bench/fuzz/control.py) on a session of its own,
            followed by a `ping` probe: the replies before the probe's are the case's;
   command  a mutated device command (bench/fuzz/commands.py) in a well-formed chain on a
-           prepared session; the used entry's response code is the case's class;
+           prepared session, split into descriptors in one of many ways (one case in
+           three, bench/fuzz/shapes.py); the used entry's response code is the case's class;
+  lifecycle  up to SLOTS such commands in flight, then the device is reset or failed, the
+           queue disabled, the session closed or abandoned, or all of them waited for;
   chain    an invalid chain of one §4.7 family (bench/fuzz/chains.py) on a third session;
            the device must answer with config_changed (VQ-INVALID-1), and is then reset.
 
@@ -31,15 +34,17 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bench.fuzz import chains, commands, control
-from bench.fuzz.session import (MEM_SIZE, SCRATCH_GPA, SCRATCH_SIZE, NoReply, RawSession)
+from bench.fuzz import chains, commands, control, shapes
+from bench.fuzz.session import (MEM_SIZE, SCRATCH_GPA, SCRATCH_SIZE, SLOTS, WRITE_SLOT, NoReply,
+                                RawSession)
 from pvgpu.procs import HostProcess, private_endpoint
 from spec import wire
 from transport.codec import encode
 
 BATCH = 50
-KINDS = ("control", "command", "chain")
-WEIGHTS = (0.4, 0.45, 0.15)
+KINDS = ("control", "command", "chain", "lifecycle")
+WEIGHTS = (0.37, 0.43, 0.15, 0.05)
+LIFECYCLE_ENDS = ("wait", "reset", "failed", "disable", "bye", "vanish")
 PROBE_SEQ = 3 << 40  # probe pings count from here, clear of any seq a mutation draws
 REPLY_BOUND = 10.0  # seconds: a probe, a used entry or config_changed later than this is a hang
 USED_BOUND = 20.0  # commands may run a job up to the host's timeout (JOB_TIMEOUT_MS) first
@@ -163,7 +168,11 @@ class Fuzzer:
         self.report.mutations["command:" + case.name] += 1
         for readable, wlen in case.before:
             self._used(s, readable, wlen)
-        got = self._used(s, case.readable, case.writable_len)
+        shape = shapes.random_shape(rng) if rng.random() < 0.3 else None
+        if shape is not None:
+            self.report.mutations["shape:indirect" if shape.indirect and s.indirect
+                                  else "shape:direct"] += 1
+        got = self._used(s, case.readable, case.writable_len, rng, shape)
         for readable, wlen in case.after:
             self._used(s, readable, wlen)
         if got is None:
@@ -175,11 +184,46 @@ class Fuzzer:
         code = struct.unpack_from("<I", data)[0]
         return "cmd:" + wire.RESP_NAMES.get(code, hex(code))
 
-    def _used(self, s: RawSession, readable: bytes, wlen: int):
-        got = s.call(readable, wlen, timeout=USED_BOUND)
+    def _used(self, s: RawSession, readable: bytes, wlen: int, rng=None, shape=None):
+        got = s.call(readable, wlen, timeout=USED_BOUND, rng=rng, shape=shape)
         if got is None and not s.needs_reset:
             raise Failure(f"hang: no used entry within {USED_BOUND}s for {readable[:32].hex()}")
         return got
+
+    def lifecycle_case(self, rng, memory: str) -> str:
+        """Several requests in flight, then the session is reset, closed, abandoned or
+        waited for: the paths that drop or complete held chains (DEV-RESET, §10.1)."""
+        s = self._session("command", memory)
+        n = rng.randrange(1, SLOTS + 1)
+        for slot in range(n):
+            case = commands.fuzz_case(rng, self.target)
+            s.submit(case.readable, min(case.writable_len, WRITE_SLOT), slot=slot,
+                     kick=slot == n - 1 or rng.random() < 0.3)
+        end = rng.choice(LIFECYCLE_ENDS)
+        self.report.mutations["lifecycle:" + end] += 1
+        try:
+            if end == "wait":
+                if s.wait_all(n, USED_BOUND) is None and not s.needs_reset:
+                    raise Failure(f"hang: {n} requests in flight not all returned")
+                return "life:returned" if not s.needs_reset else "life:needs_reset"
+            if end == "reset":
+                reply = s.request(wire.OP_SET_STATUS, dev=0, status=0)
+            elif end == "failed":
+                reply = s.request(wire.OP_SET_STATUS, dev=0, status=wire.STATUS_ACKNOWLEDGE
+                                  | wire.STATUS_DRIVER | wire.STATUS_FEATURES_OK
+                                  | wire.STATUS_DRIVER_OK | wire.STATUS_FAILED)
+            elif end == "disable":
+                reply = s.request(wire.OP_ENABLE_VRING, dev=0, queue=0, enable=False)
+            elif end == "bye":
+                reply = s.request(wire.OP_BYE)
+            else:  # vanish: the guest is gone without a word
+                self.sessions.pop("command")
+                s.close(bye=False)
+                return "life:vanished"
+        except NoReply:
+            raise Failure(f"hang: no reply to {end} with {n} requests in flight") from None
+        self._drop("command", bye=end != "bye")
+        return "life:" + end + (":ok" if reply.get("ok") else f":{reply.get('error')}")
 
     def chain_case(self, rng, memory: str, indirect: bool) -> str:
         features = wire.DEVICE_FEATURES if indirect else \
@@ -241,6 +285,8 @@ class Fuzzer:
                     cls = self.control_case(rng, memory)
                 elif kind == "command":
                     cls = self.command_case(rng, memory)
+                elif kind == "lifecycle":
+                    cls = self.lifecycle_case(rng, memory)
                 else:
                     cls = self.chain_case(rng, memory, indirect=batch // 2 % 2 == 0)
                 r.classes[cls] += 1

@@ -19,6 +19,7 @@ import time
 import msgpack
 import zmq
 
+from bench.fuzz import shapes
 from spec import wire
 from transport.codec import encode
 from transport.memory import InlineGuestMemory, SharedGuestMemory
@@ -27,10 +28,17 @@ from transport.virtqueue import DriverQueue, VirtqLayout
 MEM_SIZE = 2 << 20
 QUEUE_GPA = 0x1000
 QUEUE_SIZE = 64
-READ_GPA = 0x10000  # readable part of the request in flight (up to READ_MAX bytes)
-READ_MAX = 0x40000
-WRITE_GPA = 0x50000  # writable part (up to WRITE_MAX bytes)
-WRITE_MAX = 0x40000
+# Buffers of the requests in flight: SLOTS slots, each with a readable part, a writable
+# part and room for an indirect table. Slot 0 takes the largest requests.
+SLOTS = 8
+READ_GPA = 0x10000
+READ_SLOT = 0x8000
+WRITE_GPA = 0x50000
+WRITE_SLOT = 0x8000
+TABLE_GPA = 0x90000
+TABLE_SLOT = 0x1000
+READ_MAX = SLOTS * READ_SLOT  # the most slot 0 takes (it may run over into the others)
+WRITE_MAX = SLOTS * WRITE_SLOT
 SCRATCH_GPA = 0x100000  # indirect tables and buffers of invalid chains
 SCRATCH_SIZE = MEM_SIZE - SCRATCH_GPA
 SLICE = 0.02  # seconds between looks at the used ring while waiting
@@ -61,6 +69,7 @@ class RawSession:
         self.queue = None
         self.features = 0
         self.needs_reset = False  # config_changed seen for device 0
+        self.write_gpa = {}  # head -> gpa of its writable part
         self.last_sent = time.monotonic()
 
     # ------------------------------------------------------------------ channel
@@ -150,6 +159,7 @@ class RawSession:
         status |= wire.STATUS_FEATURES_OK
         c(wire.OP_SET_STATUS, dev=0, status=status)
         self.layout = VirtqLayout.at(QUEUE_GPA, QUEUE_SIZE)
+        self.write_gpa = {}
         self.queue = DriverQueue(self.mem, self.layout, event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
                                  indirect=self.indirect)
         c(wire.OP_SET_VRING, dev=0, queue=wire.CONTROLQ, size=self.layout.size,
@@ -177,26 +187,53 @@ class RawSession:
     def kick(self) -> None:
         self.send(self.kick_message())
 
-    def submit(self, readable: bytes, writable_len: int) -> int:
-        """Publish one request chain (readable bytes, then writable_len bytes) and kick."""
-        rd = []
-        if readable:
-            self.mem.write(READ_GPA, readable)
-            rd.append((READ_GPA, len(readable)))
-        wr = [(WRITE_GPA, writable_len)] if writable_len else []
-        head = self.queue.add_chain(rd, wr)
-        self.kick()
+    def submit(self, readable: bytes, writable_len: int, *, rng=None, shape=None,
+               slot: int = 0, kick: bool = True) -> int:
+        """Publish one request chain (readable bytes, then writable_len bytes) in buffer
+        slot `slot` (of SLOTS), split into descriptors as `shape` says, and kick. -> head"""
+        read_gpa, write_gpa = READ_GPA + slot * READ_SLOT, WRITE_GPA + slot * WRITE_SLOT
+        if shape is None:
+            pieces = [(read_gpa, readable)] if readable else []
+            wr = [(write_gpa, writable_len)] if writable_len else []
+        else:
+            pieces, wr = shapes.segments(rng, shape, readable, read_gpa, writable_len, write_gpa,
+                                          READ_SLOT)
+        for gpa, data in pieces:
+            self.mem.write(gpa, data)
+        rd = [(gpa, len(data)) for gpa, data in pieces]
+        if not rd and not wr:
+            wr = [(write_gpa, 0)]  # a chain has at least one descriptor
+        table = TABLE_GPA + slot * TABLE_SLOT if shape is not None and shape.indirect \
+            and self.indirect else None
+        head = self.queue.add_chain(rd, wr, indirect_table=table)
+        self.write_gpa[head] = write_gpa
+        if kick:
+            self.kick()
         return head
+
+    def reap(self) -> list:
+        """-> [(head, used len, response bytes)] of every chain returned so far."""
+        out = []
+        for head, n in self.queue.pop_used():
+            gpa = self.write_gpa.pop(head)
+            out.append((head, n, self.mem.read(gpa, min(n, WRITE_SLOT))))
+        return out
 
     def wait_used(self, timeout: float) -> tuple | None:
         """-> (used len, response bytes) of the one chain in flight; None when no used
         entry came within timeout or the device announced DEVICE_NEEDS_RESET."""
+        got = self.wait_all(1, timeout)
+        return got[0][1:] if got else None
+
+    def wait_all(self, count: int, timeout: float) -> list | None:
+        """-> [(head, used len, response bytes)] once `count` chains came back; None when
+        they did not within timeout or the device announced DEVICE_NEEDS_RESET."""
         deadline = time.monotonic() + timeout
+        done = []
         while True:
-            used = self.queue.pop_used()
-            if used:
-                _head, n = used[0]
-                return n, self.mem.read(WRITE_GPA, min(n, WRITE_MAX))
+            done += self.reap()
+            if len(done) >= count:
+                return done
             if self.needs_reset:
                 return None
             now = time.monotonic()
@@ -207,8 +244,8 @@ class RawSession:
             self._recv(min(SLICE, deadline - now))
 
     def call(self, readable: bytes, writable_len: int = wire.MIN_RESPONSE_SIZE,
-             timeout: float | None = None):
-        self.submit(readable, writable_len)
+             timeout: float | None = None, *, rng=None, shape=None):
+        self.submit(readable, writable_len, rng=rng, shape=shape)
         return self.wait_used(self.timeout if timeout is None else timeout)
 
     def command(self, type_: int, body=(), *, ctx_id: int = 0, extra: bytes = b"",

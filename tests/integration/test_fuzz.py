@@ -22,7 +22,7 @@ def test_a_seeded_fuzz_run_finds_no_crash_hang_or_traceback(host_factory, tmp_en
     assert report.ok and not report.failure, f"seed {SEED}:\n{text}"
     assert report.cases == CASES and report.health_checks >= CASES // 50
     kinds = {k.split(":")[0] for k in report.mutations}
-    assert kinds == {"control", "command", "chain"}
+    assert kinds == {"control", "command", "chain", "lifecycle", "shape"}
     # every §4.7 family ran and was answered with DEVICE_NEEDS_RESET
     assert {k.split(":")[1] for k in report.mutations if k.startswith("chain:")} == set(chains.FAMILIES)
     assert report.classes["chain:needs_reset"] == sum(
@@ -30,6 +30,7 @@ def test_a_seeded_fuzz_run_finds_no_crash_hang_or_traceback(host_factory, tmp_en
     # the classes the oracle counts show up: control errors, dropped messages, responses
     assert {"ctl:malformed", "ctl:dropped", "cmd:OK_NODATA", "cmd:used_len_0"} <= set(report.classes)
     assert any(k.startswith("cmd:ERR_") for k in report.classes)
+    assert {"life:returned", "life:reset:ok", "life:bye:ok"} <= set(report.classes)
     assert report.rss_kib["peak"] >= report.rss_kib["start"] > 0
     assert set(report.models) == set(wire.MEMORY_MODELS)
 
