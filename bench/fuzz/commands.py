@@ -108,12 +108,17 @@ class Target:
 REGION_RID, OBJ_RID, REGION_SIZE = 1, 2, 1 << 16
 
 
+class SetupRefused(Exception):
+    """The host refused a set-up command (e.g. out of memory while other guests hold it)."""
+
+
 def prepare(s) -> Target:
     """Set up the objects the seeds use, with well-formed commands on session `s`."""
     def ok(type_, body=(), ctx=0, extra=b""):
         got = s.command(type_, body, ctx_id=ctx, extra=extra)
         if got is None or wire.is_error_response(got[0][0]):
-            raise RuntimeError(f"fuzz set-up: {wire.CMD_NAMES[type_]} failed: {got and got[0]}")
+            code = got and wire.RESP_NAMES.get(got[0][0], hex(got[0][0]))
+            raise SetupRefused(f"{wire.CMD_NAMES[type_]}: {code}")
         return got[1]
     ctx = 1
     ok(wire.CMD_CTX_CREATE, (0, b"fuzz"), ctx)

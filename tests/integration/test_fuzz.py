@@ -8,6 +8,7 @@ import os
 
 from bench.fuzz import chains
 from bench.fuzz.runner import HOST_ARGS, fuzz_host, format_report
+from bench.fuzz.session import RawSession
 from spec import wire
 
 SEED = int(os.environ.get("PVGPU_FUZZ_SEED", "20261124"))
@@ -22,13 +23,14 @@ def test_a_seeded_fuzz_run_finds_no_crash_hang_or_traceback(host_factory, tmp_en
     assert report.ok and not report.failure, f"seed {SEED}:\n{text}"
     assert report.cases == CASES and report.health_checks >= CASES // 50
     kinds = {k.split(":")[0] for k in report.mutations}
-    assert kinds == {"control", "command", "chain", "lifecycle", "shape"}
+    assert kinds == {"control", "fresh", "command", "chain", "lifecycle", "shape"}
     # every §4.7 family ran and was answered with DEVICE_NEEDS_RESET
     assert {k.split(":")[1] for k in report.mutations if k.startswith("chain:")} == set(chains.FAMILIES)
     assert report.classes["chain:needs_reset"] == sum(
         v for k, v in report.mutations.items() if k.startswith("chain:"))
     # the classes the oracle counts show up: control errors, dropped messages, responses
-    assert {"ctl:malformed", "ctl:dropped", "cmd:OK_NODATA", "cmd:used_len_0"} <= set(report.classes)
+    assert {"ctl:malformed", "ctl:dropped", "fresh:ok", "fresh:no_session", "cmd:OK_NODATA",
+            "cmd:used_len_0"} <= set(report.classes)
     assert any(k.startswith("cmd:ERR_") for k in report.classes)
     assert {"life:returned", "life:reset:ok", "life:bye:ok"} <= set(report.classes)
     assert report.rss_kib["peak"] >= report.rss_kib["start"] > 0
@@ -49,3 +51,19 @@ def test_the_oracle_reports_a_traceback_in_the_host_log(host_factory, tmp_endpoi
     report = fuzz_host(host, str(log), 60, SEED)
     assert report.cases == 60 and report.tracebacks == 1
     assert not report.ok and "Traceback" in report.failure
+
+
+def test_set_up_waits_for_what_abandoned_sessions_hold(host_factory, tmp_endpoint):
+    """Two guests take every VMID of device 0 and vanish: until the host reclaims them
+    (CTL-HB-3) it refuses new contexts, and the fuzzer's set-up waits for that instead of
+    failing the run."""
+    host = host_factory([tmp_endpoint], vram="256M", extra_args=HOST_ARGS)
+    hogs = [RawSession(host.endpoint, "shared").open() for _ in range(2)]
+    codes = [h.command(wire.CMD_CTX_CREATE, (0, b"hog"), ctx_id=c)[0][0]
+             for h in hogs for c in range(1, 33)]
+    assert wire.RESP_ERR_OUT_OF_MEMORY in codes
+    for h in hogs:
+        h.close(bye=False)
+    report = fuzz_host(host, host.log_path, 60, SEED)
+    assert report.ok and not report.failure, format_report(report)
+    assert report.classes["setup:refused"] >= 1
