@@ -3,8 +3,9 @@
 The loop starts a private host process (pvgpu/procs.py, its output captured in a log) and
 runs `cases` cases in batches, alternating the memory model per batch. Each case is one of
 
-  control  a mutated control message (bench/fuzz/control.py) on a session of its own,
-           followed by a `ping` probe: the replies before the probe's are the case's;
+  control  a mutated control message (bench/fuzz/control.py) on a session of its own, or
+           one time in five on a connection without a session ("fresh"), followed by a
+           `ping` probe: the replies before the probe's are the case's;
   command  a mutated device command (bench/fuzz/commands.py) in a well-formed chain on a
            prepared session, split into descriptors in one of many ways (one case in
            three, bench/fuzz/shapes.py); the used entry's response code is the case's class;
@@ -102,6 +103,8 @@ def proc_status(pid: int) -> dict:
 
 
 class Fuzzer:
+    """The cases against one host at `endpoint`; a session per kind of case, renewed per batch."""
+
     def __init__(self, endpoint: str, seed: int, report: Report, alive=lambda: True):
         self.endpoint = endpoint
         self.seed = seed
@@ -181,7 +184,7 @@ class Fuzzer:
         if before:
             cls = prefix + ("ok" if before[0].get("ok") else before[0].get("error"))
         elif not reply.get("ok"):
-            cls = prefix + "no_session" if fresh else "ctl:session_closed"
+            cls = (prefix + "no_session") if fresh else "ctl:session_closed"
         else:
             cls = prefix + "dropped"
         if not fresh and (not reply.get("ok") or s.needs_reset):
