@@ -196,7 +196,8 @@ def write_order(rng, g: Geometry) -> BadChain:
         n = rng.randrange(2, 8)
         entries = _table(rng, g, n)
         k = rng.randrange(n - 1)
-        entries = [(a, ln, f | (WRITE if i <= k else 0), nx) for i, (a, ln, f, nx) in enumerate(entries)]
+        entries = [(a, ln, f | (WRITE if i <= k else 0), nx)
+                   for i, (a, ln, f, nx) in enumerate(entries)]
         a, ln, f, nx = entries[-1]
         entries[-1] = (a, rng.choice((0, ln)), f & ~WRITE, nx)  # a readable after a writable
         bad = _with_indirect(rng, g, g.scratch, n * VIRTQ_DESC_SIZE)

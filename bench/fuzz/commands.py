@@ -130,8 +130,10 @@ def prepare(s) -> Target:
     ok(wire.CMD_COPY_H2D, (obj_va, len(obj)), ctx, obj)
     ok(wire.CMD_EVENT_RECORD, (7,), ctx)
     shm_id = struct.unpack_from(wire.RESP_SHM_FORMAT, ok(wire.CMD_SHM_GET, (0, 8192, 0), ctx))[0]
-    reservation = struct.unpack_from(wire.RESP_VA_FORMAT, ok(wire.CMD_VA_RESERVE, (1 << 20, 0), ctx))[0]
-    export = struct.unpack_from(wire.RESP_EXPORT_FORMAT, ok(wire.CMD_RESOURCE_EXPORT, (REGION_RID,), ctx))[:2]
+    reservation = struct.unpack_from(wire.RESP_VA_FORMAT,
+                                     ok(wire.CMD_VA_RESERVE, (1 << 20, 0), ctx))[0]
+    export = struct.unpack_from(wire.RESP_EXPORT_FORMAT,
+                                ok(wire.CMD_RESOURCE_EXPORT, (REGION_RID,), ctx))[:2]
     return Target(ctx, va, obj_va, obj_va + entry_off, 7, shm_id, reservation, tuple(export))
 
 
@@ -173,11 +175,13 @@ def seed(rng, t: Target, type_: int) -> Command:
     if type_ == C.CMD_CTX_DESTROY:
         return Command(type_, (), rng.randrange(2, 6))
     if type_ == C.CMD_MEM_ALLOC:
-        return Command(type_, (rng.randrange(10, 20), rng.randrange(2), rng.choice((4096, 1 << 20))), ctx)
+        return Command(type_, (rng.randrange(10, 20), rng.randrange(2),
+                               rng.choice((4096, 1 << 20))), ctx)
     if type_ == C.CMD_MEM_FREE:
         return Command(type_, (rng.randrange(10, 20),), ctx)
     if type_ == C.CMD_COPY_H2D:
-        return Command(type_, (t.va, n), ctx, bytes(rng.getrandbits(8) for _ in range(min(n, 64))) * (n // min(n, 64)))
+        pattern = bytes(rng.getrandbits(8) for _ in range(min(n, 64)))
+        return Command(type_, (t.va, n), ctx, pattern * (n // len(pattern)))
     if type_ == C.CMD_COPY_D2H:
         return Command(type_, (t.va, n), ctx, read_back=n)
     if type_ == C.CMD_COPY_D2D:
@@ -188,7 +192,8 @@ def seed(rng, t: Target, type_: int) -> Command:
         return Command(type_, (k, 1, 1, 1, 64, 1, 1, len(args) // 8), ctx, args)
     if type_ == C.CMD_LAUNCH_CODE:
         params = struct.pack("<QII", t.va, 64, 3)
-        return Command(type_, (t.obj_va, t.entry_va, 1, 1, 1, 64, 1, 1, 0, len(params)), ctx, params)
+        return Command(type_, (t.obj_va, t.entry_va, 1, 1, 1, 64, 1, 1, 0, len(params)), ctx,
+                       params)
     if type_ in (C.CMD_EVENT_RECORD, C.CMD_EVENT_WAIT, C.CMD_EVENT_QUERY, C.CMD_EVENT_DESTROY,
                  C.CMD_EVENT_EXPORT):
         return Command(type_, (rng.choice((t.event, t.event + 1)),), ctx)
@@ -259,7 +264,8 @@ def mutate(rng, t: Target, c: Command) -> Case:
             _mutate_field(rng, c)
     elif kind == 2:  # another type over this body: a type confusion, or no such command
         raw = c.readable()
-        new = rng.choice((rng.choice(COMMANDS), interesting_int(rng, 32), 0x0400 + rng.randrange(256)))
+        new = rng.choice((rng.choice(COMMANDS), interesting_int(rng, 32),
+                          0x0400 + rng.randrange(256)))
         return Case(struct.pack("<I", new) + raw[4:], wlen, name)
     elif kind == 3:
         which = rng.randrange(4)
@@ -292,14 +298,15 @@ def mutate(rng, t: Target, c: Command) -> Case:
         if rng.random() < 0.2:
             bad = bad[:rng.randrange(len(bad))]
         params = struct.pack("<QII", t.va, 64, 3)
-        launch = Command(wire.CMD_LAUNCH_CODE, (t.obj_va, t.entry_va, 1, 1, 1, 64, 1, 1, 0, len(params)),
-                         t.ctx, params)
+        launch = Command(wire.CMD_LAUNCH_CODE,
+                         (t.obj_va, t.entry_va, 1, 1, 1, 64, 1, 1, 0, len(params)), t.ctx, params)
         damage = Command(wire.CMD_COPY_H2D, (t.obj_va, len(bad)), t.ctx, bytes(bad))
         restore = Command(wire.CMD_COPY_H2D, (t.obj_va, len(obj)), t.ctx, obj)
         return Case(launch.readable(), wlen, name, ((damage.readable(), wire.MIN_RESPONSE_SIZE),),
                     ((restore.readable(), wire.MIN_RESPONSE_SIZE),))
     else:  # parameter bytes against param_size, the entry and the geometry
-        size = rng.choice((0, 1, 8, 12, PARAM_SIZE - 1, PARAM_SIZE + 4, 4096, 4097, interesting_int(rng, 32)))
+        size = rng.choice((0, 1, 8, 12, PARAM_SIZE - 1, PARAM_SIZE + 4, 4096, 4097,
+                           interesting_int(rng, 32)))
         given = min(rng.choice((size, PARAM_SIZE, 0)), isa.MAX_PARAM_SIZE + 8)
         grid = [rng.choice((1, 2, interesting_int(rng, 32))) for _ in range(3)] \
             if rng.random() < 0.3 else [1, 1, 1]

@@ -41,7 +41,8 @@ def interesting(rng, depth: int = 0):
     if kind == 4:
         return rng.choice(("", "shared", "inline", "reply", "\x00", "é" * 3, "x" * 300))
     if kind == 5:
-        return rng.choice((b"", b"\x00" * 8, b"shared", bytes(rng.getrandbits(8) for _ in range(32))))
+        return rng.choice((b"", b"\x00" * 8, b"shared",
+                           bytes(rng.getrandbits(8) for _ in range(32))))
     if kind == 6:
         return "A" * rng.choice((1024, 70_000))  # beyond the codec's str bound, sometimes
     if kind == 7:
