@@ -19,10 +19,13 @@
                                                   trips, 8 guests at once, the KMD alone
   pvgpu bench faults [--json FILE] [--quick]      reclaim of a SIGKILLed guest, HostLost after a
                                                   host's SIGKILL/SIGTERM (exit 1: a target missed)
-  pvgpu conformance --endpoint EP [--memory M] [--clauses PATTERN] [--json FILE|-] [--timeout S]
-                                                  the protocol conformance checks against any host
   pvgpu bench soak [--rounds R] [--workloads]     host RSS after rounds of 8 guests x 2,000
                                                   mixed operations: a plateau, not growth
+  pvgpu bench fuzz [--cases N] [--seed S] [--json FILE]  fuzz the control channel, commands and
+                                                  chains of a host it starts; exit 1 on a crash,
+                                                  hang or traceback
+  pvgpu conformance --endpoint EP [--memory M] [--clauses PATTERN] [--json FILE|-] [--timeout S]
+                                                  the protocol conformance checks against any host
 """
 
 from __future__ import annotations
@@ -177,7 +180,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "the GPU scheduler's fairness (`bench sched`)")
     p.add_argument("which", nargs="?",
                    choices=("hotpaths", "sched", "copies", "dataflow", "p2p", "ptx", "jobs",
-                            "faults", "soak"),
+                            "faults", "soak", "fuzz"),
                    default="hotpaths",
                    help="hotpaths (default): copies, round trip, kernels against the machine's "
                         "limits; sched: Gdev's fairness experiment under each policy, four "
@@ -196,9 +199,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "a SIGKILLed guest is reclaimed (mid-transfer, mid-kernel) and a "
                         "guest blocked in a call raises after its host's SIGKILL or SIGTERM, "
                         "10 repetitions, median and max against the targets; soak: the host's RSS "
-                        "after each round of 8 guests x 2,000 mixed operations")
+                        "after each round of 8 guests x 2,000 mixed operations; fuzz: a "
+                        "structure-aware fuzzer of the control channel, the device commands "
+                        "and the descriptor chains against a host it starts (exit 1 on a "
+                        "crash, hang or traceback)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    p.add_argument("--cases", type=int, default=10_000,
+                   help="fuzz: how many cases (default %(default)s)")
+    p.add_argument("--seed", type=int, default=1,
+                   help="fuzz: the seed; a run is reproduced by its seed (default %(default)s)")
     p.add_argument("--seconds", type=float, default=20.0,
                    help="sched: measured seconds per run (default %(default)s)")
     p.add_argument("--short-us", type=int, default=1000,
@@ -439,6 +449,9 @@ def cmd_bench(args) -> int:
         run_soak(rounds=2 if args.quick else args.rounds, ops=500 if args.quick else 2000,
                  workloads=args.workloads, json_path=args.json)
         return 0
+    if args.which == "fuzz":
+        from bench.fuzz.runner import run_bench as run_fuzz
+        return run_fuzz(cases=args.cases, seed=args.seed, json_path=args.json)
     if args.which == "copies":
         from bench.copies import run_bench as run_copies
         return run_copies(json_path=args.json, quick=args.quick)
