@@ -57,6 +57,7 @@ def alloc(ctx_id, rid, size=64 << 10):
 
 
 def test_one_session_reaches_every_limit_and_another_carries_on(backend):
+    """[DEV-LIMIT-2] every count refused with RESP_ERR_LIMIT; [DEV-LIMIT-5] only for a."""
     a, b = session(backend, b"a"), session(backend, b"b")
 
     def b_carries_on():
@@ -116,6 +117,7 @@ def test_one_session_reaches_every_limit_and_another_carries_on(backend):
 
 
 def test_sessions_beyond_the_hosts_limit_are_refused_at_hello(backend):
+    """[DEV-LIMIT-1] a hello beyond the session limit is `limit`; [DEV-LIMIT-5] the others go on."""
     a, b = session(backend, b"a"), session(backend, b"b")
     c = Guest(backend, b"c")
     reply = c.request(wire.OP_HELLO, version=list(wire.PROTOCOL_VERSION), name="c",
