@@ -136,21 +136,50 @@ class ChannelTimeout(ChannelError, TimeoutError):
 # --------------------------------------------------------------------------- helpers
 
 def default_endpoint() -> str:
-    """The default host endpoint: ``ipc://$XDG_RUNTIME_DIR/pvgpu.sock`` if that
-    directory is set and writable, else ``ipc://<tmp>/pvgpu-<uid>/pvgpu.sock`` with the
-    directory created 0700 (and refused if it belongs to someone else)."""
+    """The default host endpoint ([CTL-ENDPOINT-2]): ``ipc://$XDG_RUNTIME_DIR/pvgpu.sock``
+    if that variable is set and names a writable directory, else
+    ``ipc://<tmp>/pvgpu-<uid>/pvgpu.sock`` in a directory of pvgpu's own, created 0700
+    and kept so; either directory must pass `private_directory`."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK | os.X_OK):
-        return "ipc://" + os.path.join(xdg, DEFAULT_ENDPOINT_NAME)
+        return "ipc://" + os.path.join(private_directory(xdg, create=False), DEFAULT_ENDPOINT_NAME)
+    d = os.path.join(tempfile.gettempdir(), f"pvgpu-{os.getuid()}")
+    return "ipc://" + os.path.join(private_directory(d, own=True), DEFAULT_ENDPOINT_NAME)
+
+
+def private_directory(path: str, *, create: bool = True, own: bool = False) -> str:
+    """Make sure `path` is a directory that no other user can write in, as the directory
+    of an ipc endpoint must be ([CTL-ENDPOINT-2]) -> path. Missing and `create`: made
+    with mode 0700 by one mkdir, which fails rather than follow anything an attacker put
+    there (its parent must exist). Existing: it must be a real directory (not a symlink)
+    owned by this uid and not writable by group or others, else ChannelError; if it is
+    pvgpu's `own` directory, read and search bits for others are taken away too."""
     uid = os.getuid()
-    d = os.path.join(tempfile.gettempdir(), f"pvgpu-{uid}")
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-        raise ChannelError(f"{d} is not a directory owned by uid {uid}; refusing to use it")
-    if st.st_mode & 0o077:
-        os.chmod(d, 0o700)
-    return "ipc://" + os.path.join(d, DEFAULT_ENDPOINT_NAME)
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise ChannelError(f"cannot create the endpoint directory {path}: {e.strerror}") from None
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise ChannelError(f"endpoint directory {path}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ChannelError(f"refusing the endpoint directory {path}: it is not a directory "
+                           "(a symlink or a file)")
+    if st.st_uid != uid:
+        raise ChannelError(f"refusing the endpoint directory {path}: it belongs to uid "
+                           f"{st.st_uid}, not to this user (uid {uid})")
+    if st.st_mode & 0o022:
+        raise ChannelError(f"refusing the endpoint directory {path}: mode "
+                           f"{stat.S_IMODE(st.st_mode):04o} lets other users write in it "
+                           f"(chmod 700 {path}, or use another directory)")
+    if own and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
 
 
 def _ipc_path(endpoint: str):
@@ -251,9 +280,10 @@ def _recv_rest(sock, more: bool) -> list:
 class HostChannel:
     """ROUTER sockets, one per endpoint, driven by the host main loop (one thread).
 
-    An ipc:// endpoint whose socket file exists is probed first: if nobody accepts a
-    connection on it the file is stale and is removed; if someone does, binding fails
-    with ChannelError. ``close()`` removes the socket files this channel created.
+    An ipc:// endpoint's directory is created 0700 if missing and refused if another
+    user owns it or may write in it (`private_directory`). A socket file that exists is
+    probed first: if nobody accepts a connection on it the file is stale and is removed;
+    if someone does, binding fails with ChannelError. ``close()`` removes the socket files this channel created.
     ``tcp://127.0.0.1:0`` binds a random port; ``endpoints`` lists what was bound.
     """
 
@@ -284,6 +314,7 @@ class HostChannel:
                 s.zap_domain = _ZAP_DOMAIN  # every connection is accepted by _serve_zap
                 path = _ipc_path(ep)
                 if path is not None:
+                    private_directory(os.path.dirname(os.path.abspath(path)))
                     _clear_stale_ipc(path, ep)
                 try:
                     s.bind(ep)
