@@ -1,5 +1,5 @@
-"""The control channel over ZeroMQ (spec/pvgpu.md §2) — the only module that imports zmq
-(besides the process main loops).
+"""The control channel over ZeroMQ (spec/pvgpu.md §2) — the only module that moves
+messages with zmq (transport/curve.py handles CURVE keys).
 
 Shape, modelled on vhost-user: the host binds one ROUTER socket per endpoint; each
 guest connects one DEALER socket, and one connection is one guest session. A message
@@ -28,7 +28,19 @@ HostChannel (host main loop, one thread)
     that connection delivers. The channel owns its zmq context (one ZAP handler per
     context).
 
+    Authentication (spec §2.13). Given `curve` (transport.curve.ServerKeys), every tcp
+    endpoint is a CURVE server: the handshake encrypts the connection, and the ZAP
+    handler accepts only client keys of the authorized-keys directory, naming such a
+    connection "c<n>/<key fingerprint>" (``Peer.key``); other keys are refused during
+    the handshake. ipc endpoints stay unauthenticated: their directory guards them
+    (`private_directory`). ``reload_authorized_keys`` re-reads the directory.
+
 GuestChannel (any guest thread)
+    Given the host's public key and a client key pair the DEALER is a CURVE client. On
+    a tcp endpoint a socket monitor watches the handshake until ``await_handshake``,
+    which raises AuthenticationFailed as soon as the handshake fails (ZeroMQ would
+    otherwise retry silently and deliver nothing).
+
     A thin pump around ``transport.channel_protocol.ChannelProtocol``, which holds
     the protocol state (seq matching, replies, notifications, pings, liveness) and
     decides everything protocol-wise; this class only moves frames, keeps the time
@@ -83,6 +95,7 @@ import threading
 import time
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from spec.wire import DEFAULT_ENDPOINT_NAME, DEFAULT_HEARTBEAT_MS
 from transport.channel_protocol import (
@@ -95,6 +108,7 @@ from transport.channel_protocol import (
     Transmit,
 )
 from transport.codec import ZERO_COPY_MIN, encode
+from transport.curve import fingerprint
 from transport.peer import Peer
 
 log = logging.getLogger(__name__)
@@ -116,6 +130,11 @@ _SNDMORE = int(zmq.SNDMORE)
 _RCVMORE = int(zmq.RCVMORE)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_HANDSHAKE_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+_HANDSHAKE_EVENTS = int(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq looks for the ZAP handler (RFC 27)
 _ZAP_DOMAIN = b"pvgpu"
 _USER_ID = "User-Id"  # message property: the User-Id the ZAP handler gave the connection
@@ -131,6 +150,11 @@ class HostLost(ChannelError):
 
 class ChannelTimeout(ChannelError, TimeoutError):
     """A wait with an explicit timeout expired (the host is still alive)."""
+
+
+class AuthenticationFailed(ChannelError):
+    """The connection's security handshake failed ([CTL-AUTH-6]): a client key the host
+    does not accept, a wrong server key, or CURVE on one side only."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -261,6 +285,29 @@ class Waker:
                     pass
 
 
+def _fingerprint(raw_key: bytes) -> str:
+    return fingerprint(raw_key) if len(raw_key) == 32 else "(none)"
+
+
+def _handshake_failure(endpoint: str, kind: int, value: int, key) -> str:
+    """What a failed handshake most likely means, for the person who reads it. (A host
+    may close a mismatched connection before the guest has seen why: then the event
+    has no detail.)"""
+    how = f"{zmq.Event(kind).name}, {value}"
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (f"the host at {endpoint} refused this guest's CURVE key {key} ({how}): it "
+                f"is not among the host's authorized keys")
+    if key is None:
+        return (f"the handshake with {endpoint} failed ({how}): the host requires CURVE "
+                f"authentication; give the host's public key and this guest's key pair "
+                f"(server_key/client_key, PVGPU_SERVER_KEY/PVGPU_CLIENT_KEY, "
+                f"--server-key/--client-key)")
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == _MECHANISM_MISMATCH:
+        return f"the host at {endpoint} does not use CURVE, but this guest does ({how})"
+    return (f"the CURVE handshake with {endpoint} failed ({how}): is the server key the "
+            f"host's public key?")
+
+
 def _recv_rest(sock, more: bool) -> list:
     """The remaining parts of a message whose last part received said `more`: frame 0 as
     bytes (small, the codec reads it), the raw frames after it as zero-copy memoryviews.
@@ -287,13 +334,15 @@ class HostChannel:
     ``tcp://127.0.0.1:0`` binds a random port; ``endpoints`` lists what was bound.
     """
 
-    def __init__(self, endpoints, context=None, *, max_batch: int = 64):
+    def __init__(self, endpoints, context=None, *, max_batch: int = 64, curve=None):
         self._own_ctx = context is None  # a private context: its own ZAP handler
         self._ctx = zmq.Context() if context is None else context
         self.max_batch = max_batch
         self.endpoints: list = []
         self.dropped_sends = 0  # messages for a vanished or saturated guest
         self.connections_accepted = 0
+        self.connections_refused = 0  # CURVE handshakes with a key not authorized
+        self.curve = curve  # transport.curve.ServerKeys: CURVE on every tcp endpoint
         self._sockets: list = []
         self._ipc_files: list = []  # (path, inode) that close() removes
         self._closed = False
@@ -312,6 +361,10 @@ class HostChannel:
                 s.linger = 0
                 s.setsockopt(zmq.ROUTER_MANDATORY, 1)
                 s.zap_domain = _ZAP_DOMAIN  # every connection is accepted by _serve_zap
+                if curve is not None and ep.startswith("tcp://"):
+                    s.curve_server = True
+                    s.curve_secretkey = curve.pair.secret
+                    s.curve_publickey = curve.pair.public
                 path = _ipc_path(ep)
                 if path is not None:
                     private_directory(os.path.dirname(os.path.abspath(path)))
@@ -390,16 +443,18 @@ class HostChannel:
             out.append((Peer(index, head.bytes, head.get(_USER_ID)), _recv_rest(s, head.more)))
 
     def _serve_zap(self) -> None:
-        """Accept every connection that is handshaking (ZAP requests, RFC 27), naming
-        each with a fresh User-Id. Runs on the loop's thread: a connection delivers no
-        message before its request has been answered here."""
+        """Answer every connection that is handshaking (ZAP requests, RFC 27): accept it
+        with a fresh User-Id, "c<n>", or "c<n>/<key fingerprint>" on a CURVE endpoint,
+        whose client key must be authorized ([CTL-AUTH-2]; refused with status 400
+        otherwise). Runs on the loop's thread: a connection delivers no message before
+        its request has been answered here."""
         zap = self._zap
         while zap.getsockopt(_EVENTS) & _POLLIN:
             parts = zap.recv_multipart(_NOBLOCK)
             try:
                 delim = parts.index(b"")
                 envelope, request = parts[:delim + 1], parts[delim + 1:]
-                version, request_id, _domain, address = request[:4]
+                version, request_id, _domain, address, _identity, mechanism = request[:6]
             except ValueError:
                 log.warning("dropped a malformed ZAP request")
                 continue
@@ -407,10 +462,38 @@ class HostChannel:
                 zap.send_multipart(envelope + [b"1.0", request_id, b"400", b"bad ZAP version",
                                                b"", b""])
                 continue
+            peer_address = address.decode(errors="replace")
+            key = None
+            if mechanism == b"CURVE":
+                authorized = self.curve.authorized if self.curve is not None else None
+                client = request[6] if len(request) > 6 else b""
+                key = authorized.lookup(client) if authorized is not None else None
+                if key is None:
+                    self.connections_refused += 1
+                    log.warning("refused a connection from %s: its CURVE key %s is not "
+                                "authorized", peer_address, _fingerprint(client))
+                    zap.send_multipart(envelope + [b"1.0", request_id, b"400",
+                                                   b"key not authorized", b"", b""])
+                    continue
+            elif mechanism != b"NULL":
+                zap.send_multipart(envelope + [b"1.0", request_id, b"400",
+                                               b"unsupported mechanism", b"", b""])
+                continue
             self.connections_accepted += 1
-            conn = f"c{self.connections_accepted}"
-            log.debug("accepted connection %s from %s", conn, address.decode(errors="replace"))
+            conn = f"c{self.connections_accepted}" + (f"/{key}" if key else "")
+            log.debug("accepted connection %s from %s", conn, peer_address)
             zap.send_multipart(envelope + [b"1.0", request_id, b"200", b"OK", conn.encode(), b""])
+
+    def reload_authorized_keys(self) -> set:
+        """Re-read the authorized-keys directory ([CTL-AUTH-4]); from now on a handshake
+        with a key no longer listed is refused. -> the fingerprints of every key
+        authorized since the start and not now (the revoked ones). Raises
+        transport.curve.CurveKeyError if the directory cannot be read (the keys stay as
+        they were)."""
+        if self.curve is None:
+            return set()
+        self.curve.authorized.reload()
+        return self.curve.authorized.revoked
 
     def send(self, peer, frames, *, copy: bool = False) -> bool:
         """Send [frame0, *extra] (see codec.encode) to peer (a Peer, or its route
@@ -481,21 +564,37 @@ class GuestChannel:
     ``ChannelProtocol``."""
 
     def __init__(self, endpoint: str, *, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
-                 context=None, max_queued: int = 4096):
+                 context=None, max_queued: int = 4096, server_key: bytes | None = None,
+                 client_key=None):
+        """server_key (the host's public key, Z85) and client_key (a transport.curve
+        KeyPair with its secret): CURVE on this connection ([CTL-AUTH-1]), both or
+        neither. On a tcp endpoint the handshake is watched until `await_handshake`."""
         self.endpoint = endpoint
         self._hb_thread = None
         self._closed = False
         self._stop = threading.Event()
         self._proto = ChannelProtocol(heartbeat_ms, _monotonic())
         self.overflowed = 0  # notifications dropped because the queue was full
+        self.curve_key = None  # fingerprint of the client key, on a CURVE connection
+        if (server_key is None) != (client_key is None):
+            raise ChannelError("CURVE needs both the host's public key and a client key pair")
         self._ctx = context if context is not None else zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.linger = 0
         # An identity nobody can guess ([CTL-ENDPOINT-5]); a leading zero byte is libzmq's.
         self._sock.routing_id = bytes([1 + secrets.randbelow(255)]) + secrets.token_bytes(15)
+        self._handshake = None  # monitor socket of the handshake, until await_handshake
         try:
+            if server_key is not None:
+                self._sock.curve_serverkey = server_key
+                self._sock.curve_publickey = client_key.public
+                self._sock.curve_secretkey = client_key.secret
+                self.curve_key = client_key.fingerprint
+            if endpoint.startswith("tcp://"):
+                self._handshake = self._sock.get_monitor_socket(_HANDSHAKE_EVENTS)
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
+            self._close_handshake_monitor()
             self._sock.close(linger=0)
             raise ChannelError(f"cannot connect to {endpoint}: {e}") from None
         self._sock_lock = threading.RLock()
@@ -520,6 +619,39 @@ class GuestChannel:
         self.close()
 
     # ----------------------------------------------------------------- public API
+
+    def await_handshake(self, timeout: float) -> None:
+        """Wait until the connection's ZMTP handshake (CURVE or NULL) has succeeded, at
+        most timeout seconds ([CTL-AUTH-6]). Raises AuthenticationFailed at once if it
+        failed, HostLost if it did not happen in time. A no-op on ipc endpoints (and
+        after the first call)."""
+        mon = self._handshake
+        if mon is None:
+            return
+        deadline = _monotonic() + timeout
+        try:
+            while True:
+                left = deadline - _monotonic()
+                if left <= 0 or not mon.poll(max(1, int(left * 1000))):
+                    raise HostLost(f"no host completed a handshake at {self.endpoint} within "
+                                   f"{timeout:g} s: is a host listening there?")
+                event = recv_monitor_message(mon)
+                kind, value = event["event"], event["value"]
+                if kind == _HANDSHAKE_SUCCEEDED:
+                    return
+                raise AuthenticationFailed(_handshake_failure(self.endpoint, kind, value,
+                                                              self.curve_key))
+        finally:
+            self._close_handshake_monitor()
+
+    def _close_handshake_monitor(self) -> None:
+        mon, self._handshake = self._handshake, None
+        if mon is not None:
+            try:
+                self._sock.disable_monitor()
+            except zmq.ZMQError:
+                pass
+            mon.close(linger=0)
 
     @property
     def heartbeat_ms(self) -> int:
@@ -628,6 +760,7 @@ class GuestChannel:
             self._hb_thread.join(timeout=5)
         got = self._sock_lock.acquire(timeout=5)
         try:
+            self._close_handshake_monitor()
             self._sock.close(linger=0)
         finally:
             if got:

@@ -245,3 +245,29 @@ class ServerKeys:
     @classmethod
     def load(cls, secret_key_file: str, authorized_dir: str) -> "ServerKeys":
         return cls(read_secret_key(secret_key_file), AuthorizedKeys(authorized_dir))
+
+
+SERVER_KEY_ENV = "PVGPU_SERVER_KEY"
+CLIENT_KEY_ENV = "PVGPU_CLIENT_KEY"
+
+
+def guest_keys(endpoint: str, server_key=None, client_key=None, env=os.environ) -> tuple:
+    """The CURVE keys of a guest's connection -> (host public key Z85, client KeyPair),
+    or (None, None) for no CURVE. Keys apply to tcp endpoints only (ipc ones need none).
+    Each key is the argument if given, else the environment variable
+    (PVGPU_SERVER_KEY, PVGPU_CLIENT_KEY); a value is a file path or Z85 text (see
+    parse_public_key / parse_secret_key). Naming one of the two keys and not the
+    other is an error."""
+    if not endpoint.startswith("tcp://"):
+        return None, None
+    server_key = server_key if server_key is not None else env.get(SERVER_KEY_ENV) or None
+    client_key = client_key if client_key is not None else env.get(CLIENT_KEY_ENV) or None
+    if server_key is None and client_key is None:
+        return None, None
+    if server_key is None or client_key is None:
+        missing = "server_key / PVGPU_SERVER_KEY" if server_key is None else \
+            "client_key / PVGPU_CLIENT_KEY"
+        raise CurveKeyError(f"CURVE needs the host's public key and this guest's key pair: "
+                            f"{missing} is missing")
+    return (parse_public_key(os.fsdecode(server_key)).public,
+            parse_secret_key(os.fsdecode(client_key)))

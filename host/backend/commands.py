@@ -261,6 +261,9 @@ class ComputeDevice:
         try:
             stats = dict(stats_fn()) if stats_fn is not None else {}
             stats["device"] = self.device_index
+            if self.owner is not self:  # the requesting session; its CURVE key (CTL-AUTH-5)
+                stats["session"] = {k: getattr(self.owner, a, None) for k, a in
+                                    (("id", "sid"), ("name", "name"), ("key", "key"))}
             if stats_fn is not None:
                 stats["faults"] = self._fault_stats()
             payload = msgpack.packb(stats, use_bin_type=True, default=_msgpack_plain)

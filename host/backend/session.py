@@ -64,6 +64,8 @@ class GuestSession:
         self.backend = backend
         self.vgpu = vgpu  # host.kmd.sched.VgpuShares, or None for the default vGPU
         self.peer = peer
+        # fingerprint of the CURVE key the connection authenticated with (CTL-AUTH-5)
+        self.key = getattr(peer, "key", None)
         self.sid = sid
         self.name = name
         self.memory = memory
@@ -180,6 +182,7 @@ class Backend:
         self.wakeup = wakeup
         self.lock = threading.Lock()
         self.sessions: dict = {}  # Peer (route and connection) -> GuestSession
+        self.revoked_keys = frozenset()  # fingerprints of CURVE keys no longer authorized
         self._routes: dict = {}  # Peer.route -> the GuestSession its messages go to
         self._completions = collections.deque()
         self._outbox = []  # deferred control replies (set_status 0 waiting for the GPU)
@@ -263,6 +266,9 @@ class Backend:
     def _hello(self, peer, msg, now) -> dict:
         if peer in self.sessions:
             raise ControlError(wire.CTL_ERR_BAD_STATE, "this connection already said hello")
+        if getattr(peer, "key", None) in self.revoked_keys:  # CTL-AUTH-4
+            raise ControlError(wire.CTL_ERR_UNAUTHORIZED,
+                               f"the key {peer.key} of this connection was revoked")
         version = msg["version"]
         if not version or version[0] != wire.PROTOCOL_VERSION[0]:
             raise ControlError(wire.CTL_ERR_BAD_VERSION,
@@ -281,8 +287,9 @@ class Backend:
         session = GuestSession(self, peer, sid, name, memory, mem_size, now, vgpu)
         self.sessions[peer] = session
         self._routes[peer.route] = session
-        log.info("session %s (%s) opened: %s memory, %d MiB, vGPU %s", sid, name, memory,
-                 mem_size >> 20, vgpu.name if vgpu else "default")
+        log.info("session %s (%s) opened: %s memory, %d MiB, vGPU %s%s", sid, name, memory,
+                 mem_size >> 20, vgpu.name if vgpu else "default",
+                 f", key {session.key}" if session.key else "")
         reply = {}
         if vgpu is not None:
             reply["vgpu"] = {"name": vgpu.name, "compute": vgpu.compute, "copy": vgpu.copy,
@@ -489,6 +496,16 @@ class Backend:
         self._releases.append((session, pending))
         self._reap_releases()
         log.info("session %s (%s) closed: %s", session.sid, session.name, reason)
+
+    def revoke_keys(self, fingerprints) -> None:
+        """CTL-AUTH-4: the CURVE keys with these fingerprints are no longer authorized
+        (the full set: a key authorized again is left out). Their sessions are closed
+        now, and a hello on a connection they authenticated is refused from now on."""
+        self.revoked_keys = frozenset(fingerprints)
+        for session in list(self.sessions.values()):
+            if session.key is not None and session.key in self.revoked_keys:
+                self.stats["revoked_sessions"] += 1
+                self.close_session(session, f"its key {session.key} was revoked")
 
     def _reap_releases(self) -> None:
         keep = []

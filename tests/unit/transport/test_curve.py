@@ -126,3 +126,18 @@ def test_authorized_keys_reads_public_certificates_and_reports_revocations(tmp_p
 def test_an_unreadable_authorized_directory_is_an_error(tmp_path):
     with pytest.raises(curve.CurveKeyError, match="authorized-keys directory"):
         curve.AuthorizedKeys(str(tmp_path / "missing"))
+
+
+def test_guest_keys_from_arguments_or_environment_on_tcp_only(tmp_path):
+    host_pub, host_sec = curve.write_keypair(str(tmp_path), "host")
+    _g_pub, g_sec = curve.write_keypair(str(tmp_path), "g")
+    host, g = curve.read_secret_key(host_sec), curve.read_secret_key(g_sec)
+    env = {curve.SERVER_KEY_ENV: host.public.decode(), curve.CLIENT_KEY_ENV: g_sec}
+    server, client = curve.guest_keys("tcp://h:1", env=env)
+    assert server == host.public and (client.public, client.secret) == (g.public, g.secret)
+    server, client = curve.guest_keys("tcp://h:1", host_pub, g.secret.decode(), env={})
+    assert server == host.public and client.secret == g.secret
+    assert curve.guest_keys("ipc:///x/h.sock", env=env) == (None, None)  # ipc: no CURVE
+    assert curve.guest_keys("tcp://h:1", env={}) == (None, None)
+    with pytest.raises(curve.CurveKeyError, match="PVGPU_CLIENT_KEY is missing"):
+        curve.guest_keys("tcp://h:1", env={curve.SERVER_KEY_ENV: host_pub})
