@@ -47,7 +47,7 @@ def parse_size(text: str) -> int:
 
 def _add_guest_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect", metavar="ENDPOINT", default=None,
-                   help="host endpoint (default: the local ipc endpoint, %s)" % _default_ep())
+                   help="host endpoint (default: the local ipc endpoint, %s)" % _default_ep_help())
     p.add_argument("--memory", choices=wire.MEMORY_MODELS, default=wire.MEMORY_SHARED,
                    help="guest memory model: shared (zero copy, same machine) or inline (remote)")
     p.add_argument("--mem-size", type=parse_size, default=f"{wire.DEFAULT_GUEST_MEM_SIZE >> 20}M",
@@ -66,6 +66,16 @@ def _default_ep() -> str:
     return default_endpoint()
 
 
+def _default_ep_help() -> str:
+    """The default endpoint for a help text: its directory may be refused (CTL-ENDPOINT-2),
+    which only the commands that use it report."""
+    from transport.channel import ChannelError
+    try:
+        return _default_ep()
+    except ChannelError as e:
+        return f"unusable here: {e}"
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pvgpu", description="A paravirtualized GPU for compute.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -74,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", action="append", metavar="ENDPOINT", default=[],
                    help="another endpoint to bind (repeatable): ipc://PATH or tcp://HOST:PORT; "
                         "the local ipc endpoint (%s) is always bound too unless --no-default"
-                        % _default_ep())
+                        % _default_ep_help())
     p.add_argument("--no-default", action="store_true",
                    help="do not bind the local ipc endpoint (only the --listen ones)")
     p.add_argument("--vram", type=parse_size, default="1G", help="VRAM per device (default %(default)s)")
@@ -242,7 +252,12 @@ def cmd_host(args) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from host.main import run_host
-    endpoints = list(args.listen) if args.no_default else [_default_ep(), *args.listen]
+    from transport.channel import ChannelError
+    try:
+        endpoints = list(args.listen) if args.no_default else [_default_ep(), *args.listen]
+    except ChannelError as e:  # the default endpoint's directory is refused
+        print(f"pvgpu host: {e}", file=sys.stderr)
+        return 2
     if not endpoints:
         print("pvgpu host: --no-default needs at least one --listen ENDPOINT", file=sys.stderr)
         return 2
@@ -252,10 +267,14 @@ def cmd_host(args) -> int:
     except ValueError as e:
         print(f"pvgpu host: {e}", file=sys.stderr)
         return 2
-    return run_host(endpoints, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
-                    num_gpus=args.gpus, max_mem_size=args.max_guest_mem, ready_file=args.ready_file,
-                    sched=sched, max_evicted_bytes=args.max_evicted, topology=args.topology,
-                    curve=curve)
+    try:
+        return run_host(endpoints, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
+                        num_gpus=args.gpus, max_mem_size=args.max_guest_mem,
+                        ready_file=args.ready_file, sched=sched,
+                        max_evicted_bytes=args.max_evicted, topology=args.topology, curve=curve)
+    except ChannelError as e:  # e.g. an endpoint directory refused, a port in use
+        print(f"pvgpu host: {e}", file=sys.stderr)
+        return 2
 
 
 def host_keys(args, endpoints):

@@ -642,7 +642,8 @@ class GuestChannel:
                 raise AuthenticationFailed(_handshake_failure(self.endpoint, kind, value,
                                                               self.curve_key))
         finally:
-            self._close_handshake_monitor()
+            with self._sock_lock:  # the heartbeat thread may be using the socket
+                self._close_handshake_monitor()
 
     def _close_handshake_monitor(self) -> None:
         mon, self._handshake = self._handshake, None

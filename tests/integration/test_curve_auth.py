@@ -239,3 +239,14 @@ def test_insecure_tcp_starts_with_a_warning(host_factory, tmp_endpoint):
     host = host_factory([tmp_endpoint, "tcp://127.0.0.1:0"], vram="64M")  # adds --insecure
     log = _await_log(host, "listening on")
     assert "without authentication or encryption" in log
+
+
+def test_the_host_refuses_a_world_writable_endpoint_directory_clearly(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    r = subprocess.run([sys.executable, "-m", "pvgpu", "host", "--no-default", "--vram", "64M",
+                        "--listen", f"ipc://{shared}/host.sock"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "lets other users write" in r.stderr
+    assert "Traceback" not in r.stderr and list(shared.iterdir()) == []
