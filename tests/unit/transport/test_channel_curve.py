@@ -141,3 +141,14 @@ def test_reload_revokes_a_removed_key_for_new_handshakes(host, keys, guests):
 def test_curve_needs_both_keys():
     with pytest.raises(Exception, match="both"):
         GuestChannel("tcp://127.0.0.1:1", heartbeat_ms=0, server_key=curve.generate().public)
+
+
+def test_a_guest_with_keys_does_not_fall_back_to_an_insecure_host(keys, guests, tmp_path):
+    loop = HostLoop(HostChannel(["tcp://127.0.0.1:0"]))  # --insecure: NULL on tcp
+    try:
+        g = guests(loop.chan.endpoints[0], keys["host"].public, keys["a"])
+        with pytest.raises(AuthenticationFailed):
+            g.await_handshake(10)
+        assert loop.call(lambda: loop.chan.connections_accepted) == 0
+    finally:
+        loop.stop()
