@@ -213,6 +213,8 @@ class Backend:
             session = self.sessions.get(peer)
             if session is not None:
                 session.last_heard = now
+            elif self._revoked(peer):
+                return []
             if e.seq is None:
                 log.info("dropped an undecodable message from %r: %s", peer, e.message)
                 return []
@@ -221,6 +223,8 @@ class Backend:
         session = self.sessions.get(peer)
         if session is not None:
             session.last_heard = now
+        elif self._revoked(peer):
+            return []
         else:
             self._close_replaced(peer)
         if op in wire.NOTIFY_OPS:
@@ -266,9 +270,6 @@ class Backend:
     def _hello(self, peer, msg, now) -> dict:
         if peer in self.sessions:
             raise ControlError(wire.CTL_ERR_BAD_STATE, "this connection already said hello")
-        if getattr(peer, "key", None) in self.revoked_keys:  # CTL-AUTH-4
-            raise ControlError(wire.CTL_ERR_UNAUTHORIZED,
-                               f"the key {peer.key} of this connection was revoked")
         version = msg["version"]
         if not version or version[0] != wire.PROTOCOL_VERSION[0]:
             raise ControlError(wire.CTL_ERR_BAD_VERSION,
@@ -500,12 +501,21 @@ class Backend:
     def revoke_keys(self, fingerprints) -> None:
         """CTL-AUTH-4: the CURVE keys with these fingerprints are no longer authorized
         (the full set: a key authorized again is left out). Their sessions are closed
-        now, and a hello on a connection they authenticated is refused from now on."""
+        now, and nothing that comes on a connection they authenticated is served or
+        answered any more: to it the host is gone (ZeroMQ cannot close one connection of
+        a ROUTER), so its driver declares the host lost (CTL-HB-4) instead of waiting."""
         self.revoked_keys = frozenset(fingerprints)
         for session in list(self.sessions.values()):
             if session.key is not None and session.key in self.revoked_keys:
                 self.stats["revoked_sessions"] += 1
                 self.close_session(session, f"its key {session.key} was revoked")
+
+    def _revoked(self, peer) -> bool:
+        """A message on a connection whose key was revoked: dropped, counted."""
+        if self.revoked_keys and getattr(peer, "key", None) in self.revoked_keys:
+            self.stats["revoked_messages"] += 1
+            return True
+        return False
 
     def _reap_releases(self) -> None:
         keep = []

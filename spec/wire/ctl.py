@@ -45,7 +45,6 @@ CTL_ERR_BAD_STATE = "bad_state"  # op not allowed in the device's current status
 CTL_ERR_BAD_FEATURES = "bad_features"
 CTL_ERR_BAD_MEMORY = "bad_memory"  # mem table / vring addresses outside guest memory
 CTL_ERR_LIMIT = "limit"  # a host limit (guest memory size, sessions) exceeded
-CTL_ERR_UNAUTHORIZED = "unauthorized"  # hello on a connection whose CURVE key was revoked
 
 # Required fields of each message and their msgpack types (bool is not an int here).
 # Optional fields: hello `vgpu` (str); kick/call `patches` (list of [gpa, frame_index],

@@ -4,6 +4,7 @@
 import pytest
 
 from spec import wire
+from transport import codec
 from transport.peer import Peer
 
 from test_backend import _backend
@@ -37,14 +38,19 @@ def test_revoking_a_key_closes_its_sessions_only(backend):
     backend.revoke_keys({KEY_A})
     assert sorted(s.peer.connection for s in backend.sessions.values()) == [f"c2/{KEY_B}", "c3"]
     assert backend.stats["revoked_sessions"] == 1
-    reply, _ = request(backend, a, wire.OP_GET_STATUS, seq=2, dev=0)
-    assert reply["error"] == wire.CTL_ERR_NO_SESSION
+    assert request(backend, b, wire.OP_GET_STATUS, seq=2, dev=0)[0]["ok"]
 
 
-def test_a_connection_of_a_revoked_key_cannot_say_hello(backend):
-    early = Peer(0, b"e", f"c1/{KEY_A}")  # handshake done before the revocation
+def test_a_revoked_connection_is_answered_nothing(backend):
+    """Its driver must see the host gone (CTL-HB-4), not a host that answers its pings."""
+    a, early = Peer(0, b"a", f"c1/{KEY_A}"), Peer(0, b"e", f"c2/{KEY_A}")
+    assert request(backend, a, wire.OP_HELLO, **HELLO)[0]["ok"]
     backend.revoke_keys({KEY_A})
-    reply, _ = request(backend, early, wire.OP_HELLO, **HELLO)
-    assert reply["ok"] is False and reply["error"] == wire.CTL_ERR_UNAUTHORIZED
+    for peer in (a, early):  # the session's connection; one that had not said hello yet
+        for op, fields in ((wire.OP_PING, {}), (wire.OP_GET_STATUS, {"dev": 0}),
+                           (wire.OP_HELLO, HELLO)):
+            assert backend.handle(peer, codec.encode({"op": op, "seq": 9, **fields}), 0.0) == []
+        assert backend.handle(peer, [b"\x81\xa3seq\x07"], 0.0) == []  # undecodable, with a seq
+    assert backend.stats["revoked_messages"] == 8 and not backend.sessions
     backend.revoke_keys(set())  # listed again
     assert request(backend, early, wire.OP_HELLO, seq=2, **HELLO)[0]["ok"]
