@@ -141,3 +141,15 @@ def test_guest_keys_from_arguments_or_environment_on_tcp_only(tmp_path):
     assert curve.guest_keys("tcp://h:1", env={}) == (None, None)
     with pytest.raises(curve.CurveKeyError, match="PVGPU_CLIENT_KEY is missing"):
         curve.guest_keys("tcp://h:1", env={curve.SERVER_KEY_ENV: host_pub})
+
+
+def test_a_failed_reload_keeps_the_keys(tmp_path):
+    auth = tmp_path / "authorized"
+    auth.mkdir()
+    pub, _ = curve.write_keypair(str(tmp_path / "keys"), "a")
+    os.link(pub, auth / "a.key")
+    ak = curve.AuthorizedKeys(str(auth))
+    auth.rename(tmp_path / "moved")
+    with pytest.raises(curve.CurveKeyError):
+        ak.reload()
+    assert len(ak) == 1 and ak.revoked == set()
