@@ -1,6 +1,6 @@
 """Vector add on a pvgpu device: numpy in, numpy out.
 
-    pvgpu host &                      # or: pvgpu host --listen tcp://127.0.0.1:5555
+    pvgpu host &                      # or: pvgpu host --listen tcp://127.0.0.1:5555 --insecure
     python examples/vector_add.py [ENDPOINT] [--memory inline]
 """
 

@@ -6,6 +6,8 @@ pipe that engine threads write when a fence signals, hands messages to the sans-
 channel sees close has its session reclaimed at once. SIGINT/SIGTERM stop it cleanly:
 every session is sent `shutdown` (spec [CTL-BYE-2]), then sessions are reclaimed, engines
 stopped, and the sockets closed once the notices have left (SHUTDOWN_LINGER_MS at most).
+With CURVE keys (spec §2.13) SIGHUP re-reads the authorized-keys directory on the loop's
+next turn and closes the sessions of keys no longer listed.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class HostServer:
     def __init__(self, endpoints=None, *, vram_size: int = DEFAULT_VRAM, num_gpus: int = 2,
                  heartbeat_ms: int = wire.DEFAULT_HEARTBEAT_MS,
                  max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, sched: SchedConfig | None = None,
-                 max_evicted_bytes: int | None = None, topology: str = DEFAULT_LAYOUT):
+                 max_evicted_bytes: int | None = None, topology: str = DEFAULT_LAYOUT,
+                 curve=None):
         self.sched = (sched or SchedConfig()).validate()
         self.platform = Platform(num_gpus=num_gpus, vram_size=vram_size, topology=topology)
         # max_evicted_bytes: host memory for BOs evicted from VRAM (None: the KMD's 2x VRAM)
@@ -44,9 +47,10 @@ class HostServer:
         os.set_blocking(self._wake_w, False)
         self.backend = Backend(self.kmds, heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size,
                                wakeup=self._wakeup, vgpus=self.sched.vgpus)
-        self.channel = HostChannel(list(endpoints or [default_endpoint()]))
+        self.channel = HostChannel(list(endpoints or [default_endpoint()]), curve=curve)
         self.backend.credentials = self.channel.peer_credentials
         self._stop = False
+        self._reload_keys = False
         self.stop_reason = "stopped"  # the `shutdown` notices' reason
 
     @property
@@ -75,6 +79,23 @@ class HostServer:
         except OSError:  # closed already
             pass
 
+    def request_key_reload(self) -> None:
+        """From a signal handler: re-read the authorized keys on the loop's next turn."""
+        self._reload_keys = True
+        self._wakeup()
+
+    def reload_keys(self) -> None:
+        """Re-read the authorized-keys directory; close the sessions of revoked keys
+        (CTL-AUTH-4). An unreadable directory keeps the keys as they were."""
+        try:
+            revoked = self.channel.reload_authorized_keys()
+        except ValueError as e:  # transport.curve.CurveKeyError
+            log.error("authorized keys not re-read, the old ones stay: %s", e)
+            return
+        print(f"pvgpu host: re-read the authorized keys: {len(self.channel.curve.authorized)} "
+              f"authorized, revoked: {', '.join(sorted(revoked)) or 'none'}", flush=True)
+        self.backend.revoke_keys(revoked)
+
     def serve(self) -> None:
         backend = self.backend
         period = backend.heartbeat_ms / 1000.0
@@ -98,6 +119,9 @@ class HostServer:
                     os.read(self._wake_r, 4096)
                 except BlockingIOError:
                     pass
+            if self._reload_keys:
+                self._reload_keys = False
+                self.reload_keys()
             if backend._completions:
                 try:
                     out += backend.run_completions()
@@ -128,10 +152,10 @@ class HostServer:
 def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
              max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, ready_file: str | None = None,
              sched: SchedConfig | None = None, max_evicted_bytes: int | None = None,
-             topology: str = DEFAULT_LAYOUT) -> int:
+             topology: str = DEFAULT_LAYOUT, curve=None) -> int:
     server = HostServer(endpoints, vram_size=vram_size, num_gpus=num_gpus,
                         heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size, sched=sched,
-                        max_evicted_bytes=max_evicted_bytes, topology=topology)
+                        max_evicted_bytes=max_evicted_bytes, topology=topology, curve=curve)
 
     def on_signal(signum, _frame):
         name = signal.Signals(signum).name
@@ -140,6 +164,8 @@ def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    if curve is not None:
+        signal.signal(signal.SIGHUP, lambda _s, _f: server.request_key_reload())
     server.start()
     try:
         for ep in server.endpoints:
@@ -147,6 +173,10 @@ def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
         print("pvgpu host: %d GPU(s), %d MiB VRAM each, PCIe topology %s; %s; listening on %s" % (
             len(server.kmds), vram_size >> 20, topology, server.sched.describe(),
             " ".join(server.endpoints)), flush=True)
+        if curve is not None:
+            print(f"pvgpu host: CURVE on tcp, host key {curve.pair.fingerprint}, "
+                  f"{len(curve.authorized)} authorized key(s) in {curve.authorized.directory}",
+                  flush=True)
         if ready_file:
             with open(ready_file + ".tmp", "w") as f:
                 f.write("\n".join(server.endpoints))

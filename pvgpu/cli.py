@@ -2,6 +2,9 @@
 
   pvgpu host [--listen EP]... [--vram SIZE]     start the backend with two emulated GPUs
                                                   on the local ipc endpoint (+ each EP)
+  pvgpu host --listen tcp://.. --curve-secret-key FILE --authorized-keys DIR
+                                                  tcp with CURVE: only the listed guest keys
+  pvgpu keygen DIR [--name NAME]                  write a CURVE key pair (NAME.key, NAME.key_secret)
   pvgpu info [--connect EP]                       list the devices as a guest sees them
   pvgpu run WORKLOAD... [--connect EP] [--memory shared|inline] [--size N]
   pvgpu tenant WORKLOAD --seconds S [--vgpu NAME] one guest of a shared-GPU run (long, short, copy, mixed)
@@ -53,16 +56,33 @@ def parse_size(text: str) -> int:
 
 def _add_guest_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect", metavar="ENDPOINT", default=None,
-                   help="host endpoint (default: the local ipc endpoint, %s)" % _default_ep())
+                   help="host endpoint (default: the local ipc endpoint, %s)" % _default_ep_help())
     p.add_argument("--memory", choices=wire.MEMORY_MODELS, default=wire.MEMORY_SHARED,
                    help="guest memory model: shared (zero copy, same machine) or inline (remote)")
     p.add_argument("--mem-size", type=parse_size, default=f"{wire.DEFAULT_GUEST_MEM_SIZE >> 20}M",
                    help="guest memory size (default %(default)s)")
+    p.add_argument("--server-key", metavar="KEY", default=None,
+                   help="tcp with CURVE: the host's public key, a .key file or its Z85 text "
+                        "(default: $PVGPU_SERVER_KEY)")
+    p.add_argument("--client-key", metavar="KEY", default=None,
+                   help="tcp with CURVE: this guest's key pair, a .key_secret file from "
+                        "`pvgpu keygen` or the Z85 text of the secret key "
+                        "(default: $PVGPU_CLIENT_KEY)")
 
 
 def _default_ep() -> str:
     from transport.channel import default_endpoint
     return default_endpoint()
+
+
+def _default_ep_help() -> str:
+    """The default endpoint for a help text: its directory may be refused (CTL-ENDPOINT-2),
+    which only the commands that use it report."""
+    from transport.channel import ChannelError
+    try:
+        return _default_ep()
+    except ChannelError as e:
+        return f"unusable here: {e}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", action="append", metavar="ENDPOINT", default=[],
                    help="another endpoint to bind (repeatable): ipc://PATH or tcp://HOST:PORT; "
                         "the local ipc endpoint (%s) is always bound too unless --no-default"
-                        % _default_ep())
+                        % _default_ep_help())
     p.add_argument("--no-default", action="store_true",
                    help="do not bind the local ipc endpoint (only the --listen ones)")
     p.add_argument("--vram", type=parse_size, default="1G", help="VRAM per device (default %(default)s)")
@@ -113,8 +133,24 @@ def build_parser() -> argparse.ArgumentParser:
                         "with a shorter guest turnaround)")
     g.add_argument("--period-ms", type=int, default=None,
                    help="credit replenishment period (default 30, as Gdev)")
+    g = p.add_argument_group("authentication of tcp endpoints (CurveZMQ)")
+    g.add_argument("--curve-secret-key", metavar="FILE",
+                   help="the host's key pair (a .key_secret file from `pvgpu keygen`): every "
+                        "tcp endpoint is encrypted and authenticated with CURVE")
+    g.add_argument("--authorized-keys", metavar="DIR",
+                   help="directory of the guests' public keys (*.key) allowed to connect over "
+                        "tcp; SIGHUP re-reads it and closes the sessions of removed keys")
+    g.add_argument("--insecure", action="store_true",
+                   help="serve tcp endpoints without CURVE: anyone who reaches them is served, "
+                        "in clear text")
     p.add_argument("--ready-file", help=argparse.SUPPRESS)
     p.add_argument("-v", "--verbose", action="store_true")
+
+    p = sub.add_parser("keygen", help="write a CURVE key pair for a host or a guest")
+    p.add_argument("directory", metavar="DIR", help="where to write (created 0700 if missing)")
+    p.add_argument("--name", default="pvgpu",
+                   help="file name: NAME.key (public) and NAME.key_secret (mode 0600); "
+                        "default %(default)s")
 
     p = sub.add_parser("info", help="connect as a guest and list the devices")
     _add_guest_options(p)
@@ -257,7 +293,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"host": cmd_host, "info": cmd_info, "run": cmd_run, "demo": cmd_demo,
-                "bench": cmd_bench, "tenant": cmd_tenant,
+                "bench": cmd_bench, "tenant": cmd_tenant, "keygen": cmd_keygen,
                 "conformance": cmd_conformance}[args.command](args)
     except KeyboardInterrupt:
         return 130
@@ -267,18 +303,63 @@ def cmd_host(args) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from host.main import run_host
-    endpoints = list(args.listen) if args.no_default else [_default_ep(), *args.listen]
+    from transport.channel import ChannelError
+    try:
+        endpoints = list(args.listen) if args.no_default else [_default_ep(), *args.listen]
+    except ChannelError as e:  # the default endpoint's directory is refused
+        print(f"pvgpu host: {e}", file=sys.stderr)
+        return 2
     if not endpoints:
         print("pvgpu host: --no-default needs at least one --listen ENDPOINT", file=sys.stderr)
         return 2
     try:
         sched = sched_config(args)
+        curve = host_keys(args, endpoints)
     except ValueError as e:
         print(f"pvgpu host: {e}", file=sys.stderr)
         return 2
-    return run_host(endpoints, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
-                    num_gpus=args.gpus, max_mem_size=args.max_guest_mem, ready_file=args.ready_file,
-                    sched=sched, max_evicted_bytes=args.max_evicted, topology=args.topology)
+    try:
+        return run_host(endpoints, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
+                        num_gpus=args.gpus, max_mem_size=args.max_guest_mem,
+                        ready_file=args.ready_file, sched=sched,
+                        max_evicted_bytes=args.max_evicted, topology=args.topology, curve=curve)
+    except ChannelError as e:  # e.g. an endpoint directory refused, a port in use
+        print(f"pvgpu host: {e}", file=sys.stderr)
+        return 2
+
+
+def host_keys(args, endpoints):
+    """The host's CURVE keys (transport.curve.ServerKeys) or None; ValueError if tcp is
+    asked for without keys and without --insecure (spec CTL-AUTH-3)."""
+    from transport.curve import ServerKeys
+    if (args.curve_secret_key is None) != (args.authorized_keys is None):
+        raise ValueError("--curve-secret-key and --authorized-keys go together")
+    tcp = [ep for ep in endpoints if ep.startswith("tcp://")]
+    if args.curve_secret_key is not None:
+        if args.insecure:
+            raise ValueError("--insecure and CURVE keys exclude each other")
+        return ServerKeys.load(args.curve_secret_key, args.authorized_keys)
+    if tcp and not args.insecure:
+        raise ValueError(f"refusing to serve {' '.join(tcp)} without authentication: give "
+                         "--curve-secret-key FILE --authorized-keys DIR (keys from `pvgpu "
+                         "keygen`), or --insecure to let anyone who reaches it in, unencrypted")
+    if tcp:
+        logging.getLogger("pvgpu.host").warning(
+            "--insecure: %s serve(s) anyone who reaches it, without authentication or "
+            "encryption", " ".join(tcp))
+    return None
+
+
+def cmd_keygen(args) -> int:
+    from transport.curve import CurveKeyError, read_key_file, write_keypair
+    try:
+        public, secret = write_keypair(args.directory, args.name)
+    except (CurveKeyError, OSError) as e:
+        print(f"pvgpu keygen: {e}", file=sys.stderr)
+        return 2
+    print(f"public key {public}  (fingerprint {read_key_file(public).fingerprint})\n"
+          f"secret key {secret}  (mode 0600: keep it)")
+    return 0
 
 
 def _layouts():
@@ -304,7 +385,14 @@ def _connect(args):
     import guest
     try:
         return guest.connect(args.connect, memory=args.memory, mem_size=args.mem_size,
-                             vgpu=getattr(args, "vgpu", None))
+                             vgpu=getattr(args, "vgpu", None), server_key=args.server_key,
+                             client_key=args.client_key)
+    except guest.AuthenticationError as e:
+        print(f"pvgpu: the host did not accept this guest: {e}", file=sys.stderr)
+        raise SystemExit(2)
+    except ValueError as e:  # a key that cannot be read
+        print(f"pvgpu: {e}", file=sys.stderr)
+        raise SystemExit(2)
     except guest.HostLost as e:
         print(f"pvgpu: cannot reach a host at {args.connect or _default_ep()}: {e}\n"
               "       start one with `pvgpu host`, or pass --connect ENDPOINT", file=sys.stderr)
@@ -367,7 +455,11 @@ def cmd_tenant(args) -> int:
     signal.signal(signal.SIGINT, handler)
     bind = {"vgpu": args.vgpu} if args.vgpu is not None else {}
     try:
-        conn = guest.connect(args.connect, memory=args.memory, mem_size=args.mem_size, name=name, **bind)
+        conn = guest.connect(args.connect, memory=args.memory, mem_size=args.mem_size, name=name,
+                             server_key=args.server_key, client_key=args.client_key, **bind)
+    except ValueError as e:  # a key that cannot be read
+        print(f"pvgpu tenant: {e}", file=sys.stderr)
+        return 2
     except guest.HostLost as e:
         print(f"pvgpu tenant: cannot reach a host at {args.connect or _default_ep()}: {e}", file=sys.stderr)
         return 2

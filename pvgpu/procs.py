@@ -33,7 +33,11 @@ class HostProcess:
             args.append("--no-default")  # a private host: leave the local endpoint alone
         if heartbeat_ms:
             args += ["--heartbeat-ms", str(heartbeat_ms)]
-        args += list(extra_args)
+        extra_args = list(extra_args)
+        if (any(ep.startswith("tcp://") for ep in endpoints)
+                and "--curve-secret-key" not in extra_args):
+            args.append("--insecure")  # a local test or benchmark host: tcp on loopback
+        args += extra_args
         self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)

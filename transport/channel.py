@@ -1,5 +1,5 @@
-"""The control channel over ZeroMQ (spec/pvgpu.md §2) — the only module that imports zmq
-(besides the process main loops).
+"""The control channel over ZeroMQ (spec/pvgpu.md §2) — the only module that moves
+messages with zmq (transport/curve.py handles CURVE keys).
 
 Shape, modelled on vhost-user: the host binds one ROUTER socket per endpoint; each
 guest connects one DEALER socket, and one connection is one guest session. A message
@@ -36,7 +36,20 @@ HostChannel (host main loop, one thread)
     who is at the other end of one. ``close(linger_ms)`` lets messages already sent
     (the ``shutdown`` notices, [CTL-BYE-2]) leave first.
 
+    Authentication (spec §2.13). Given `curve` (transport.curve.ServerKeys), every tcp
+    endpoint is a CURVE server: the handshake encrypts the connection, and the ZAP
+    handler accepts only client keys of the authorized-keys directory, naming such a
+    connection "c<n>/<key fingerprint>" (``Peer.key``); other keys are refused during
+    the handshake. ipc endpoints stay unauthenticated: their directory guards them
+    (`private_directory`). ``reload_authorized_keys`` re-reads the directory.
+
 GuestChannel (any guest thread)
+    Given the host's public key and a client key pair the DEALER is a CURVE client. A
+    socket monitor on the DEALER reports the connection's handshake and its close: on a
+    tcp endpoint ``await_handshake`` raises AuthenticationFailed as soon as the
+    handshake fails (ZeroMQ would otherwise retry silently and deliver nothing), and a
+    close after a successful handshake loses the session ([CTL-HB-6]).
+
     A thin pump around ``transport.channel_protocol.ChannelProtocol``, which holds
     the protocol state (seq matching, replies, notifications, pings, liveness) and
     decides everything protocol-wise; this class only moves frames, keeps the time
@@ -112,6 +125,7 @@ from transport.channel_protocol import (
 )
 from transport.codec import ZERO_COPY_MIN, encode
 from transport.connections import ConnectionWatch, peer_credentials
+from transport.curve import fingerprint
 from transport.peer import Peer
 
 log = logging.getLogger(__name__)
@@ -133,12 +147,16 @@ _SNDMORE = int(zmq.SNDMORE)
 _RCVMORE = int(zmq.RCVMORE)
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
+_HANDSHAKE_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+_HANDSHAKE_EVENTS = int(zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+_MECHANISM_MISMATCH = int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH)
 _ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq looks for the ZAP handler (RFC 27)
 _ZAP_DOMAIN = b"pvgpu"
 _USER_ID = "User-Id"  # message property: the User-Id the ZAP handler gave the connection
 _ACCEPTED = int(zmq.EVENT_ACCEPTED)
 _DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
-_HANDSHAKE_SUCCEEDED = int(zmq.EVENT_HANDSHAKE_SUCCEEDED)
 
 
 class ChannelError(Exception):
@@ -154,24 +172,58 @@ class ChannelTimeout(ChannelError, TimeoutError):
     """A wait with an explicit timeout expired (the host is still alive)."""
 
 
+class AuthenticationFailed(ChannelError):
+    """The connection's security handshake failed ([CTL-AUTH-6]): a client key the host
+    does not accept, a wrong server key, or CURVE on one side only."""
+
+
 # --------------------------------------------------------------------------- helpers
 
 def default_endpoint() -> str:
-    """The default host endpoint: ``ipc://$XDG_RUNTIME_DIR/pvgpu.sock`` if that
-    directory is set and writable, else ``ipc://<tmp>/pvgpu-<uid>/pvgpu.sock`` with the
-    directory created 0700 (and refused if it belongs to someone else)."""
+    """The default host endpoint ([CTL-ENDPOINT-2]): ``ipc://$XDG_RUNTIME_DIR/pvgpu.sock``
+    if that variable is set and names a writable directory, else
+    ``ipc://<tmp>/pvgpu-<uid>/pvgpu.sock`` in a directory of pvgpu's own, created 0700
+    and kept so; either directory must pass `private_directory`."""
     xdg = os.environ.get("XDG_RUNTIME_DIR")
     if xdg and os.path.isdir(xdg) and os.access(xdg, os.W_OK | os.X_OK):
-        return "ipc://" + os.path.join(xdg, DEFAULT_ENDPOINT_NAME)
+        return "ipc://" + os.path.join(private_directory(xdg, create=False), DEFAULT_ENDPOINT_NAME)
+    d = os.path.join(tempfile.gettempdir(), f"pvgpu-{os.getuid()}")
+    return "ipc://" + os.path.join(private_directory(d, own=True), DEFAULT_ENDPOINT_NAME)
+
+
+def private_directory(path: str, *, create: bool = True, own: bool = False) -> str:
+    """Make sure `path` is a directory that no other user can write in, as the directory
+    of an ipc endpoint must be ([CTL-ENDPOINT-2]) -> path. Missing and `create`: made
+    with mode 0700 by one mkdir, which fails rather than follow anything an attacker put
+    there (its parent must exist). Existing: it must be a real directory (not a symlink)
+    owned by this uid and not writable by group or others, else ChannelError; if it is
+    pvgpu's `own` directory, read and search bits for others are taken away too."""
     uid = os.getuid()
-    d = os.path.join(tempfile.gettempdir(), f"pvgpu-{uid}")
-    os.makedirs(d, mode=0o700, exist_ok=True)
-    st = os.lstat(d)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid:
-        raise ChannelError(f"{d} is not a directory owned by uid {uid}; refusing to use it")
-    if st.st_mode & 0o077:
-        os.chmod(d, 0o700)
-    return "ipc://" + os.path.join(d, DEFAULT_ENDPOINT_NAME)
+    if create:
+        try:
+            os.mkdir(path, 0o700)
+            return path
+        except FileExistsError:
+            pass
+        except OSError as e:
+            raise ChannelError(f"cannot create the endpoint directory {path}: {e.strerror}") from None
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise ChannelError(f"endpoint directory {path}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ChannelError(f"refusing the endpoint directory {path}: it is not a directory "
+                           "(a symlink or a file)")
+    if st.st_uid != uid:
+        raise ChannelError(f"refusing the endpoint directory {path}: it belongs to uid "
+                           f"{st.st_uid}, not to this user (uid {uid})")
+    if st.st_mode & 0o022:
+        raise ChannelError(f"refusing the endpoint directory {path}: mode "
+                           f"{stat.S_IMODE(st.st_mode):04o} lets other users write in it "
+                           f"(chmod 700 {path}, or use another directory)")
+    if own and st.st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path
 
 
 def _ipc_path(endpoint: str):
@@ -259,6 +311,29 @@ def _monitor_event(parts: list) -> tuple:
     return int.from_bytes(head[:2], "little"), int.from_bytes(head[2:6], "little")
 
 
+def _fingerprint(raw_key: bytes) -> str:
+    return fingerprint(raw_key) if len(raw_key) == 32 else "(none)"
+
+
+def _handshake_failure(endpoint: str, kind: int, value: int, key) -> str:
+    """What a failed handshake most likely means, for the person who reads it. (A host
+    may close a mismatched connection before the guest has seen why: then the event
+    has no detail.)"""
+    how = f"{zmq.Event(kind).name}, {value}"
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return (f"the host at {endpoint} refused this guest's CURVE key {key} ({how}): it "
+                f"is not among the host's authorized keys")
+    if key is None:
+        return (f"the handshake with {endpoint} failed ({how}): the host requires CURVE "
+                f"authentication; give the host's public key and this guest's key pair "
+                f"(server_key/client_key, PVGPU_SERVER_KEY/PVGPU_CLIENT_KEY, "
+                f"--server-key/--client-key)")
+    if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL and value == _MECHANISM_MISMATCH:
+        return f"the host at {endpoint} does not use CURVE, but this guest does ({how})"
+    return (f"the CURVE handshake with {endpoint} failed ({how}): is the server key the "
+            f"host's public key?")
+
+
 def _recv_rest(sock, more: bool) -> list:
     """The remaining parts of a message whose last part received said `more`: frame 0 as
     bytes (small, the codec reads it), the raw frames after it as zero-copy memoryviews.
@@ -278,19 +353,22 @@ def _recv_rest(sock, more: bool) -> list:
 class HostChannel:
     """ROUTER sockets, one per endpoint, driven by the host main loop (one thread).
 
-    An ipc:// endpoint whose socket file exists is probed first: if nobody accepts a
-    connection on it the file is stale and is removed; if someone does, binding fails
-    with ChannelError. ``close()`` removes the socket files this channel created.
+    An ipc:// endpoint's directory is created 0700 if missing and refused if another
+    user owns it or may write in it (`private_directory`). A socket file that exists is
+    probed first: if nobody accepts a connection on it the file is stale and is removed;
+    if someone does, binding fails with ChannelError. ``close()`` removes the socket files this channel created.
     ``tcp://127.0.0.1:0`` binds a random port; ``endpoints`` lists what was bound.
     """
 
-    def __init__(self, endpoints, context=None, *, max_batch: int = 64):
+    def __init__(self, endpoints, context=None, *, max_batch: int = 64, curve=None):
         self._own_ctx = context is None  # a private context: its own ZAP handler
         self._ctx = zmq.Context() if context is None else context
         self.max_batch = max_batch
         self.endpoints: list = []
         self.dropped_sends = 0  # messages for a vanished or saturated guest
         self.connections_accepted = 0
+        self.connections_refused = 0  # CURVE handshakes with a key not authorized
+        self.curve = curve  # transport.curve.ServerKeys: CURVE on every tcp endpoint
         self._sockets: list = []
         self._ipc_files: list = []  # (path, inode) that close() removes
         self._closed = False
@@ -313,8 +391,13 @@ class HostChannel:
                 s.setsockopt(zmq.ROUTER_MANDATORY, 1)
                 s.zap_domain = _ZAP_DOMAIN  # every connection is accepted by _serve_zap
                 self._monitor(s)  # before bind: no connection's ACCEPTED may be missed
+                if curve is not None and ep.startswith("tcp://"):
+                    s.curve_server = True
+                    s.curve_secretkey = curve.pair.secret
+                    s.curve_publickey = curve.pair.public
                 path = _ipc_path(ep)
                 if path is not None:
+                    private_directory(os.path.dirname(os.path.abspath(path)))
                     _clear_stale_ipc(path, ep)
                 try:
                     s.bind(ep)
@@ -439,15 +522,17 @@ class HostChannel:
         return self._watch.unwatched
 
     def _serve_zap(self) -> None:
-        """Accept the next connection that is handshaking (a ZAP request, RFC 27), naming
-        it with a fresh User-Id. Runs on the loop's thread: a connection delivers no
-        message before its request has been answered here."""
+        """Answer the next connection that is handshaking (a ZAP request, RFC 27): accept
+        it with a fresh User-Id, "c<n>", or "c<n>/<key fingerprint>" on a CURVE endpoint,
+        whose client key must be authorized ([CTL-AUTH-2]; refused with status 400
+        otherwise). Runs on the loop's thread: a connection delivers no message before
+        its request has been answered here."""
         zap = self._zap
         parts = zap.recv_multipart(_NOBLOCK)
         try:
             delim = parts.index(b"")
             envelope, request = parts[:delim + 1], parts[delim + 1:]
-            version, request_id, _domain, address = request[:4]
+            version, request_id, _domain, address, _identity, mechanism = request[:6]
         except ValueError:
             log.warning("dropped a malformed ZAP request")
             return
@@ -455,13 +540,40 @@ class HostChannel:
             zap.send_multipart(envelope + [b"1.0", request_id, b"400", b"bad ZAP version",
                                            b"", b""])
             return
-        self.connections_accepted += 1
-        conn = f"c{self.connections_accepted}"
         peer = address.decode(errors="replace")
+        key = None
+        if mechanism == b"CURVE":
+            authorized = self.curve.authorized if self.curve is not None else None
+            client = request[6] if len(request) > 6 else b""
+            key = authorized.lookup(client) if authorized is not None else None
+            if key is None:
+                self.connections_refused += 1
+                log.warning("refused a connection from %s: its CURVE key %s is not "
+                            "authorized", peer, _fingerprint(client))
+                zap.send_multipart(envelope + [b"1.0", request_id, b"400",
+                                               b"key not authorized", b"", b""])
+                return
+        elif mechanism != b"NULL":
+            zap.send_multipart(envelope + [b"1.0", request_id, b"400",
+                                           b"unsupported mechanism", b"", b""])
+            return
+        self.connections_accepted += 1
+        conn = f"c{self.connections_accepted}" + (f"/{key}" if key else "")
         watched = self._watch.named(peer, conn)
         log.debug("accepted connection %s from %s%s", conn, peer,
                   "" if watched else " (not watched: ambiguous)")
         zap.send_multipart(envelope + [b"1.0", request_id, b"200", b"OK", conn.encode(), b""])
+
+    def reload_authorized_keys(self) -> set:
+        """Re-read the authorized-keys directory ([CTL-AUTH-4]); from now on a handshake
+        with a key no longer listed is refused. -> the fingerprints of every key
+        authorized since the start and not now (the revoked ones). Raises
+        transport.curve.CurveKeyError if the directory cannot be read (the keys stay as
+        they were)."""
+        if self.curve is None:
+            return set()
+        self.curve.authorized.reload()
+        return self.curve.authorized.revoked
 
     def send(self, peer, frames, *, copy: bool = False) -> bool:
         """Send [frame0, *extra] (see codec.encode) to peer (a Peer, or its route
@@ -540,21 +652,36 @@ class GuestChannel:
     ``ChannelProtocol``."""
 
     def __init__(self, endpoint: str, *, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
-                 context=None, max_queued: int = 4096):
+                 context=None, max_queued: int = 4096, server_key: bytes | None = None,
+                 client_key=None):
+        """server_key (the host's public key, Z85) and client_key (a transport.curve
+        KeyPair with its secret): CURVE on this connection ([CTL-AUTH-1]), both or
+        neither. On a tcp endpoint the handshake is watched until `await_handshake`."""
         self.endpoint = endpoint
         self._hb_thread = None
         self._closed = False
         self._stop = threading.Event()
         self._proto = ChannelProtocol(heartbeat_ms, _monotonic())
         self.overflowed = 0  # notifications dropped because the queue was full
+        self.curve_key = None  # fingerprint of the client key, on a CURVE connection
+        if (server_key is None) != (client_key is None):
+            raise ChannelError("CURVE needs both the host's public key and a client key pair")
         self._ctx = context if context is not None else zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.linger = 0
         # An identity nobody can guess ([CTL-ENDPOINT-5]); a leading zero byte is libzmq's.
         self._sock.routing_id = bytes([1 + secrets.randbelow(255)]) + secrets.token_bytes(15)
-        # before connect: the connection's events ([CTL-HB-6]), none missed
-        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_SUCCEEDED | _DISCONNECTED)
+        # before connect: the connection's events, none missed: its handshake
+        # ([CTL-AUTH-6], await_handshake) and its close ([CTL-HB-6])
+        self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_EVENTS | _DISCONNECTED)
+        self._handshake = None  # None until the handshake ended: True, or (event, value) of its failure
+        self._watch_handshake = endpoint.startswith("tcp://")  # await_handshake waits only there
         try:
+            if server_key is not None:
+                self._sock.curve_serverkey = server_key
+                self._sock.curve_publickey = client_key.public
+                self._sock.curve_secretkey = client_key.secret
+                self.curve_key = client_key.fingerprint
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
             self._close_sockets()
@@ -582,6 +709,31 @@ class GuestChannel:
         self.close()
 
     # ----------------------------------------------------------------- public API
+
+    def await_handshake(self, timeout: float) -> None:
+        """Wait until the connection's ZMTP handshake (CURVE or NULL) has succeeded, at
+        most timeout seconds ([CTL-AUTH-6]). Raises AuthenticationFailed at once if it
+        failed, HostLost if it did not happen in time. A no-op on ipc endpoints (whose
+        directory, not a handshake, keeps others out)."""
+        if not self._watch_handshake:
+            return
+        deadline = _monotonic() + timeout
+        while True:
+            with self._sock_lock:  # the heartbeat thread may be reading the monitor too
+                self._read_monitor()
+                outcome = self._handshake
+                if outcome is None:
+                    left = deadline - _monotonic()
+                    if left <= 0:
+                        raise HostLost(f"no host completed a handshake at {self.endpoint} "
+                                       f"within {timeout:g} s: is a host listening there?")
+                    self._monitor.poll(max(1, int(min(left, 0.05) * 1000)))
+                    continue
+            if outcome is True:
+                return
+            kind, value = outcome
+            raise AuthenticationFailed(_handshake_failure(self.endpoint, kind, value,
+                                                          self.curve_key))
 
     @property
     def heartbeat_ms(self) -> int:
@@ -721,11 +873,15 @@ class GuestChannel:
         is reported, the messages received until then are handed over."""
         mon = self._monitor
         while mon.getsockopt(_EVENTS) & _POLLIN:
-            event, _fd = _monitor_event(mon.recv_multipart(_NOBLOCK))
+            event, value = _monitor_event(mon.recv_multipart(_NOBLOCK))
             if event == _HANDSHAKE_SUCCEEDED:
+                self._handshake = True
                 with self._cv:
                     self._proto.handshake_succeeded()
-            elif event == _DISCONNECTED:
+            elif event != _DISCONNECTED:  # a failed handshake (_HANDSHAKE_EVENTS)
+                if self._handshake is None:
+                    self._handshake = (event, value)
+            else:
                 self._drain()
                 with self._cv:
                     self._fail(self._proto.disconnected())

@@ -27,18 +27,27 @@ from spec import wire
 def connect(endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
             mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
             heartbeat_ms: int | None = None, timeout: float = 10.0,
-            features: int | None = None, vgpu: str | None = None) -> "Connection":
+            features: int | None = None, vgpu: str | None = None,
+            server_key=None, client_key=None) -> "Connection":
     """Open a guest session with the host at `endpoint` (default: the local ipc endpoint).
 
     memory: "shared" (zero-copy POSIX shared memory, same machine) or "inline" (guest
     memory mirrored through the messages; works across machines). features: the virtio
     feature bits the driver accepts (default: all it knows); VIRTIO_F_VERSION_1 is
     required. vgpu: the name of a host-configured vGPU to join (`pvgpu host --vgpu`);
-    without it the host assigns one (`conn.vgpu` tells which)."""
+    without it the host assigns one (`conn.vgpu` tells which).
+
+    server_key, client_key: CURVE keys for a tcp endpoint (spec §2.13; ignored on ipc):
+    the host's public key (a `.key` file or its 40-character Z85 text) and this guest's
+    key pair (a `.key_secret` file from `pvgpu keygen`, or the Z85 text of the secret
+    key). Default: the environment variables PVGPU_SERVER_KEY and PVGPU_CLIENT_KEY,
+    which take the same values. A host that refuses the keys raises
+    AuthenticationError at once."""
     try:
         return Connection(FrontendSession(endpoint, memory=memory, mem_size=mem_size, name=name,
                                           heartbeat_ms=heartbeat_ms, timeout=timeout, vgpu=vgpu,
-                                          features=features))
+                                          features=features, server_key=server_key,
+                                          client_key=client_key))
     except Exception as e:
         mapped = errors.translate(e)
         if mapped is e:

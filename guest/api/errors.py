@@ -9,6 +9,7 @@ from spec import isa, wire
 from guest.frontend.driver import DeviceNeedsReset as _FrontendNeedsReset
 from guest.frontend.driver import DeviceResponseError
 from guest.frontend.session import ControlRequestError
+from guest.frontend.session import AuthenticationFailed as _AuthenticationFailed
 from guest.frontend.session import HostLost as _TransportHostLost
 
 
@@ -200,6 +201,11 @@ class ControlError(PvgpuError):
     """The host refused a control-channel request."""
 
 
+class AuthenticationError(PvgpuError):
+    """The host did not accept this guest's connection: its CURVE key is not authorized,
+    the server key is not the host's, or only one side uses CURVE (spec CTL-AUTH-6)."""
+
+
 _BY_CODE = {cls.code: cls for cls in (
     OutOfMemoryError, InvalidResourceError, InvalidContextError, InvalidParameterError,
     UnknownCommandError, ShortCommandError, InvalidKernelError, InvalidAddressError, PageFaultError,
@@ -218,6 +224,8 @@ def translate(exc: BaseException) -> BaseException:
         return error_for(exc.resp, str(exc), exc.info0, exc.info1)
     if isinstance(exc, _FrontendNeedsReset):
         return DeviceNeedsReset(str(exc))
+    if isinstance(exc, _AuthenticationFailed):
+        return AuthenticationError(str(exc))
     if isinstance(exc, _TransportHostLost):
         return HostLost(str(exc))
     if isinstance(exc, ControlRequestError):

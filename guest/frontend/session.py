@@ -21,12 +21,15 @@ import time
 from spec import wire
 from guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
 from guest.frontend.heap import GuestHeap
-from transport.channel import ChannelTimeout, GuestChannel, HostLost, default_endpoint
+from transport.channel import (AuthenticationFailed, ChannelTimeout, GuestChannel, HostLost,
+                               default_endpoint)
+from transport.curve import guest_keys
 from transport.codec import encode
 from transport.memory import InlineGuestMemory, SharedGuestMemory
 
 
-__all__ = ["FrontendSession", "ControlRequestError", "HostLost", "ChannelTimeout"]
+__all__ = ["FrontendSession", "ControlRequestError", "HostLost", "ChannelTimeout",
+           "AuthenticationFailed"]
 
 
 class ControlRequestError(RuntimeError):
@@ -44,7 +47,8 @@ class FrontendSession:
     def __init__(self, endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
                  mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
                  heartbeat_ms: int | None = None, timeout: float = 10.0,
-                 features: int | None = None, vgpu: str | None = None):
+                 features: int | None = None, vgpu: str | None = None,
+                 server_key=None, client_key=None):
         if memory not in wire.MEMORY_MODELS:
             raise ValueError(f"memory model must be one of {wire.MEMORY_MODELS}, not {memory!r}")
         self.endpoint = endpoint or default_endpoint()
@@ -62,16 +66,28 @@ class FrontendSession:
         self._wait_ewma = 0.0  # seconds: how long recent waits took (shared model)
         self._kicks = {}  # (dev, queue) -> the encoded kick
         self.host_lost = False
-        self.channel = GuestChannel(self.endpoint, heartbeat_ms=heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS)
+        heartbeat_ms = heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS
+        server, client = guest_keys(self.endpoint, server_key, client_key)  # tcp: CURVE
+        self.channel = GuestChannel(self.endpoint, heartbeat_ms=heartbeat_ms,
+                                    server_key=server, client_key=client)
         # No handler: notifications queue up and wait_for() applies them in order on the
         # application's thread (inline patches must never race the application).
         try:
+            # a refused handshake raises here, at once (CTL-AUTH-6), not as a silent host
+            self.channel.await_handshake(self._handshake_window(heartbeat_ms))
             self._open()
         except BaseException:
             self._close_quietly()
             raise
 
     # ------------------------------------------------------------------ setup
+    def _handshake_window(self, heartbeat_ms: int) -> float:
+        """How long a tcp handshake may take: the liveness window (CTL-HB-4), within
+        the control timeout."""
+        window = wire.HEARTBEAT_MISSES * (heartbeat_ms if heartbeat_ms > 0
+                                          else wire.DEFAULT_HEARTBEAT_MS) / 1000
+        return min(window, self.timeout) if self.timeout else window
+
     def _open(self) -> None:
         fields = {"vgpu": self.requested_vgpu} if self.requested_vgpu is not None else {}
         hello = self.control(wire.OP_HELLO, version=list(wire.PROTOCOL_VERSION), name=self.name,

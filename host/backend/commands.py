@@ -263,9 +263,10 @@ class ComputeDevice:
             stats["device"] = self.device_index
             if stats_fn is not None:
                 stats["faults"] = self._fault_stats()
-            if hasattr(self.owner, "sid"):  # the requesting session and its peer
-                stats["session"] = {"id": self.owner.sid, "name": self.owner.name,
-                                    "peer": self.owner.peer_credentials}
+            if hasattr(self.owner, "sid"):  # the requesting session: its peer, its CURVE key
+                stats["session"] = {"id": self.owner.sid, "name": self.owner.name,  # (CTL-AUTH-5)
+                                    "peer": getattr(self.owner, "peer_credentials", None),
+                                    "key": getattr(self.owner, "key", None)}
             payload = msgpack.packb(stats, use_bin_type=True, default=_msgpack_plain)
         except Exception as e:  # the KMD's statistics are informative: never fatal
             raise CommandError(wire.RESP_ERR_UNSPEC, f"statistics unavailable: {e}") from None

@@ -70,6 +70,8 @@ class GuestSession:
         self.peer_credentials = peer_credentials
         self.vgpu = vgpu  # host.kmd.sched.VgpuShares, or None for the default vGPU
         self.peer = peer
+        # fingerprint of the CURVE key the connection authenticated with (CTL-AUTH-5)
+        self.key = getattr(peer, "key", None)
         self.sid = sid
         self.name = name
         self.memory = memory
@@ -193,6 +195,7 @@ class Backend:
         self.credentials = lambda connection: None
         self.lock = threading.Lock()
         self.sessions: dict = {}  # Peer (route and connection) -> GuestSession
+        self.revoked_keys = frozenset()  # fingerprints of CURVE keys no longer authorized
         self._routes: dict = {}  # Peer.route -> the GuestSession its messages go to
         self._completions = collections.deque()
         self._outbox = []  # deferred control replies (set_status 0 waiting for the GPU)
@@ -223,6 +226,8 @@ class Backend:
             session = self.sessions.get(peer)
             if session is not None:
                 session.last_heard = now
+            elif self._revoked(peer):
+                return []
             if e.seq is None:
                 log.info("dropped an undecodable message from %r: %s", peer, e.message)
                 return []
@@ -231,6 +236,8 @@ class Backend:
         session = self.sessions.get(peer)
         if session is not None:
             session.last_heard = now
+        elif self._revoked(peer):
+            return []
         else:
             self._close_replaced(peer)
         if op in wire.NOTIFY_OPS:
@@ -300,8 +307,9 @@ class Backend:
                                {k: v for k, v in creds.items() if k != "ip"} if creds else None)
         self.sessions[peer] = session
         self._routes[peer.route] = session
-        log.info("session %s (%s) opened: %s memory, %d MiB, vGPU %s", sid, name, memory,
-                 mem_size >> 20, vgpu.name if vgpu else "default")
+        log.info("session %s (%s) opened: %s memory, %d MiB, vGPU %s%s", sid, name, memory,
+                 mem_size >> 20, vgpu.name if vgpu else "default",
+                 f", key {session.key}" if session.key else "")
         reply = {}
         if vgpu is not None:
             reply["vgpu"] = {"name": vgpu.name, "compute": vgpu.compute, "copy": vgpu.copy,
@@ -509,6 +517,25 @@ class Backend:
         self._releases.append((session, pending))
         self._reap_releases()
         log.info("session %s (%s) closed: %s", session.sid, session.name, reason)
+
+    def revoke_keys(self, fingerprints) -> None:
+        """CTL-AUTH-4: the CURVE keys with these fingerprints are no longer authorized
+        (the full set: a key authorized again is left out). Their sessions are closed
+        now, and nothing that comes on a connection they authenticated is served or
+        answered any more: to it the host is gone (ZeroMQ cannot close one connection of
+        a ROUTER), so its driver declares the host lost (CTL-HB-4) instead of waiting."""
+        self.revoked_keys = frozenset(fingerprints)
+        for session in list(self.sessions.values()):
+            if session.key is not None and session.key in self.revoked_keys:
+                self.stats["revoked_sessions"] += 1
+                self.close_session(session, f"its key {session.key} was revoked")
+
+    def _revoked(self, peer) -> bool:
+        """A message on a connection whose key was revoked: dropped, counted."""
+        if self.revoked_keys and getattr(peer, "key", None) in self.revoked_keys:
+            self.stats["revoked_messages"] += 1
+            return True
+        return False
 
     def _reap_releases(self) -> None:
         keep = []

@@ -26,3 +26,40 @@ def test_defaults_and_repeatable_listen():
     a = build_parser().parse_args(["run", "gemm", "saxpy", "--memory", "inline", "--size", "9"])
     assert a.workloads == ["gemm", "saxpy"] and a.memory == "inline" and a.size == 9
     assert a.mem_size == 192 << 20 and a.connect is None
+
+
+def test_keygen_writes_a_pair(tmp_path, capsys):
+    from pvgpu.cli import main
+    from transport.curve import read_secret_key
+    assert main(["keygen", str(tmp_path / "k"), "--name", "g1"]) == 0
+    pair = read_secret_key(str(tmp_path / "k" / "g1.key_secret"))
+    assert pair.fingerprint in capsys.readouterr().out
+    assert main(["keygen", str(tmp_path / "k"), "--name", "g1"]) == 2  # never overwrites
+
+
+def test_host_tcp_policy(tmp_path):
+    """tcp needs CURVE keys or --insecure (CTL-AUTH-3); ipc needs neither."""
+    from pvgpu.cli import host_keys
+    from transport.curve import write_keypair
+    _pub, secret = write_keypair(str(tmp_path), "host")
+    (tmp_path / "auth").mkdir()
+    parse = build_parser().parse_args
+    tcp, ipc = ["tcp://127.0.0.1:1"], ["ipc:///tmp/x"]
+    assert host_keys(parse(["host"]), ipc) is None
+    with pytest.raises(ValueError, match="--insecure"):
+        host_keys(parse(["host"]), tcp)
+    assert host_keys(parse(["host", "--insecure"]), tcp) is None
+    keys = host_keys(parse(["host", "--curve-secret-key", secret, "--authorized-keys",
+                            str(tmp_path / "auth")]), tcp)
+    assert keys.pair.secret is not None and len(keys.authorized) == 0
+    with pytest.raises(ValueError, match="go together"):
+        host_keys(parse(["host", "--curve-secret-key", secret]), tcp)
+    with pytest.raises(ValueError, match="exclude"):
+        host_keys(parse(["host", "--insecure", "--curve-secret-key", secret,
+                         "--authorized-keys", str(tmp_path / "auth")]), tcp)
+
+
+def test_guest_key_options():
+    a = build_parser().parse_args(["info", "--server-key", "h.key", "--client-key", "g.key_secret"])
+    assert (a.server_key, a.client_key) == ("h.key", "g.key_secret")
+    assert build_parser().parse_args(["tenant", "copy"]).server_key is None
