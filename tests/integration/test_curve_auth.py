@@ -68,6 +68,7 @@ def _round_trip(conn) -> None:
 
 
 def test_a_listed_key_works_end_to_end_and_stats_show_its_fingerprint(curve_host, keys):
+    # [CTL-AUTH-1] [CTL-AUTH-5]
     with _connect(_tcp(curve_host), keys) as conn:
         _round_trip(conn)
         session = conn.devices[0].stats()["session"]
@@ -84,16 +85,19 @@ def test_keys_from_the_environment_file_or_z85_text(curve_host, keys, monkeypatc
 
 
 def test_a_key_not_listed_is_refused(curve_host, keys):
+    # [CTL-AUTH-2] [CTL-AUTH-6]
     with pytest.raises(guest.AuthenticationError, match="not among the host's authorized keys"):
         _connect(_tcp(curve_host), keys, client="g2")
 
 
 def test_no_key_is_refused_with_a_clear_error(curve_host, keys):
+    # [CTL-AUTH-6]
     with pytest.raises(guest.AuthenticationError, match="requires CURVE"):
         guest.connect(_tcp(curve_host), memory="inline", mem_size=8 << 20, heartbeat_ms=500)
 
 
 def test_a_wrong_server_key_is_refused(curve_host, keys):
+    # [CTL-AUTH-6]
     with pytest.raises(guest.AuthenticationError, match="server key"):
         _connect(_tcp(curve_host), keys, server=keys["g2"][0])
 
@@ -178,6 +182,7 @@ def _port(endpoint: str) -> int:
 
 
 def test_a_capture_of_a_curve_session_holds_no_plaintext(curve_host, keys):
+    # [CTL-AUTH-1]
     data = _captured_session(_port(_tcp(curve_host)), lambda ep: _connect(ep, keys))
     assert len(data) > 2 * len(PATTERN)  # the copies crossed the relay
     for plain in (b"hello", b"mem_size", b"set_vring", b"vector_add", PATTERN[:64]):
@@ -206,6 +211,7 @@ def _await_log(host, text: str, timeout: float = 30.0) -> str:
 
 
 def test_sighup_revokes_a_removed_key(curve_host, keys):
+    # [CTL-AUTH-4]
     tcp = _tcp(curve_host)
     fp = curve.read_key_file(keys["g1"][0]).fingerprint
     with _connect(tcp, keys) as conn:
@@ -227,6 +233,7 @@ def test_sighup_revokes_a_removed_key(curve_host, keys):
 
 
 def test_keyless_tcp_needs_insecure(tmp_path):
+    # [CTL-AUTH-3]
     cmd = [sys.executable, "-m", "pvgpu", "host", "--no-default", "--vram", "64M",
            "--listen", "tcp://127.0.0.1:0"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
@@ -243,6 +250,7 @@ def test_insecure_tcp_starts_with_a_warning(host_factory, tmp_endpoint):
 
 
 def test_the_host_refuses_a_world_writable_endpoint_directory_clearly(tmp_path):
+    # [CTL-ENDPOINT-2]
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)

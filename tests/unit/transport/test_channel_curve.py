@@ -108,6 +108,7 @@ def test_ipc_connections_stay_unauthenticated(host, guests):
 
 
 def test_a_key_not_listed_is_refused_in_the_handshake(host, keys, guests):
+    # [CTL-AUTH-2]
     g = guests(_tcp(host), keys["host"].public, keys["b"])
     with pytest.raises(AuthenticationFailed, match="not among the host's authorized keys"):
         g.await_handshake(10)
@@ -116,6 +117,7 @@ def test_a_key_not_listed_is_refused_in_the_handshake(host, keys, guests):
 
 
 def test_a_guest_without_keys_is_told_the_host_requires_curve(host, guests):
+    # [CTL-AUTH-6]
     g = guests(_tcp(host))
     with pytest.raises(AuthenticationFailed, match="requires CURVE"):
         g.await_handshake(10)
@@ -144,6 +146,7 @@ def test_curve_needs_both_keys():
 
 
 def test_a_guest_with_keys_does_not_fall_back_to_an_insecure_host(keys, guests, tmp_path):
+    # [CTL-AUTH-3]
     loop = HostLoop(HostChannel(["tcp://127.0.0.1:0"]))  # --insecure: NULL on tcp
     try:
         g = guests(loop.chan.endpoints[0], keys["host"].public, keys["a"])

@@ -17,6 +17,7 @@ def _mode(path) -> int:
 
 
 def test_the_host_creates_a_missing_endpoint_directory_0700(tmp_path):
+    # [CTL-ENDPOINT-2]
     d = tmp_path / "run"
     host = HostChannel([f"ipc://{d}/host.sock"])
     try:
@@ -27,6 +28,7 @@ def test_the_host_creates_a_missing_endpoint_directory_0700(tmp_path):
 
 @pytest.mark.parametrize("mode", [0o777, 0o1777, 0o770, 0o722])
 def test_the_host_refuses_a_directory_others_may_write_in(tmp_path, mode):
+    # [CTL-ENDPOINT-2]
     d = tmp_path / "shared"
     d.mkdir()
     d.chmod(mode)
@@ -36,6 +38,7 @@ def test_the_host_refuses_a_directory_others_may_write_in(tmp_path, mode):
 
 
 def test_the_host_refuses_a_directory_of_another_user(tmp_path, monkeypatch):
+    # [CTL-ENDPOINT-2]
     d = tmp_path / "theirs"
     d.mkdir(0o700)
     monkeypatch.setattr(channel_mod.os, "getuid", lambda: os.stat(d).st_uid + 1)
@@ -45,6 +48,7 @@ def test_the_host_refuses_a_directory_of_another_user(tmp_path, monkeypatch):
 
 
 def test_the_host_refuses_a_symlinked_directory(tmp_path):
+    # [CTL-ENDPOINT-2]
     real = tmp_path / "real"
     real.mkdir(0o700)
     link = tmp_path / "link"
@@ -107,6 +111,7 @@ def test_a_world_writable_xdg_runtime_dir_is_refused(tmp_path, monkeypatch):
 
 
 def test_private_directory_creates_without_following_a_planted_symlink(tmp_path):
+    # [CTL-ENDPOINT-2]
     target = tmp_path / "target"
     target.mkdir(0o700)
     planted = tmp_path / "planted"

@@ -25,6 +25,7 @@ def test_the_session_records_its_connection_key():
 
 
 def test_hello_records_the_key(backend):
+    # [CTL-AUTH-5]
     peer = Peer(0, b"g", f"c1/{KEY_A}")
     assert request(backend, peer, wire.OP_HELLO, **HELLO)[0]["ok"]
     (session,) = backend.sessions.values()
@@ -32,6 +33,7 @@ def test_hello_records_the_key(backend):
 
 
 def test_revoking_a_key_closes_its_sessions_only(backend):
+    # [CTL-AUTH-4]
     a, b, plain = Peer(0, b"a", f"c1/{KEY_A}"), Peer(0, b"b", f"c2/{KEY_B}"), Peer(1, b"p", "c3")
     for p in (a, b, plain):
         assert request(backend, p, wire.OP_HELLO, **HELLO)[0]["ok"]
@@ -42,6 +44,7 @@ def test_revoking_a_key_closes_its_sessions_only(backend):
 
 
 def test_a_revoked_connection_is_answered_nothing(backend):
+    # [CTL-AUTH-4]
     """Its driver must see the host gone (CTL-HB-4), not a host that answers its pings."""
     a, early = Peer(0, b"a", f"c1/{KEY_A}"), Peer(0, b"e", f"c2/{KEY_A}")
     assert request(backend, a, wire.OP_HELLO, **HELLO)[0]["ok"]
