@@ -54,16 +54,19 @@ def test_the_oracle_reports_a_traceback_in_the_host_log(host_factory, tmp_endpoi
 
 
 def test_set_up_waits_for_what_abandoned_sessions_hold(host_factory, tmp_endpoint):
-    """Two guests take every VMID of device 0 and vanish: until the host reclaims them
-    (CTL-HB-3) it refuses new contexts, and the fuzzer's set-up waits for that instead of
-    failing the run."""
+    """Two guests take every VMID of device 0 and hang, their connections open and silent:
+    until the host reclaims them by heartbeat (CTL-HB-3) it refuses new contexts, and the
+    fuzzer's set-up waits for that instead of failing the run. (A guest whose connection
+    closes is reclaimed at once, CTL-HB-7: that would leave nothing to wait for.)"""
     host = host_factory([tmp_endpoint], vram="256M", extra_args=HOST_ARGS)
     hogs = [RawSession(host.endpoint, "shared").open() for _ in range(2)]
-    codes = [h.command(wire.CMD_CTX_CREATE, (0, b"hog"), ctx_id=c)[0][0]
-             for h in hogs for c in range(1, 33)]
-    assert wire.RESP_ERR_OUT_OF_MEMORY in codes
-    for h in hogs:
-        h.close(bye=False)
-    report = fuzz_host(host, host.log_path, 60, SEED)
+    try:
+        codes = [h.command(wire.CMD_CTX_CREATE, (0, b"hog"), ctx_id=c)[0][0]
+                 for h in hogs for c in range(1, 33)]
+        assert wire.RESP_ERR_OUT_OF_MEMORY in codes
+        report = fuzz_host(host, host.log_path, 60, SEED)
+    finally:
+        for h in hogs:
+            h.close(bye=False)
     assert report.ok and not report.failure, format_report(report)
     assert report.classes["setup:refused"] >= 1
