@@ -7,7 +7,7 @@ guest memory reaches the host.
 
 from __future__ import annotations
 
-PROTOCOL_VERSION = (0, 1)
+PROTOCOL_VERSION = (0, 2)
 
 # Control operations (frame 0 `op`). Requests carry `seq`; notifications do not.
 OP_HELLO = "hello"
