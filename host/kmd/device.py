@@ -316,7 +316,8 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
     def destroy_context(self, ctx: "Context", cancel: bool = False) -> None:
         """Tear a context down; memory is released once its work has finished. Work it
         queued still runs, unless `cancel` (its owner is gone): then queued jobs fail
-        with ContextLost and only what is on the hardware completes."""
+        with ContextLost, and a job of it running on an engine is stopped by a reset of
+        that engine (tdr.py preempt), so the memory is released at once."""
         with self.lock:
             if ctx.device is not self:
                 raise InvalidContext("context belongs to another device")
@@ -343,7 +344,11 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
                         lambda: self._release_context(ctx, bos, shared, imports))
             self._reclaim_locked()
             self._restore_evicted()
+            running = cancel and any(s.in_flight and s.in_flight[0].entity.owner is ctx
+                                     for s in self.schedulers)
         self._signal(signals)
+        if running:
+            self.submit_wq.call(self.preempt, ctx)
 
     def _release_context(self, ctx: "Context", bos: list, shared=(), imports=()) -> None:
         self.mmio.write(regs.REG_VM_PT_BASE(ctx.vmid), 0)

@@ -485,10 +485,10 @@ class GpuScheduler:
             return self.in_flight[0]
         return None
 
-    def recover(self, guilty: SchedJob, now: int, lost_owners=()) -> list:
-        """After the driver reset the engine: fail the guilty job, cancel the jobs of lost
-        owners (contexts) and hand every other in-flight job to the hardware again.
-        -> the entities made guilty."""
+    def recover(self, guilty: SchedJob, now: int, lost_owners=(), error=None) -> list:
+        """After the driver reset the engine: fail the guilty job (with `error`, by default
+        JobTimedOut), cancel the jobs of lost owners (contexts) and hand every other
+        in-flight job to the hardware again. -> the entities made guilty."""
         jobs = list(self.in_flight)
         self.in_flight.clear()
         self._head_since = None
@@ -504,14 +504,14 @@ class GpuScheduler:
             v.in_flight -= 1
             job.hw_fence = None
             if job is guilty:
-                self._finish(job, JobTimedOut(
+                self._finish(job, error or JobTimedOut(
                     f"job ran past the {self.timeout_ns / 1e9:g} s timeout on {self.name} "
                     f"and was stopped by an engine reset"), now)
             elif ent.owner in lost and ent.owner is not None or ent.guilty:
                 self._finish(job, ContextLost(f"{ent.name}: context lost after a GPU hang"), now)
         self.current = None
         self.hold_until = self._hold_for = None
-        self.stats["timeouts"] += 1
+        self.stats["timeouts" if error is None else "preemptions"] += 1
         made_guilty = []
         for ent in self.entities:
             if ent.owner in lost and ent.owner is not None or ent is guilty.entity:

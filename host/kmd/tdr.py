@@ -1,7 +1,9 @@
 """Timers and TDR (drm_sched's timeout work): the timer pass checks the job timeouts and
-BAND's time-buffer timer of every ring, and recover() resets an engine whose job ran past
-its timeout. Both run in the device's submission context (its worker, submit.py): the
-resubmission of the innocent jobs after a reset is a run_job."""
+BAND's time-buffer timer of every ring, recover() resets an engine whose job ran past
+its timeout, and preempt() resets an engine that is running a job of a context whose
+owner is gone, so that its memory is freed now rather than when the job ends. All run in
+the device's submission context (its worker, submit.py): the resubmission of the
+innocent jobs after a reset is a run_job."""
 
 from __future__ import annotations
 
@@ -78,6 +80,38 @@ class TdrMixin:
             self.stats["engine_resets"] += 1
             log.warning("gpu%d: %s timed out (context %d); resetting %s", self.index, job,
                         ctx.id, sched.name)
+        self._reset_ring(sched, job, ctx)
+        ctx.report_error(errors.JobTimedOut(ctx.lost_reason), timeline, engine)
+        return True
+
+    def preempt(self, ctx) -> int:
+        """`ctx` was destroyed because its owner is gone (destroy_context with cancel):
+        reset each engine whose running job (the head of its ring) is one of ctx's, so
+        that the job stops and ctx's memory is released at once. The jobs behind it in
+        the ring, which had not started, run again; a ring whose head is another
+        context's job is left alone (its job would have to start over). -> engines reset."""
+        resets = 0
+        for sched in self.schedulers:
+            with self.lock:
+                head = sched.in_flight[0] if sched.in_flight else None
+                if head is None or head.entity.owner is not ctx or sched.stopped:
+                    continue
+                sched.stopped = True
+                for j in sched.in_flight:
+                    j.hw_fence = None  # what the reset abandons must not complete the jobs
+                self.stats["engine_resets"] += 1
+                self.stats["preemptions"] += 1
+                log.info("gpu%d: context %d is gone; resetting %s to stop %s", self.index,
+                         ctx.id, sched.name, head)
+            self._reset_ring(sched, head, ctx,
+                             errors.ContextLost(f"context {ctx.id} was destroyed"))
+            resets += 1
+        return resets
+
+    def _reset_ring(self, sched: GpuScheduler, job: SchedJob, ctx, error=None) -> None:
+        """Reset `sched`'s engine (its scheduler stopped, lock not held), complete the
+        hardware fences it abandoned, fail `job` and ctx's other work, resubmit the rest."""
+        engine = sched.engine
         try:
             self.mmio.write(regs.REG_ENGINE(engine, regs.RB_RESET), 1)  # waits for the engine
         finally:
@@ -90,7 +124,7 @@ class TdrMixin:
         with self.lock:
             now = self.clock_ns()
             sched.stopped = False
-            sched.recover(job, now, lost_owners=[ctx])
+            sched.recover(job, now, lost_owners=[ctx], error=error)
             for other in self.schedulers:
                 if other is not sched:
                     other.mark_lost([ctx], now)
@@ -100,6 +134,4 @@ class TdrMixin:
                 s.schedule(now)
                 self._arm_timer(s)
             signals = self._take_signals()
-        ctx.report_error(errors.JobTimedOut(ctx.lost_reason), timeline, engine)
         self._signal(signals)
-        return True

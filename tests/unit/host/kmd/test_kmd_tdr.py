@@ -1,5 +1,7 @@
 """The KMD's scheduler on real emulated hardware: engines, vGPUs, timeouts and recovery."""
 
+import time
+
 import pytest
 
 from host.hw import regs
@@ -124,12 +126,39 @@ def test_stop_fails_queued_jobs(make_dev):
     assert all(j.signaled and j.error is not None for j in jobs)
 
 
-def test_destroy_with_cancel_drops_queued_work(make_dev, gate):
-    dev = make_dev()
+def test_destroy_with_cancel_stops_its_running_job_and_drops_queued_work(make_dev, gate):
+    # a job that would never end (and a job timeout far off): only a reset can stop it
+    dev = make_dev(job_timeout_ns=600_000 * MS)
     ctx = dev.create_context()
-    on_gpu = burn(ctx, 50_000)
+    free = dev.vram_free()
+    buf = ctx.alloc(1 << 20)
+    on_gpu = burn(ctx, wire.BURN_FOREVER)
     queued = [burn(ctx, 50_000, wait=[gate()])] + [burn(ctx, 50_000) for _ in range(4)]
+    assert buf.size and dev.vram_free() < free
     dev.destroy_context(ctx, cancel=True)
-    assert all(j.wait(5) for j in [on_gpu, *queued])
-    assert on_gpu.error is None  # what is on the hardware completes
+    assert all(j.wait(5) for j in [on_gpu, *queued]), "the running job was not stopped"
+    assert isinstance(on_gpu.error, ContextLost) and "destroyed" in str(on_gpu.error)
     assert all(isinstance(j.error, ContextLost) for j in queued)
+    deadline = time.monotonic() + 5
+    while dev.vram_free() < free and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert dev.vram_free() >= free  # its memory came back without waiting for the job
+    assert dev.stats["preemptions"] == 1 and dev.stats["timeouts"] == 0
+
+
+def test_a_job_behind_the_stopped_one_runs_and_another_contexts_running_job_is_left_alone(make_dev):
+    dev = make_dev(job_timeout_ns=600_000 * MS)
+    gone, other = dev.create_context("gone"), dev.create_context("other")
+    running = burn(gone, wire.BURN_FOREVER)
+    behind = burn(other, 1000)  # in the ring behind it (hw_limit 2), not started
+    dev.destroy_context(gone, cancel=True)
+    assert running.wait(5) and isinstance(running.error, ContextLost)
+    assert behind.wait(5) and behind.error is None  # handed to the engine again, completed
+    # a ring whose running job is another context's is not reset: that job would start over
+    first = burn(other, 300_000)
+    gone2 = dev.create_context("gone2")
+    queued = burn(gone2, 1000)
+    dev.destroy_context(gone2, cancel=True)
+    assert first.wait(5) and first.error is None
+    assert queued.wait(5)
+    assert dev.stats["preemptions"] == 1 and dev.stats["engine_resets"] == 1
