@@ -284,6 +284,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="the longest a check may take, and any wait for the host in it; a "
                         "silent host fails with 'no answer within S s' (default %(default)s)")
+    p.add_argument("--server-key", metavar="KEY", default=None,
+                   help="tcp with CURVE: the host's public key, a .key file or its Z85 text "
+                        "(default: $PVGPU_SERVER_KEY)")
+    p.add_argument("--client-key", metavar="KEY", default=None,
+                   help="tcp with CURVE: a key pair the host authorizes, a .key_secret file "
+                        "from `pvgpu keygen` or the Z85 text of the secret key "
+                        "(default: $PVGPU_CLIENT_KEY)")
     p.add_argument("--list", action="store_true", help="list the selected checks, run nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="print each failure's traceback")
     return ap
@@ -569,7 +576,13 @@ def cmd_conformance(args) -> int:
     if not args.endpoint:
         print("pvgpu conformance: --endpoint ENDPOINT is required (the host to check)", file=sys.stderr)
         return 2
-    target = Target(args.endpoint, memories=memories, timeout=args.timeout)
+    target = Target(args.endpoint, memories=memories, timeout=args.timeout,
+                    server_key=args.server_key, client_key=args.client_key)
+    try:
+        target.curve_for(args.endpoint)
+    except ValueError as e:  # transport.curve.CurveKeyError: a key file that is not one
+        print(f"pvgpu conformance: {e}", file=sys.stderr)
+        return 2
 
     def report(result):
         print(result.line(), file=out, flush=True)

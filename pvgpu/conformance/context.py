@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from spec import wire
+from transport.curve import guest_keys
 
 from pvgpu.conformance.rawpeer import RawPeer
 
@@ -31,6 +32,15 @@ class Target:
     # meets the old session still alive); default: endpoint
     patient_endpoint: str | None = None
     features: dict = field(default_factory=dict)  # device index -> the features it offers
+    # CURVE keys for a tcp endpoint (spec §2.13): the host's public key and a client key
+    # pair the host authorizes, each a key file or Z85 text (transport.curve.guest_keys;
+    # default: $PVGPU_SERVER_KEY, $PVGPU_CLIENT_KEY)
+    server_key: str | None = None
+    client_key: str | None = None
+
+    def curve_for(self, endpoint: str) -> tuple:
+        """-> (host public key, client KeyPair) for a connection to endpoint, or (None, None)."""
+        return guest_keys(endpoint, self.server_key, self.client_key)
 
 
 class Context:
@@ -49,7 +59,8 @@ class Context:
     def raw_peer(self, endpoint: str | None = None, routing_id: bytes | None = None) -> RawPeer:
         """A raw DEALER peer of the control channel (rawpeer.py)."""
         self._check_open()
-        p = RawPeer(endpoint or self.endpoint, routing_id, timeout=self.timeout)
+        endpoint = endpoint or self.endpoint
+        p = RawPeer(endpoint, routing_id, timeout=self.timeout, curve=self.target.curve_for(endpoint))
         self._closers.append(p.close)
         return p
 
@@ -63,7 +74,11 @@ class Context:
         if memory == wire.MEMORY_SHARED and memory not in self.target.memories:
             # (inline works anywhere; shared needs the host on this machine)
             raise Skip("needs the shared memory model, not selected (--memory)")
-        conn = guest.connect(endpoint or self.endpoint, memory=memory, mem_size=mem_size,
+        endpoint = endpoint or self.endpoint
+        if self.target.server_key is not None or self.target.client_key is not None:
+            kw.setdefault("server_key", self.target.server_key)
+            kw.setdefault("client_key", self.target.client_key)
+        conn = guest.connect(endpoint, memory=memory, mem_size=mem_size,
                              timeout=self.timeout, **kw)
         self._closers.append(conn.close)
         return conn
@@ -84,6 +99,12 @@ class Context:
         """`python -m pvgpu ARGS` as a child process, killed and reaped at close."""
         from pvgpu.procs import reap, spawn_guest
         self._check_open()
+        args = list(args)
+        if "--connect" in args:  # the guest sub-commands take the target's CURVE keys too
+            for flag, key in (("--server-key", self.target.server_key),
+                              ("--client-key", self.target.client_key)):
+                if key is not None:
+                    args += [flag, key]
         proc = spawn_guest(args)
         self._closers.append(lambda: proc.poll() is not None or reap(proc, 0))
         return proc

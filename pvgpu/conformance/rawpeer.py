@@ -18,13 +18,21 @@ class NoAnswer(AssertionError):
 class RawPeer:
     """A bare DEALER socket: sends arbitrary frames, receives with a deadline."""
 
-    def __init__(self, endpoint: str, routing_id: bytes | None = None, *, timeout: float = 30.0):
+    def __init__(self, endpoint: str, routing_id: bytes | None = None, *, timeout: float = 30.0,
+                 curve=(None, None)):
+        """curve: (the host's public key, a client transport.curve.KeyPair) to be a CURVE
+        client (spec §2.13), or (None, None)."""
         self.timeout_ms = int(timeout * 1000)
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
         if routing_id is not None:
             self.sock.routing_id = routing_id
+        server_key, client = curve
+        if server_key is not None:
+            self.sock.curve_serverkey = server_key
+            self.sock.curve_publickey = client.public
+            self.sock.curve_secretkey = client.secret
         self.sock.connect(endpoint)
         self.seq = 0
 

@@ -52,7 +52,7 @@ def probe(target: Target) -> str | None:
     """Say hello and read each device's features into target.features; -> why every check
     must fail (the host did not answer hello), or None. Any other odd answer is for the
     checks to report."""
-    peer = RawPeer(target.endpoint, timeout=target.timeout)
+    peer = RawPeer(target.endpoint, timeout=target.timeout, curve=target.curve_for(target.endpoint))
     try:
         r = peer.request({"op": wire.OP_HELLO, "version": list(wire.PROTOCOL_VERSION),
                           "name": "pvgpu-conformance", "memory": wire.MEMORY_INLINE,

@@ -10,6 +10,7 @@ timeouts. `--json` and `--clauses` do what they say.
 import fnmatch
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -24,8 +25,8 @@ from pvgpu.conformance import Check, Target, context, run_case, select
 from pvgpu.conformance.rawpeer import RawPeer
 from pvgpu.conformance.runner import cases
 
-# The options a host needs to serve keyless tcp (none today; a host that requires CURVE
-# on tcp would need its --insecure flag here).
+# The options a host needs to serve keyless tcp: none beyond what HostProcess adds (it
+# passes --insecure for a tcp endpoint without CURVE keys, spec CTL-AUTH-3).
 KEYLESS_TCP_HOST_ARGS = ()
 
 
@@ -234,3 +235,22 @@ def test_nothing_at_the_endpoint_fails_every_check_without_running_it(tmp_endpoi
     assert len(lines) > 10 and lines[-1].startswith(f"0 passed, {len(lines) - 1} failed")
     assert all("not run: the host did not answer hello (no answer within 1 s" in ln
                for ln in lines[:-1])
+
+
+def test_the_tool_authenticates_with_curve_keys(host_factory, tmp_endpoint, tmp_path):
+    """Against a host that requires CURVE on tcp (spec §2.13), the tool's raw peers and
+    sessions use the keys it is given; without them its probe gets no answer."""
+    from transport import curve
+    host_pub, host_secret = curve.write_keypair(str(tmp_path / "k"), "host")
+    guest_pub, guest_secret = curve.write_keypair(str(tmp_path / "k"), "guest")
+    auth = tmp_path / "authorized"
+    auth.mkdir()
+    shutil.copy(guest_pub, auth / "guest.key")
+    host = host_factory([tmp_endpoint, "tcp://127.0.0.1:0"], vram="64M",
+                        extra_args=["--curve-secret-key", host_secret, "--authorized-keys", str(auth)])
+    tcp = next(ep for ep in host.endpoints if ep.startswith("tcp://"))
+    args = ["--endpoint", tcp, "--memory", "inline", "--clauses", "CTL-HELLO-*"]
+    r = conformance(*args, "--server-key", host_pub, "--client-key", guest_secret)
+    assert r.returncode == 0 and "FAIL" not in r.stdout and " 0 failed" in r.stdout, r.stdout + r.stderr
+    r = conformance(*args, "--timeout", "2")
+    assert r.returncode == 1 and "FAIL" in r.stdout, r.stdout + r.stderr
