@@ -61,13 +61,18 @@ def _add_guest_options(p: argparse.ArgumentParser) -> None:
                    help="guest memory model: shared (zero copy, same machine) or inline (remote)")
     p.add_argument("--mem-size", type=parse_size, default=f"{wire.DEFAULT_GUEST_MEM_SIZE >> 20}M",
                    help="guest memory size (default %(default)s)")
+    _add_key_options(p)
+
+
+def _add_key_options(p: argparse.ArgumentParser) -> None:
+    """The CURVE keys of a guest's connection to a tcp endpoint (spec §2.13)."""
     p.add_argument("--server-key", metavar="KEY", default=None,
                    help="tcp with CURVE: the host's public key, a .key file or its Z85 text "
                         "(default: $PVGPU_SERVER_KEY)")
     p.add_argument("--client-key", metavar="KEY", default=None,
-                   help="tcp with CURVE: this guest's key pair, a .key_secret file from "
-                        "`pvgpu keygen` or the Z85 text of the secret key "
-                        "(default: $PVGPU_CLIENT_KEY)")
+                   help="tcp with CURVE: this guest's key pair (one the host authorizes), a "
+                        ".key_secret file from `pvgpu keygen` or the Z85 text of the secret "
+                        "key (default: $PVGPU_CLIENT_KEY)")
 
 
 def _default_ep() -> str:
@@ -284,13 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="the longest a check may take, and any wait for the host in it; a "
                         "silent host fails with 'no answer within S s' (default %(default)s)")
-    p.add_argument("--server-key", metavar="KEY", default=None,
-                   help="tcp with CURVE: the host's public key, a .key file or its Z85 text "
-                        "(default: $PVGPU_SERVER_KEY)")
-    p.add_argument("--client-key", metavar="KEY", default=None,
-                   help="tcp with CURVE: a key pair the host authorizes, a .key_secret file "
-                        "from `pvgpu keygen` or the Z85 text of the secret key "
-                        "(default: $PVGPU_CLIENT_KEY)")
+    _add_key_options(p)
     p.add_argument("--list", action="store_true", help="list the selected checks, run nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="print each failure's traceback")
     return ap

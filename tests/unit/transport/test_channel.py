@@ -318,11 +318,9 @@ def test_host_lost_when_nobody_is_there(tmp_path, make_guest):
             g.request({"op": OP_GET_STATUS, "dev": 0})  # no timeout: only HostLost ends it
 
 
-def test_host_lost_fails_every_wait(endpoint, make_host, make_guest):
-    """[CTL-HB-4]: every pending operation fails, including waits stepped aside for
-    another thread (the thread that finds the host silent fails them all)."""
-    host = make_host(endpoint, on_message=None, answer_pings=False)
-    g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
+def _four_waits(g) -> tuple:
+    """Four threads waiting on g, two for replies and two for any message -> (threads,
+    the errors they ended with)."""
     outcome = []
 
     def wait(k):
@@ -337,10 +335,22 @@ def test_host_lost_fails_every_wait(endpoint, make_host, make_guest):
     threads = [threading.Thread(target=wait, args=(k,)) for k in range(4)]
     for t in threads:
         t.start()
+    return threads, outcome
+
+
+def _all_lost(threads, outcome) -> None:
     for t in threads:
         t.join(timeout=30)
     assert not any(t.is_alive() for t in threads)
     assert len(outcome) == 4 and all(isinstance(e, HostLost) for e in outcome)
+
+
+def test_host_lost_fails_every_wait(endpoint, make_host, make_guest):
+    """[CTL-HB-4]: every pending operation fails, including waits stepped aside for
+    another thread (the thread that finds the host silent fails them all)."""
+    host = make_host(endpoint, on_message=None, answer_pings=False)
+    g = make_guest(host.endpoint, heartbeat_ms=HB_MS)
+    _all_lost(*_four_waits(g))
 
 
 def test_a_closed_connection_fails_every_wait_and_later_use(endpoint, make_host, make_guest):
@@ -348,26 +358,10 @@ def test_a_closed_connection_fails_every_wait_and_later_use(endpoint, make_host,
     host = make_host(endpoint, on_message=None)
     g = make_guest(host.endpoint, heartbeat_ms=0)
     assert g.request({"op": OP_PING}, timeout=10)[0]["ok"]  # connected, handshake done
-    outcome = []
-
-    def wait(k):
-        try:
-            if k % 2:
-                g.request({"op": OP_GET_STATUS, "dev": k})
-            else:
-                g.recv_until(lambda m: False)
-        except ChannelError as e:
-            outcome.append(e)
-
-    threads = [threading.Thread(target=wait, args=(k,)) for k in range(4)]
-    for t in threads:
-        t.start()
+    threads, outcome = _four_waits(g)
     assert wait_for(lambda: sum(1 for _, m, _ in host.received if m["op"] == OP_GET_STATUS) == 2)
     host.stop()  # closes its sockets: the guest's connection closes
-    for t in threads:
-        t.join(timeout=30)
-    assert not any(t.is_alive() for t in threads)
-    assert len(outcome) == 4 and all(isinstance(e, HostLost) for e in outcome)
+    _all_lost(threads, outcome)
     assert all("connection closed" in str(e) for e in outcome)
     with pytest.raises(HostLost):
         g.send({"op": OP_KICK, "dev": 0, "queue": 0})
