@@ -247,7 +247,7 @@ def _contiguous_range(shape: tuple, key) -> tuple:
     offset, out, ranged = 0, [], False
     for axis, (k, n) in enumerate(zip(key, shape)):
         if isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-            if ranged:
+            if ranged and n != 1:  # (the only index of an axis of length 1 strides nothing)
                 raise IndexError("only contiguous ranges can be sliced on the device: an "
                                  "integer index after a range is strided; use get()")
             i = int(k) + n if k < 0 else int(k)
