@@ -249,7 +249,7 @@ class Backend:
                     return self._kick(session, msg, extra)
             self.stats["unexpected_notifications"] += 1
             return []
-        if op == wire.OP_REPLY:  # v0.1 hosts send no requests ([CTL-PARSE-2])
+        if op == wire.OP_REPLY:  # the host sends no requests ([CTL-PARSE-2])
             self.stats["unexpected_replies"] += 1
             return []
         seq = msg["seq"]
