@@ -20,6 +20,16 @@ page from a good first PTE (a buffer backed contiguously, the common case) are o
 recognised with one comparison. Python work is per leaf table and per extent, never per
 page.
 
+Coalesced TLB entries. The first time a range uses a cached leaf table, the MMU records
+the leaf's runs: the pages whose PTEs (fragment field aside) step by exactly one page
+with the same flags, as (first index, end index, first PTE), like the contiguous-block
+entries of a real GPU TLB. A leaf with more than MAX_LEAF_RUNS runs records that it has
+none. A range over cached leaves with recorded runs is translated from the runs alone:
+a few integer checks per run (the first PTE's permissions and kind, the last page inside
+VRAM), no numpy and nothing per page, so the translation of a large copy costs per leaf
+table and run, not per page. Anything else (a leaf not cached or too fragmented, a page
+that is not good) goes the vectorized way above, which also decides the faults.
+
 Faults. A missing PDE/PTE, a missing permission, a PTE outside VRAM or with both
 PTE_SYSTEM and PTE_PEER, a SYSTEM address outside every DMA mapping (or a write to a
 read-only mapping), a PEER address the fabric refuses (outside every BAR's VRAM or on a
@@ -48,8 +58,9 @@ import threading
 import numpy as np
 
 from host.hw.regs import (NUM_VMIDS, PAGE_SHIFT, PAGE_SIZE, PDE_VALID, PT_ENTRIES,
-                          PT_ENTRY_BITS, PTE_ADDR_MASK, PTE_EXEC, PTE_PEER, PTE_READ,
-                          PTE_SYSTEM, PTE_VALID, PTE_WRITE, VA_BITS, VMID_KERNEL)
+                          PT_ENTRY_BITS, PTE_ADDR_MASK, PTE_EXEC, PTE_FRAGMENT_MASK,
+                          PTE_PEER, PTE_READ, PTE_SYSTEM, PTE_VALID, PTE_WRITE, VA_BITS,
+                          VMID_KERNEL)
 from host.hw.pcie import PeerFault
 from host.hw.sysmem import SYSMEM_BUS_BASE, SysmemFault
 from spec.kernels import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
@@ -62,6 +73,7 @@ PD_SHIFT = LEAF_SHIFT + PT_ENTRY_BITS  # 30: VA bytes covered by one PD0 table
 _IDX = PT_ENTRIES - 1
 _PAGE_MASK = PAGE_SIZE - 1
 BATCH_LEAVES = 64  # leaf tables checked at once (128 MiB of VA)
+MAX_LEAF_RUNS = 16  # runs of pages a coalesced TLB entry holds at most (else none)
 _PAGE_STRIDE = np.arange(BATCH_LEAVES * PT_ENTRIES, dtype=np.uint64) << np.uint64(PAGE_SHIFT)
 # a page's kind: the PTE_SYSTEM/PTE_PEER bits of its PTE
 _VRAM = 0
@@ -82,6 +94,37 @@ _NEED = [PTE_VALID | _pte_perms(a) for a in range(_ACCESS_ALL + 1)]  # access ->
 
 def _missing_access(pte: int, access: int) -> int:
     return sum(acc for acc, bit in _PERM if access & acc and not pte & bit)
+
+
+_UNKNOWN = object()  # a cached leaf whose runs are not computed yet
+_NO_FRAGMENT = np.uint64(~PTE_FRAGMENT_MASK & (2**64 - 1))
+
+
+def _leaf_runs(ptes) -> tuple | None:
+    """A leaf table's PTEs as runs (first index, end index, first PTE without its fragment
+    field) of pages whose PTEs step by exactly one page with the same flags (a run of
+    invalid PTEs is one run too); None past MAX_LEAF_RUNS runs."""
+    ptes = ptes & _NO_FRAGMENT
+    head, tail = int(ptes[0]), int(ptes[-1])
+    n = ptes.shape[0]
+    if (not (head ^ tail) & ~PTE_ADDR_MASK and tail - head == (n - 1) << PAGE_SHIFT
+            and np.array_equal(ptes, _PAGE_STRIDE[:n] + np.uint64(head))):
+        return ((0, n, head),)  # the common case: one contiguous run
+    valid = (ptes & np.uint64(PTE_VALID)).astype(bool)
+    brk = np.diff(ptes) != PAGE_SIZE
+    brk &= valid[1:] | valid[:-1]  # invalid PTEs next to each other stay one run
+    starts = np.flatnonzero(brk) + 1
+    if starts.shape[0] >= MAX_LEAF_RUNS:
+        return None
+    bounds = [0, *starts.tolist(), n]
+    runs = []
+    for i in range(len(bounds) - 1):
+        lo, hi = bounds[i], bounds[i + 1]
+        first, end = int(ptes[lo]), int(ptes[hi - 1])
+        if first & PTE_VALID and (first ^ end) & ~PTE_ADDR_MASK:
+            return None  # the address carried into the flags: not one run
+        runs.append((lo, hi, first))
+    return tuple(runs)
 
 
 class MmuFault(Exception):
@@ -112,6 +155,7 @@ class Mmu:
         self._roots = [0] * NUM_VMIDS
         self._lock = threading.Lock()
         self._tlb = [{} for _ in range(NUM_VMIDS)]  # va >> 21 -> read-only PTE array
+        self._runs = [{} for _ in range(NUM_VMIDS)]  # va >> 21 -> _leaf_runs of its TLB entry
         self._pwc = [{} for _ in range(NUM_VMIDS)]  # va >> 30 -> PD0 table address
         self._gen = [0] * NUM_VMIDS  # bumped by every flush of the VMID
         self._tlb_entries = 0
@@ -138,6 +182,7 @@ class Mmu:
         with self._lock:
             self._tlb_entries -= len(self._tlb[vmid])
             self._tlb[vmid] = {}
+            self._runs[vmid] = {}
             self._pwc[vmid] = {}
             self._gen[vmid] += 1
             self.flushes += 1
@@ -198,14 +243,19 @@ class Mmu:
                 tlb = self._tlb[vmid]
                 if chunk not in tlb:
                     if self._tlb_entries >= self.TLB_CAPACITY:
-                        self._evict(tlb)
+                        self._evict(vmid)
                     self._tlb_entries += 1
                 tlb[chunk] = ptes
+                self._runs[vmid].pop(chunk, None)
         return ptes, False
 
-    def _evict(self, prefer: dict) -> None:
-        victim = prefer if prefer else next(t for t in self._tlb if t)
-        del victim[next(iter(victim))]  # FIFO within the VMID
+    def _evict(self, prefer: int) -> None:
+        """Drop the oldest TLB entry of VMID `prefer` (of another VMID if it has none)."""
+        vmid = prefer if self._tlb[prefer] else next(v for v, t in enumerate(self._tlb) if t)
+        victim = self._tlb[vmid]
+        chunk = next(iter(victim))  # FIFO within the VMID
+        del victim[chunk]
+        self._runs[vmid].pop(chunk, None)
         self._tlb_entries -= 1
 
     # --------------------------------------------------------------- translate
@@ -258,7 +308,10 @@ class Mmu:
         self._bad_pte(vmid, va, pte, access)
 
     def _translate_range(self, vmid, va, end, access, need, first, last) -> list:
-        runs: list = []  # (kind, phys, page_va, npages), physically contiguous
+        runs = self._cached_runs(vmid, need, first, last)
+        if runs is not None:
+            return self._views(vmid, runs, va, end, access)
+        runs = []  # (kind, phys, page_va, npages), physically contiguous
         page = first
         while page <= last:
             page, bad_at, bad_pte, missing = self._batch(vmid, need, page, last, runs)
@@ -268,6 +321,51 @@ class Mmu:
                     self._bad_pte(vmid, max(va, bad_at << PAGE_SHIFT), bad_pte, access)
                 self._fault(vmid, max(va, missing << PAGE_SHIFT), access, "no page table")
         return self._views(vmid, runs, va, end, access)
+
+    def _cached_runs(self, vmid, need, first, last):
+        """Pages first..last as runs (kind, phys, page_va, npages) from the coalesced TLB
+        entries, or None: a leaf not cached or without runs, or a page that is not good."""
+        check = need | self._forbidden_kind
+        vram_last = self.vram.size - PAGE_SIZE
+        bus_kinds = self._bus_kinds
+        out = []
+        page = first
+        with self._lock:
+            cached, tlb = self._runs[vmid], self._tlb[vmid]
+            leaves = 0
+            while page <= last:
+                chunk = page >> PT_ENTRY_BITS
+                leaf_runs = cached.get(chunk, _UNKNOWN)
+                if leaf_runs is _UNKNOWN:
+                    ptes = tlb.get(chunk)
+                    if ptes is None:
+                        return None
+                    leaf_runs = cached[chunk] = _leaf_runs(ptes)
+                if leaf_runs is None:
+                    return None
+                base = chunk << PT_ENTRY_BITS
+                lo, hi = page - base, min(PT_ENTRIES, last - base + 1)
+                for start, stop, head in leaf_runs:
+                    if stop <= lo:
+                        continue
+                    if start >= hi:
+                        break
+                    s, e = max(start, lo), min(stop, hi)
+                    kind = head & _KINDS
+                    addr = (head & PTE_ADDR_MASK) + ((s - start) << PAGE_SHIFT)
+                    if (head & check) != need or (
+                            addr + ((e - s - 1) << PAGE_SHIFT) > vram_last if kind == _VRAM
+                            else kind not in bus_kinds):
+                        return None
+                    prev = out[-1] if out else None
+                    if prev and prev[0] == kind and prev[1] + (prev[3] << PAGE_SHIFT) == addr:
+                        out[-1] = (kind, prev[1], prev[2], prev[3] + e - s)  # joins the last
+                    else:
+                        out.append((kind, addr, (base + s) << PAGE_SHIFT, e - s))
+                leaves += 1
+                page = base + PT_ENTRIES
+            self.tlb_hits += leaves
+        return out
 
     def _batch(self, vmid, need, page, last, runs):
         """Check up to BATCH_LEAVES leaf tables from `page` and append their runs.

@@ -9,8 +9,8 @@ from hwtest import RO, RW, PageTables
 from host.hw import mmu as mmu_module
 from host.hw.mmu import BATCH_LEAVES, Mmu, MmuFault
 from host.hw.pcie import PcieFabric
-from host.hw.regs import (NUM_VMIDS, PAGE_SIZE, PTE_EXEC, PTE_PEER, PTE_READ, PTE_SYSTEM,
-                          PTE_VALID, PTE_WRITE)
+from host.hw.regs import (NUM_VMIDS, PAGE_SIZE, PTE_EXEC, PTE_FRAGMENT_SHIFT, PTE_PEER,
+                          PTE_READ, PTE_SYSTEM, PTE_VALID, PTE_WRITE)
 from host.hw.sysmem import SystemMemory
 from host.hw.vram import Vram
 from spec.kernels import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
@@ -464,16 +464,110 @@ def test_translate_matches_a_per_page_model(data):
     saved = mmu_module.BATCH_LEAVES
     mmu_module.BATCH_LEAVES = data.draw(st.sampled_from([1, saved]))  # batches join runs too
     try:
-        if bad:
-            with pytest.raises(MmuFault) as e:
-                mmu.translate(3, base_va + start, size, ACCESS_READ)
-            assert e.value.address == max(base_va + start, base_va + bad[0] * PAGE_SIZE)
-            return
-        ext = mmu.translate(3, base_va + start, size, ACCESS_READ)
+        for _ in range(2):  # the second time from the coalesced TLB entries, where they apply
+            if bad:
+                with pytest.raises(MmuFault) as e:
+                    mmu.translate(3, base_va + start, size, ACCESS_READ)
+                assert e.value.address == max(base_va + start, base_va + bad[0] * PAGE_SIZE)
+                continue
+            ext = mmu.translate(3, base_va + start, size, ACCESS_READ)
+            expect = np.concatenate(model[first:last + 1])[start - first * PAGE_SIZE:][:size]
+            assert np.array_equal(joined(ext), expect)
+            # extents are maximal: neighbours are never physically contiguous
+            for a, b in zip(ext, ext[1:]):
+                assert (a.__array_interface__["data"][0] + a.shape[0]
+                        != b.__array_interface__["data"][0])
     finally:
         mmu_module.BATCH_LEAVES = saved
-    expect = np.concatenate(model[first:last + 1])[start - first * PAGE_SIZE:][:size]
-    assert np.array_equal(joined(ext), expect)
-    # extents are maximal: neighbours are never physically contiguous
-    for a, b in zip(ext, ext[1:]):
-        assert a.__array_interface__["data"][0] + a.shape[0] != b.__array_interface__["data"][0]
+
+
+def _no_page_walk(monkeypatch, mmu):
+    """Make the vectorized page-by-page path count its uses -> the list of them."""
+    walks = []
+    real = mmu._batch
+    monkeypatch.setattr(mmu, "_batch", lambda *a: walks.append(1) or real(*a))
+    return walks
+
+
+def test_a_fragmented_range_is_translated_from_coalesced_tlb_entries(env, monkeypatch):
+    """Three leaf tables mapped in runs of 64 pages scattered over VRAM and a DMA-mapped host
+    buffer (5 to 9 runs per leaf, with the fragment field set as the KMD sets it): once the
+    leaves are cached, the range is translated from their runs, without the page-by-page
+    walk, and the extents hold the same bytes as the pages they map."""
+    vram, sysmem, mmu, pt = env
+    FRAG = 6 << PTE_FRAGMENT_SHIFT  # a fragment field in every PTE (a hint the MMU ignores)
+    host = np.random.default_rng(4).integers(0, 256, 8 * 64 * PAGE_SIZE, dtype=np.uint8)
+    bus = sysmem.dma_map(host)
+    vram.mem[DATA:DATA + 32 * 64 * PAGE_SIZE] = np.random.default_rng(5).integers(
+        0, 256, 32 * 64 * PAGE_SIZE, dtype=np.uint8)
+    order = np.random.default_rng(6).permutation(32)
+    va = VA - 100 * PAGE_SIZE  # from inside one leaf table to inside the third
+    expect = []
+    for i in range(21):
+        run_va = va + i * 64 * PAGE_SIZE
+        if i % 5 == 2:  # host memory
+            j = i // 5
+            pt.map(run_va, bus + j * 64 * PAGE_SIZE, 64, RW | PTE_SYSTEM | FRAG)
+            expect.append(host[j * 64 * PAGE_SIZE:(j + 1) * 64 * PAGE_SIZE])
+        else:
+            phys = DATA + int(order[i]) * 64 * PAGE_SIZE
+            pt.map(run_va, phys, 64, RW | FRAG)
+            expect.append(vram.mem[phys:phys + 64 * PAGE_SIZE])
+    expect = np.concatenate(expect)
+    start, size = 3 * PAGE_SIZE + 17, 21 * 64 * PAGE_SIZE - 3 * PAGE_SIZE - 40
+    first = mmu.translate(1, va + start, size, ACCESS_READ)
+    walks = _no_page_walk(monkeypatch, mmu)
+    again = mmu.translate(1, va + start, size, ACCESS_READ)
+    assert not walks
+    assert np.array_equal(joined(again), expect[start:start + size])
+    assert [e.shape for e in again] == [e.shape for e in first]
+    # the extents are the memory itself: a write through them lands in the mapped pages
+    for e in mmu.translate(1, va + start, size, ACCESS_WRITE):
+        e[:] = 0x5A
+    assert not walks
+    assert (vram.mem[DATA:DATA + 32 * 64 * PAGE_SIZE] == 0x5A).sum() > 0
+    assert np.all(joined(mmu.translate(1, va + start, size, ACCESS_READ)) == 0x5A)
+
+
+def test_a_leaf_too_fragmented_for_a_coalesced_entry_takes_the_page_walk(env, monkeypatch):
+    vram, _, mmu, pt = env
+    pages = np.random.default_rng(7).permutation(512)  # 512 runs of one page
+    pt.map_pages(VA, [DATA + int(p) * PAGE_SIZE for p in pages])
+    mmu.translate(1, VA, 512 * PAGE_SIZE, ACCESS_READ)
+    walks = _no_page_walk(monkeypatch, mmu)
+    ext = mmu.translate(1, VA, 512 * PAGE_SIZE, ACCESS_READ)
+    assert walks and len(ext) == 512
+    assert np.array_equal(joined(ext), np.concatenate(
+        [vram.mem[DATA + int(p) * PAGE_SIZE:DATA + (int(p) + 1) * PAGE_SIZE] for p in pages]))
+
+
+@pytest.mark.parametrize("how", ["permission", "invalid"])
+def test_a_coalesced_entry_does_not_hide_a_fault(env, how):
+    """A page of a cached run that is not good for the access: the page walk decides, and
+    faults at that page."""
+    _, _, mmu, pt = env
+    pt.map(VA, DATA, 8, RO)
+    pt.map(VA + 8 * PAGE_SIZE, DATA + 8 * PAGE_SIZE, 8, RW if how == "permission" else 0)
+    if how == "permission":
+        mmu.translate(1, VA, 16 * PAGE_SIZE, ACCESS_READ)
+    else:
+        mmu.translate(1, VA, 8 * PAGE_SIZE, ACCESS_READ)
+        mmu.translate(1, VA, 8 * PAGE_SIZE, ACCESS_READ)  # the leaf's runs recorded
+    with pytest.raises(MmuFault) as e:
+        mmu.translate(1, VA + 100, 16 * PAGE_SIZE - 200, ACCESS_WRITE if how == "permission"
+                      else ACCESS_READ)
+    assert e.value.address == (VA + 100 if how == "permission" else VA + 8 * PAGE_SIZE)
+
+
+def test_an_evicted_leaf_takes_its_coalesced_entry_along(env):
+    """A leaf table that left the TLB is walked again: its runs are not used after it."""
+    vram, _, mmu, pt = env
+    mmu.TLB_CAPACITY = 1
+    pt.map(VA, DATA, 4)
+    pt.map(VA + (2 << 20), DATA + 64 * PAGE_SIZE, 4)
+    for _ in range(2):  # cached, runs recorded
+        mmu.translate(1, VA, 4 * PAGE_SIZE, ACCESS_READ)
+    mmu.translate(1, VA + (2 << 20), 4 * PAGE_SIZE, ACCESS_READ)  # evicts the first leaf
+    pt.map(VA, DATA + 128 * PAGE_SIZE, 4)  # remapped while not cached: no flush needed
+    ext = mmu.translate(1, VA, 4 * PAGE_SIZE, ACCESS_READ)
+    assert np.array_equal(joined(ext), vram.view(DATA + 128 * PAGE_SIZE, 4 * PAGE_SIZE))
