@@ -3,6 +3,7 @@ guest processes, reaped by the commands themselves). Structure and verification 
 benchmark's timing targets depend on the machine and are never asserted."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -43,11 +44,15 @@ def test_bench_p2p_quick(tmp_path):
     assert [r["size_mib"] for r in data["sizes"]] == [16, 64]
     for r in data["sizes"]:
         assert r["verified"] and all(r["verified_by_mode"].values()), r["verified_by_mode"]
-        assert set(r["modes"]) == {"memcpy", "p2p", "bounce", "bounce_sockets", "guest"}
+        assert set(r["modes"]) == {"memcpy", "memcpy_mt", "p2p", "bounce", "bounce_sockets",
+                                   "guest"}
+        assert 1 <= r["memcpy_mt_threads"] <= max(2, os.cpu_count())
+        # the best memcpy by any number of threads is at least as fast as one memcpy
+        assert r["modes"]["memcpy_mt"]["median_ms"] <= r["modes"]["memcpy"]["median_ms"]
         for m in r["modes"].values():
             assert m["median_ms"] > 0 and m["gbs"] > 0
         assert set(r["ratios"]) == {"p2p_vs_bounce", "p2p_vs_bounce_sockets", "p2p_vs_guest",
-                                    "p2p_vs_memcpy"}
+                                    "p2p_vs_memcpy", "p2p_vs_memcpy_mt"}
         assert all(v > 0 for v in r["ratios"].values())
         assert all(len(runs) == data["reps"] for runs in r["runs_s"].values())
         assert isinstance(r["met_targets"], bool)

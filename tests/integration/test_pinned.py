@@ -276,3 +276,6 @@ def test_bench_copies_quick(tmp_path):
     data = json.loads(path.read_text())
     assert {"shared", "inline", "chunk_sweep", "crossover", "tiny_h2d", "summary"} <= set(data)
     assert "pinned" in p.stdout and "crossover" in p.stdout
+    for row in data["shared"]:  # the second limit: the best memcpy by any number of threads
+        assert row["memcpy_mt_best_s"] <= row["memcpy_s"]
+        assert row["h2d_pinned_vs_memcpy_mt"] <= row["h2d_pinned_vs_memcpy"]
