@@ -223,7 +223,7 @@ def run_bench(json_path: str | None = None, quick: bool = False, *, sizes_mib=No
     print(f"this machine's memcpy (np.copyto, one thread): {memcpy_gbs}")
     print("best memcpy by 1 .. CPUs threads (p2p/mt is against it): " + ", ".join(
         f"{r['size_mib']} MiB {r['modes']['memcpy_mt']['gbs']:.2f} GB/s ({r['memcpy_mt_threads']} "
-        "threads)" for r in results["sizes"]))
+        f"thread{'s' if r['memcpy_mt_threads'] > 1 else ''})" for r in results["sizes"]))
     print(f"targets (p2p >= {TARGET_VS_BOUNCE}x bounce and >= {TARGET_VS_MEMCPY}x memcpy): "
           f"{'met' if all(met) else 'NOT met'} (met at {sum(met)} of {len(met)} sizes)")
     print(f"results {'verified' if verified else 'WRONG'}; sockets host "
