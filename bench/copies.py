@@ -23,8 +23,8 @@ against the best memcpy by any number of threads too (`*_vs_memcpy_mt`).
 
 from __future__ import annotations
 
-import os
 import functools
+import os
 import platform
 import shutil
 import statistics
