@@ -344,13 +344,15 @@ class Mmu:
                 if leaf_runs is None:
                     return None
                 base = chunk << PT_ENTRY_BITS
-                lo, hi = page - base, min(PT_ENTRIES, last - base + 1)
+                lo = page - base
+                hi = last - base + 1 if last - base < PT_ENTRIES else PT_ENTRIES
                 for start, stop, head in leaf_runs:
                     if stop <= lo:
                         continue
                     if start >= hi:
                         break
-                    s, e = max(start, lo), min(stop, hi)
+                    s = lo if lo > start else start  # the run clipped to [lo, hi)
+                    e = hi if hi < stop else stop
                     kind = head & _KINDS
                     addr = (head & PTE_ADDR_MASK) + ((s - start) << PAGE_SHIFT)
                     if (head & check) != need or (

@@ -571,3 +571,14 @@ def test_an_evicted_leaf_takes_its_coalesced_entry_along(env):
     pt.map(VA, DATA + 128 * PAGE_SIZE, 4)  # remapped while not cached: no flush needed
     ext = mmu.translate(1, VA, 4 * PAGE_SIZE, ACCESS_READ)
     assert np.array_equal(joined(ext), vram.view(DATA + 128 * PAGE_SIZE, 4 * PAGE_SIZE))
+
+
+def test_a_cached_range_costs_calls_per_leaf_table_not_per_page(env):
+    """Python calls of translating a cached, contiguously mapped 64 MiB (32 leaf tables):
+    about one per leaf table (its coalesced entry) and a few per translation."""
+    _, _, mmu, pt = env
+    pt.map(VA, DATA, 16384)
+    for _ in range(2):  # cached, runs recorded
+        mmu.translate(1, VA, 64 << 20, ACCESS_READ)
+    calls = python_calls(lambda: mmu.translate(1, VA, 64 << 20, ACCESS_READ))
+    assert calls <= 2 * 32 + 16, f"{calls} calls for 32 cached leaf tables"
