@@ -25,7 +25,8 @@ limit, drm_sched credits):
           fixed 500 µs; here it is each waiting vGPU's measured gap (host/kmd/turnaround.py):
           the ring is held until the latest time a vGPU idle between its jobs is due to
           push its next one, and a fixed buffer (DEFAULT_TIME_BUFFER_NS) applies only to
-          a vGPU whose gaps have not been measured yet.
+          a vGPU whose gaps have not been measured yet; a vGPU due only after the held
+          vGPU's job (as long as its last one) would have ended is not waited for.
 Credits (Gdev): every `period` a vGPU's credit grows by period * share / 100, and is
 reset to 0 when it leaves [-period, period]; a job's device time (end - start) is
 charged when it completes. Utilisation is the vGPU's device time over the last `window`.
@@ -163,6 +164,7 @@ class VgpuSchedState:
         self.queued = 0  # jobs waiting in its entities
         self.busy_ns = 0  # total device time
         self.jobs = 0
+        self.last_job_ns = 0  # device time of its last job (0: none yet)
         self.last_active = None  # when it last had work queued or running
         self.turnaround = Turnaround(period)  # the gaps between its jobs (band's buffer)
         self._period = period
@@ -182,6 +184,7 @@ class VgpuSchedState:
         self.busy_ns += busy
         self.jobs += 1
         self.credit -= busy
+        self.last_job_ns = busy
 
     def utilisation(self, now: int) -> float:
         """Busy fraction over the window (the current, partial period included)."""
@@ -344,8 +347,11 @@ class GpuScheduler:
         """band: until when a free ring is held against `name` (over its share) for the
         other vGPUs, or None: for each vGPU idle in a measured gap, until its next job is
         due (a vGPU that is late past its bound has gone quiet and holds nothing); for
-        another one active in the last two periods, the fixed time buffer from now."""
+        another one active in the last two periods, the fixed time buffer from now. Only
+        a vGPU due before `name`'s job (as long as its last one) would end is waited for:
+        one due later loses nothing to that job, and the ring does not idle for it."""
         horizon = now - 2 * self.period_ns
+        job_ns = self.vgpus[name].last_job_ns
         until = None
         for other, v in self.vgpus.items():
             if other == name:
@@ -356,6 +362,8 @@ class GpuScheduler:
                         or v.last_active is not None and v.last_active >= horizon):
                     continue
                 due = now + self.time_buffer_ns
+            if job_ns and due - now >= job_ns:
+                continue
             if until is None or due > until:
                 until = due
         return until

@@ -289,10 +289,11 @@ def test_band_time_buffer_lets_the_other_vgpu_cut_in():
 
 
 def _simulate(policy, duration=20_000 * MS, hw_limit=1, short=1 * MS, gap=300 * US,
-              time_buffer=500 * US):
+              time_buffer=500 * US, long_gap=None):
     """Gdev's unfair workload on one simulated ring: vGPU a runs 20 ms jobs back to back,
     vGPU b `short` jobs; each guest submits its next job `gap` after the previous completed
-    (`gap` in ns, or a function of the job count returning it). -> utilisation of a and b."""
+    (`gap` in ns, or a function of the job count returning it; a's is `long_gap` if given).
+    -> utilisation of a and b."""
     ring, s = make(policy, hw_limit=hw_limit, period_ns=30 * MS, time_buffer_ns=time_buffer)
     ent = {"a": s.entity("a", A), "b": s.entity("b", B)}
     length = {"a": 20 * MS, "b": short}
@@ -325,7 +326,8 @@ def _simulate(policy, duration=20_000 * MS, hw_limit=1, short=1 * MS, gap=300 * 
             name = job.entity.vgpu
             busy[name] += length[name]
             complete(s, job, end)
-            arrivals[name] = end + gap_of(n_done)
+            arrivals[name] = end + (long_gap if name == "a" and long_gap is not None
+                                    else gap_of(n_done))
             n_done += 1
             running = None
     return busy["a"] / duration, busy["b"] / duration
@@ -366,6 +368,20 @@ def test_band_holds_for_a_jittery_turnaround():
         assert abs(a - 0.5) <= 0.03
         mean_gap = (6 * 300 * US + 1800 * US) / 7
         assert b >= 0.95 * (1 - a) * short / (short + mean_gap)
+
+
+def test_band_does_not_idle_the_ring_for_a_vgpu_due_after_the_next_job_would_end():
+    """b thinks 25 ms between its 1 ms jobs, longer than a's 20 ms jobs: a job of a started
+    as b's gap begins ends before b's next arrives, so the ring is held only for the last
+    20 ms of each gap, not all of it (the device 54 % busy when it was, 81 % now, b
+    getting as much). b 10 ms: any job of a would delay it, the ring is held."""
+    a, b = _simulate("band", duration=10_000 * MS, short=1 * MS, gap=25 * MS, long_gap=300 * US,
+                     time_buffer=1 * MS)
+    assert a + b >= 0.75
+    assert b >= 0.9 * 1 / (1 + 25 + 20)  # b waits behind at most one of a's jobs
+    a, b = _simulate("band", duration=10_000 * MS, short=1 * MS, gap=10 * MS, long_gap=300 * US,
+                     time_buffer=1 * MS)
+    assert abs(a - 0.5) <= 0.03
 
 
 def test_band_holds_only_until_the_waiting_vgpu_is_due():
