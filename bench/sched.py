@@ -120,6 +120,7 @@ def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = 
         run["guests"][n] = r
     util = fairness.utilisation(start, end, names)
     run.update(window_s=(end["now_ns"] - start["now_ns"]) / 1e9, util=util,
+               turnaround_us={n: fairness.turnaround_us(end, n) for n in names},
                copy_util=fairness.copy_utilisation(start, end, names),
                samples=samples, **fairness.summarise(util, share, samples),
                verified=all(g.get("verified") and g["exit"] == 0 for g in run["guests"].values()))
@@ -220,6 +221,8 @@ def print_unfair(runs: dict, alone=None, out=print, short_us: int = 1000) -> Non
         lambda g: f"{fairness.mean_abs_error(g, share) * 100:.1f} pp")
     row("  per 1 s sample", lambda r: f"{(r['mean_abs_error_samples'] or 0) * 100:.1f} pp",
         lambda g: "")
+    row("B's turnaround p90", lambda r: "—" if r.get("turnaround_us", {}).get("B") is None
+        else f"{r['turnaround_us']['B']} µs", lambda g: "")
     row("copy util A / B", lambda r: f"{r['copy_util']['A'] * 100:.0f}/{r['copy_util']['B'] * 100:.0f}%",
         lambda g: "")
     row("guests verified", lambda r: "yes" if r["verified"] else "NO", lambda g: "")

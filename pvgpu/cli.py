@@ -134,8 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--hw-limit", type=int, default=None,
                    help="jobs in flight per engine ring (drm_sched credits; default 2)")
     g.add_argument("--time-buffer-us", type=int, default=None,
-                   help="BAND's time buffer in µs (default 1000; Gdev used 500 on hardware "
-                        "with a shorter guest turnaround)")
+                   help="BAND's time buffer in µs for a vGPU whose turnaround is not "
+                        "measured yet (default 1000; 0: no time buffer; once measured, "
+                        "a vGPU's own gaps size it)")
     g.add_argument("--period-ms", type=int, default=None,
                    help="credit replenishment period (default 30, as Gdev)")
     g = p.add_argument_group("authentication of tcp endpoints (CurveZMQ)")

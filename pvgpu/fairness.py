@@ -61,6 +61,14 @@ def busy_ns(snapshot: dict, name: str, engine: str = "compute") -> int:
     return int(eng.get("busy_ns", 0))
 
 
+def turnaround_us(snapshot: dict, name: str, engine: str = "compute") -> int | None:
+    """vGPU `name`'s measured turnaround on `engine` (the gap between its jobs that BAND
+    holds a free ring for, µs), or None before it has been measured."""
+    value = (snapshot.get("engines", {}).get(engine, {}).get("vgpus", {}).get(name, {})
+             .get("turnaround_us"))
+    return None if value is None else int(value)
+
+
 def utilisation(prev: dict, cur: dict, names, engine: str = "compute") -> dict:
     """{name: U} on `engine` between two snapshots, clamped to [0, 1].
 

@@ -20,9 +20,13 @@ limit, drm_sched credits):
   band    Gdev's BAND (Bandwidth-Aware Non-preemptive Device) scheduler: as credit, but a
           vGPU goes to the tail only when its credit is exhausted *and* its measured
           utilisation is above its share; and when the vGPU that would get the ring next
-          is over its share, the ring is held idle for a short time buffer (Gdev: 500 µs)
-          so that another vGPU's job, arriving in a gap between its jobs, can take it
-          (Gdev: 500 µs; here 1 ms by default, see DEFAULT_TIME_BUFFER_NS).
+          is over its share, the ring is held idle for a time buffer so that another
+          vGPU's job, arriving in a gap between its jobs, can take it. Gdev's buffer is a
+          fixed 500 µs; here it is each waiting vGPU's measured gap (host/kmd/turnaround.py):
+          the ring is held until the latest time a vGPU idle between its jobs is due to
+          push its next one, and a fixed buffer (DEFAULT_TIME_BUFFER_NS) applies only to
+          a vGPU whose gaps have not been measured yet; a vGPU due only after the held
+          vGPU's job (as long as its last one) would have ended is not waited for.
 Credits (Gdev): every `period` a vGPU's credit grows by period * share / 100, and is
 reset to 0 when it leaves [-period, period]; a job's device time (end - start) is
 charged when it completes. Utilisation is the vGPU's device time over the last `window`.
@@ -48,6 +52,7 @@ from dataclasses import dataclass
 
 from host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut
 from host.kmd.fence import Fence
+from host.kmd.turnaround import Turnaround
 
 PRIORITY_KERNEL = 0
 PRIORITY_HIGH = 1
@@ -59,8 +64,9 @@ PRIORITY_NAMES = {PRIORITY_KERNEL: "kernel", PRIORITY_HIGH: "high", PRIORITY_NOR
 
 POLICIES = ("fifo", "credit", "band")
 DEFAULT_PERIOD_NS = 30_000_000  # Gdev: 30 ms
-# Gdev used 500 µs; a guest's turnaround between two synchronous kernels is ≈0.4 ms in this
-# emulator (≈0.1 ms on Gdev's hardware) and jitters on a loaded host, so the buffer is 1 ms
+# the hold for a vGPU whose gaps are not measured yet (Gdev: 500 µs; a guest's turnaround
+# between two synchronous kernels is ≈0.4 ms in this emulator, ≈0.1 ms on Gdev's hardware);
+# 0 disables BAND's time buffer
 DEFAULT_TIME_BUFFER_NS = 1_000_000
 DEFAULT_WINDOW_PERIODS = 10  # utilisation window = 10 periods
 DEFAULT_TIMEOUT_NS = 10_000_000_000  # amdgpu's default lockup timeout: 10 s
@@ -155,9 +161,12 @@ class VgpuSchedState:
         self.credit = 0  # ns, signed
         self.replenished = now  # start of the current period
         self.in_flight = 0
+        self.queued = 0  # jobs waiting in its entities
         self.busy_ns = 0  # total device time
         self.jobs = 0
+        self.last_job_ns = 0  # device time of its last job (0: none yet)
         self.last_active = None  # when it last had work queued or running
+        self.turnaround = Turnaround(period)  # the gaps between its jobs (band's buffer)
         self._period = period
         self._buckets = collections.deque([0] * window, maxlen=window)  # busy ns per period
         self._bucket_start = now
@@ -175,6 +184,7 @@ class VgpuSchedState:
         self.busy_ns += busy
         self.jobs += 1
         self.credit -= busy
+        self.last_job_ns = busy
 
     def utilisation(self, now: int) -> float:
         """Busy fraction over the window (the current, partial period included)."""
@@ -292,7 +302,9 @@ class GpuScheduler:
                 dep.add_done_callback(self._dependency_signalled)
         ent.jobs.append(job)
         self._count_queued(ent, 1)
-        self.vgpus[ent.vgpu].last_active = now
+        v = self.vgpus[ent.vgpu]
+        v.last_active = now
+        v.turnaround.pushed(now)
         self.stats["jobs_pushed"] += 1
         return job
 
@@ -331,16 +343,30 @@ class GpuScheduler:
     def _over_share(self, v: VgpuSchedState, now: int) -> bool:
         return v.utilisation(now) * 100 > v.share
 
-    def _others_active(self, name: str, now: int) -> bool:
+    def _time_buffer_until(self, name: str, now: int) -> int | None:
+        """band: until when a free ring is held against `name` (over its share) for the
+        other vGPUs, or None: for each vGPU idle in a measured gap, until its next job is
+        due (a vGPU that is late past its bound has gone quiet and holds nothing); for
+        another one active in the last two periods, the fixed time buffer from now. Only
+        a vGPU due before `name`'s job (as long as its last one) would end is waited for:
+        one due later loses nothing to that job, and the ring does not idle for it."""
         horizon = now - 2 * self.period_ns
+        job_ns = self.vgpus[name].last_job_ns
+        until = None
         for other, v in self.vgpus.items():
             if other == name:
                 continue
-            if v.in_flight or any(e.jobs for e in self.entities if e.vgpu == other):
-                return True
-            if v.last_active is not None and v.last_active >= horizon:
-                return True
-        return False
+            due = v.turnaround.due()
+            if due is None:
+                if not (v.in_flight or v.queued
+                        or v.last_active is not None and v.last_active >= horizon):
+                    continue
+                due = now + self.time_buffer_ns
+            if job_ns and due - now >= job_ns:
+                continue
+            if until is None or due > until:
+                until = due
+        return until
 
     def _pick(self, now: int):
         """-> the entity whose head job runs next, or None."""
@@ -362,12 +388,14 @@ class GpuScheduler:
                 continue
             if self.policy == "band" and self.time_buffer_ns:
                 v = self.vgpus[name]
-                if self._over_share(v, now) and v.credit <= 0 and self._others_active(name, now):
+                if self._over_share(v, now) and v.credit <= 0:
                     if self._hold_for != name or self.hold_until is None:
-                        self.hold_until = now + self.time_buffer_ns
-                        self._hold_for = name
-                        self.stats["time_buffer_holds"] += 1
-                    if now < self.hold_until:
+                        until = self._time_buffer_until(name, now)
+                        if until is not None and until > now:
+                            self.hold_until = until
+                            self._hold_for = name
+                            self.stats["time_buffer_holds"] += 1
+                    if self._hold_for == name and now < self.hold_until:
                         return None
             self.hold_until = self._hold_for = None
             self.current = name
@@ -440,8 +468,11 @@ class GpuScheduler:
         v.in_flight -= 1
         v.charge(busy, now)
         v.last_active = now
-        if v.in_flight == 0 and self.policy != "fifo":
-            self._complete_owner(ent.vgpu, now)
+        if v.in_flight == 0:
+            if not v.queued:
+                v.turnaround.idle(job.end_ns)
+            if self.policy != "fifo":
+                self._complete_owner(ent.vgpu, now)
         self._drop_if_drained(ent)
         self._finish(job, getattr(hw_fence, "error", None), job.end_ns)
         return True
@@ -555,6 +586,7 @@ class GpuScheduler:
     # ------------------------------------------------------------------ accounting
     def _count_queued(self, ent: SchedEntity, n: int) -> None:
         self.n_queued += n
+        self.vgpus[ent.vgpu].queued += n
         left = self._queued.get(ent.owner, 0) + n
         if left:
             self._queued[ent.owner] = left
@@ -573,8 +605,9 @@ class GpuScheduler:
             v.replenish(now) if self.policy != "fifo" else None
             vgpus[name] = {"share": v.share, "utilisation": round(v.utilisation(now), 4),
                            "busy_ns": v.busy_ns, "jobs": v.jobs, "credit_us": v.credit // 1000,
-                           "in_flight": v.in_flight,
-                           "queued": sum(len(e.jobs) for e in self.entities if e.vgpu == name)}
+                           "in_flight": v.in_flight, "queued": v.queued,
+                           "turnaround_us": None if v.turnaround.bound() is None
+                           else v.turnaround.bound() // 1000}
         return {"policy": self.policy, "busy_ns": self.busy_ns,
                 "utilisation_total": round(min(1.0, self.busy_ns / span), 4),
                 "in_flight": len(self.in_flight), "queued": self.queued(),

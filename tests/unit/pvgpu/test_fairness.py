@@ -99,3 +99,13 @@ def test_summarise():
     out = fairness.summarise({"a": 0.5, "b": 0.5}, shares,
                              [{"a": 0.6, "b": 0.4}, {"a": 0.4, "b": 0.6}])
     assert out["mean_abs_error_samples"] == pytest.approx(0.1)  # over time, not only the means
+
+
+def test_turnaround_is_read_from_the_engines_scheduler():
+    s = snap(1, {"a": 0, "b": 0})
+    s["engines"] = {"compute": {"vgpus": {"a": {"turnaround_us": 420},
+                                          "b": {"turnaround_us": None}}}}  # not measured yet
+    assert fairness.turnaround_us(s, "a") == 420
+    assert fairness.turnaround_us(s, "b") is None
+    assert fairness.turnaround_us(s, "c") is None
+    assert fairness.turnaround_us(s, "a", "copy0") is None

@@ -288,14 +288,17 @@ def test_band_time_buffer_lets_the_other_vgpu_cut_in():
     assert s.schedule(41 * MS + 200 * US) == 1 and ring.ran[-1] is jb2
 
 
-def _simulate(policy, duration=20_000 * MS, hw_limit=1):
+def _simulate(policy, duration=20_000 * MS, hw_limit=1, short=1 * MS, gap=300 * US,
+              time_buffer=500 * US, long_gap=None):
     """Gdev's unfair workload on one simulated ring: vGPU a runs 20 ms jobs back to back,
-    vGPU b 1 ms jobs; each guest submits its next job 300 µs after the previous completed.
+    vGPU b `short` jobs; each guest submits its next job `gap` after the previous completed
+    (`gap` in ns, or a function of the job count returning it; a's is `long_gap` if given).
     -> utilisation of a and b."""
-    ring, s = make(policy, hw_limit=hw_limit, period_ns=30 * MS, time_buffer_ns=500 * US)
+    ring, s = make(policy, hw_limit=hw_limit, period_ns=30 * MS, time_buffer_ns=time_buffer)
     ent = {"a": s.entity("a", A), "b": s.entity("b", B)}
-    length = {"a": 20 * MS, "b": 1 * MS}
-    gap = 300 * US
+    length = {"a": 20 * MS, "b": short}
+    gap_of = gap if callable(gap) else (lambda _n: gap)
+    n_done = 0
     arrivals = {"a": 0, "b": 0}  # next submission time per guest
     running = None  # (job, end)
     now = 0
@@ -323,7 +326,9 @@ def _simulate(policy, duration=20_000 * MS, hw_limit=1):
             name = job.entity.vgpu
             busy[name] += length[name]
             complete(s, job, end)
-            arrivals[name] = end + gap
+            arrivals[name] = end + (long_gap if name == "a" and long_gap is not None
+                                    else gap_of(n_done))
+            n_done += 1
             running = None
     return busy["a"] / duration, busy["b"] / duration
 
@@ -340,6 +345,78 @@ def test_simulated_gdev_workload_fifo_is_unfair_and_band_is_fair():
     assert _jain([ba / 0.5, bb / 0.5]) >= 0.98
     assert (abs(ba - 0.5) + abs(bb - 0.5)) / 2 <= 0.07
     assert abs(ba - 0.5) <= 0.03
+
+
+def test_band_holds_for_a_short_tenant_whose_gaps_outlast_the_fixed_buffer():
+    """The short tenant's turnaround on a loaded host (1.5 ms) is longer than the fixed
+    time buffer (1 ms): with the fixed buffer the long jobs take the ring in every gap
+    and b starves (a 82 %, b 8 %); held for b's measured gap, a keeps to its share and
+    b gets all of the rest it can use (its jobs are 1 ms of every 2.5)."""
+    a, b = _simulate("band", short=1 * MS, gap=1500 * US, time_buffer=1 * MS)
+    assert abs(a - 0.5) <= 0.03
+    assert b >= 0.95 * (1 - a) * 1 / 2.5
+
+
+def test_band_holds_for_a_jittery_turnaround():
+    """Gaps of 300 µs with every 7th of 1.8 ms (a guest descheduled now and then): the
+    fixed 1 ms buffer gives the long jobs the ring at each long gap (b 21 %); the measured
+    bound covers them."""
+    def gap(n):
+        return 1800 * US if n % 7 == 0 else 300 * US
+    for short in (1 * MS, 500 * US):
+        a, b = _simulate("band", short=short, gap=gap, time_buffer=1 * MS)
+        assert abs(a - 0.5) <= 0.03
+        mean_gap = (6 * 300 * US + 1800 * US) / 7
+        assert b >= 0.95 * (1 - a) * short / (short + mean_gap)
+
+
+def test_band_does_not_idle_the_ring_for_a_vgpu_due_after_the_next_job_would_end():
+    """b thinks 25 ms between its 1 ms jobs, longer than a's 20 ms jobs: a job of a started
+    as b's gap begins ends before b's next arrives, so the ring is held only for the last
+    20 ms of each gap, not all of it (the device 54 % busy when it was, 81 % now, b
+    getting as much). b 10 ms: any job of a would delay it, the ring is held."""
+    a, b = _simulate("band", duration=10_000 * MS, short=1 * MS, gap=25 * MS, long_gap=300 * US,
+                     time_buffer=1 * MS)
+    assert a + b >= 0.75
+    assert b >= 0.9 * 1 / (1 + 25 + 20)  # b waits behind at most one of a's jobs
+    a, b = _simulate("band", duration=10_000 * MS, short=1 * MS, gap=10 * MS, long_gap=300 * US,
+                     time_buffer=1 * MS)
+    assert abs(a - 0.5) <= 0.03
+
+
+def test_band_holds_only_until_the_waiting_vgpu_is_due():
+    """b's measured turnaround is 400 µs: the ring is held against a (over its share) until
+    400 µs after b's last job ended; once b is later than that it has gone quiet, and a
+    is not held at all."""
+    ring, s = make("band", hw_limit=1, period_ns=30 * MS, time_buffer_ns=1 * MS,
+                   window_periods=2)
+    ea, eb = s.entity("a", A), s.entity("b", B)
+    now = 0
+    for _ in range(4):  # four 400 µs gaps measured
+        jb = push(s, eb, now)
+        s.schedule(now)
+        complete(s, jb, now + 1 * MS)
+        now += 1 * MS + 400 * US
+    jb = push(s, eb, now)
+    s.schedule(now)
+    complete(s, jb, now + 1 * MS)
+    b_idle = now + 1 * MS
+    ja = push(s, ea, b_idle)
+    s.schedule(b_idle)
+    complete(s, ja, b_idle + 40 * MS)  # a: over its share, out of credit; b idle since
+    assert s.snapshot(b_idle + 40 * MS)["vgpus"]["b"]["turnaround_us"] == 400
+    ja2 = push(s, ea, b_idle + 40 * MS)
+    assert s.schedule(b_idle + 40 * MS) == 1 and ring.ran[-1] is ja2  # b is late: no hold
+    complete(s, ja2, b_idle + 60 * MS)
+    jb2 = push(s, eb, b_idle + 60 * MS + 100 * US)  # a gap of two periods: no sample
+    s.schedule(b_idle + 60 * MS + 100 * US)
+    complete(s, jb2, b_idle + 61 * MS)
+    end_b = b_idle + 61 * MS
+    ja3 = push(s, ea, end_b)
+    assert s.schedule(end_b) == 0  # held for b ...
+    assert s.next_deadline() == end_b + 400 * US  # ... until it is due
+    assert s.schedule(end_b + 399 * US) == 0
+    assert s.schedule(end_b + 400 * US) == 1 and ring.ran[-1] is ja3
 
 
 def test_snapshot_reports_per_vgpu_accounting():
