@@ -44,6 +44,12 @@ class AdminService:
         statistics: GET_STATS's map before CMD-STATS-4 takes the other sessions away,
         with `name` and `vram_size`) and `sessions` (every live session: `id`, `name`,
         `peer`, `key`, `vgpu`, `memory`, and per device what session_usage says)."""
+        try:
+            return self._stats()
+        except RuntimeError:  # the I/O loop changed a dict while it was copied: once more
+            return self._stats()
+
+    def _stats(self) -> dict:
         server = self.server
         devices = []
         for kmd in server.kmds:
@@ -54,8 +60,12 @@ class AdminService:
         for session in list(server.backend.sessions.values()):
             if session.closed:
                 continue
-            usage = [session_usage(dev.compute, devices[dev.index]["mem"]["contexts"], ENGINE_NAMES)
-                     for dev in list(session.devices) if dev.compute is not None]
+            usage = []
+            for dev in list(session.devices):
+                compute = dev.compute  # None until the device is initialised, or after a reset
+                if compute is not None:
+                    usage.append(session_usage(compute, devices[dev.index]["mem"]["contexts"],
+                                               ENGINE_NAMES))
             sessions.append({"id": session.sid, "name": session.name,
                              "peer": session.peer_credentials, "key": session.key,
                              "vgpu": session.vgpu.name if session.vgpu is not None else "default",

@@ -158,13 +158,15 @@ class AdminServer:
         self.requests += 1
         seq = None
         try:
-            if len(frames) != 1:
-                raise AdminRequestError(f"a request is one frame, not {len(frames)}")
+            if not frames:
+                raise AdminRequestError("an empty request")
             msg = _unpack(frames[0])
             seq = msg.get("seq")
             if type(seq) is not int:
                 seq = None
                 raise AdminRequestError("the request needs an int seq")
+            if len(frames) != 1:
+                raise AdminRequestError(f"a request is one frame, not {len(frames)}")
             op = msg.get("op")
             if type(op) is not str:
                 raise AdminRequestError("the request needs a str op")

@@ -129,7 +129,7 @@ def test_ctl_admin_3_over_the_socket_the_thread_survives_bad_requests(server):
         while len(replies) < 3:
             assert s.poll(10_000), "the admin thread stopped answering"
             replies.append(msgpack.unpackb(s.recv(), raw=False))
-        assert [r["ok"] for r in replies] == [False, False, True]
+        assert [(r["ok"], r["seq"]) for r in replies] == [(False, None), (False, 1), (True, 2)]
         assert replies[2]["echo"] == 5
     finally:
         s.close()
