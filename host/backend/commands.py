@@ -765,7 +765,7 @@ class ComputeDevice:
             self.resource_owner.pop(rid, None)
         ctx.resources.clear()
         del self.contexts[ctx.ctx_id]
-        self.retired_busy_ns.update(dict(getattr(ctx.kmd_ctx, "busy_ns", {})))
+        self.retired_busy_ns.update(dict(enumerate(getattr(ctx.kmd_ctx, "busy_ns", ()))))
         ctx.kmd_ctx.error_listener = None  # EVTQ-EVENT-3: no events of destroyed contexts
         # frees are deferred until its work is done; on reset its queued work is dropped
         self.kmd.destroy_context(ctx.kmd_ctx, cancel=cancel)

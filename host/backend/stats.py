@@ -48,7 +48,7 @@ def session_usage(compute, mem_contexts: dict, engine_names: dict) -> dict:
                          "resident_bytes": res, "evicted_bytes": ev})
         vram += res
         evicted += ev
-        busy.update(dict(getattr(kctx, "busy_ns", {})))
+        busy.update(dict(enumerate(getattr(kctx, "busy_ns", ()))))
     return {"device": compute.device_index, "contexts": contexts, "vram_bytes": vram,
             "evicted_bytes": evicted,
             "busy_ns": {engine_names.get(e, str(e)): ns for e, ns in sorted(busy.items())}}

@@ -55,7 +55,7 @@ def test_ctl_admin_4_stats_shows_every_session_with_its_peer(host):
         assert used["vram_bytes"] >= 3 * N * 4 and used["evicted_bytes"] == 0
         assert used["busy_ns"]["compute"] > 0 and used["busy_ns"]["copy0"] > 0
         (bused,) = [u for u in bob["devices"] if u["contexts"]]
-        assert bused["device"] == 1 and bused["busy_ns"] == {}
+        assert bused["device"] == 1 and set(bused["busy_ns"].values()) == {0}
         # [CMD-STATS-4] end to end: bob's GET_STATS names nobody else
         seen = b.devices[0].stats()
         assert "alice" not in repr(seen) and "vA" not in repr(seen)

@@ -8,6 +8,7 @@ import msgpack
 
 from host.backend.stats import session_usage, session_view
 from host.kmd.sched import VgpuShares
+from host.hw.regs import ENGINE_NAMES as NAMES
 from spec import wire
 
 from test_backend import Guest, _backend, cmd
@@ -93,11 +94,11 @@ def test_session_usage_sums_contexts_and_keeps_destroyed_ones_time():
         kctx1.busy_ns[0] += 100  # as the scheduler charges a finished job (engine 0)
         compute.contexts[2].kmd_ctx.busy_ns[1] += 7
         mem = backend.kmds[0].mem_stats()["contexts"]
-        u = session_usage(compute, mem, {0: "compute", 1: "copy0"})
+        u = session_usage(compute, mem, NAMES)
         assert [(c["id"], c["name"]) for c in u["contexts"]] == [(1, "one"), (2, "two")]
         assert u["vram_bytes"] == 1 << 16 and u["evicted_bytes"] == 0
-        assert u["busy_ns"] == {"compute": 100, "copy0": 7}
+        assert u["busy_ns"] == {"compute": 100, "copy0": 7, "copy1": 0}
         g.call(cmd(wire.CMD_CTX_DESTROY, (), ctx_id=1))
-        u = session_usage(compute, backend.kmds[0].mem_stats()["contexts"], {0: "compute", 1: "copy0"})
+        u = session_usage(compute, backend.kmds[0].mem_stats()["contexts"], NAMES)
         assert [c["id"] for c in u["contexts"]] == [2]
-        assert u["busy_ns"] == {"compute": 100, "copy0": 7}  # the destroyed context's time stays
+        assert u["busy_ns"] == {"compute": 100, "copy0": 7, "copy1": 0}  # the destroyed context's time stays
