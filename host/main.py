@@ -26,8 +26,8 @@ from host.hw.pcie import DEFAULT_LAYOUT
 from host.config import SchedConfig
 from host.kmd.device import KmdDevice
 from host.admin import AdminService
-from transport.admin import admin_endpoint_for
-from transport.channel import HostChannel, _ipc_path, default_endpoint
+from transport.admin import default_admin_endpoint
+from transport.channel import HostChannel, default_endpoint
 
 log = logging.getLogger("pvgpu.host")
 
@@ -56,8 +56,7 @@ class HostServer:
         self.backend.credentials = self.channel.peer_credentials
         self.admin = None
         if admin_endpoint is None:
-            admin_endpoint = next((admin_endpoint_for(ep) for ep in self.channel.endpoints
-                                   if _ipc_path(ep) is not None), None)
+            admin_endpoint = default_admin_endpoint(self.channel.endpoints)
         if admin_endpoint is not None:
             try:
                 self.admin = AdminService(self, admin_endpoint)

@@ -60,6 +60,15 @@ def admin_endpoint_for(endpoint: str) -> str:
     return "ipc://" + os.path.join(os.path.abspath(path) + ADMIN_DIR_SUFFIX, ADMIN_ENDPOINT_NAME)
 
 
+def default_admin_endpoint(endpoints) -> str | None:
+    """The admin endpoint beside the first ipc endpoint of `endpoints` ([CTL-ADMIN-2]);
+    None if the host serves none (tcp only: it has an admin endpoint only if named)."""
+    for ep in endpoints:
+        if _ipc_path(ep) is not None:
+            return admin_endpoint_for(ep)
+    return None
+
+
 def admin_directory(path: str) -> str:
     """Make sure `path` is a directory only this user may enter ([CTL-ADMIN-1]): a
     missing one is made 0700 (as an endpoint directory, [CTL-ENDPOINT-2]); an existing

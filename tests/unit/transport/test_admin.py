@@ -11,7 +11,7 @@ import pytest
 
 from spec import wire
 from transport.admin import (AdminClient, AdminError, AdminRequestError, AdminServer,
-                             admin_endpoint_for)
+                             admin_endpoint_for, default_admin_endpoint)
 from transport.channel import ChannelError
 
 
@@ -36,6 +36,9 @@ def test_ctl_admin_2_the_admin_endpoint_is_beside_the_first_ipc_endpoint():
     assert wire.ADMIN_DIR_SUFFIX == ".admin" and wire.ADMIN_ENDPOINT_NAME == "admin.sock"
     with pytest.raises(ValueError, match="not an ipc"):
         admin_endpoint_for("tcp://127.0.0.1:5555")
+    assert default_admin_endpoint(["tcp://0.0.0.0:1", "ipc:///a/b.sock", "ipc:///c/d.sock"]) == \
+        "ipc:///a/b.sock.admin/admin.sock"  # the first ipc endpoint
+    assert default_admin_endpoint(["tcp://0.0.0.0:1"]) is None  # tcp only: none unless named
 
 
 def test_ctl_admin_1_a_missing_admin_directory_is_made_0700(server, tmp_path):
