@@ -77,7 +77,7 @@ else:
 def _host_view(dev) -> tuple:
     """(free VRAM, number of contexts of every session) on the observer's device."""
     mem = dev.stats()["mem"]
-    return mem["vram_free"], len(mem["contexts"])
+    return mem["vram_free"], mem["contexts_total"]
 
 
 def guest_kill(endpoint: str, mode: str, reps: int) -> list:

@@ -7,7 +7,7 @@
            compute and copy each on device 0; guest A runs `long` (20 ms kernels back to
            back), guest B runs `short` (1 ms kernels, `--short-us`, each launched when the
            previous one is synchronized: its turnaround is the gap). Utilisation per
-           vGPU from the host's statistics (GET_STATS busy time deltas) over `seconds`,
+           vGPU from the host's statistics (admin `stats` busy time deltas) over `seconds`,
            measured after both guests have started and a warm-up.
   fair     band, four vGPUs of 25 % each, four guests all running `long`.
   overlap  one guest, two streams: a 64 MiB host->device copy alone, gemms of about
@@ -42,6 +42,8 @@ from bench.hotpaths import _median_time
 from pvgpu import fairness
 from pvgpu.demo import parse_tenant_output, stop_guests, tenant_args, vgpu_arg
 from pvgpu.procs import HostProcess, private_endpoint, spawn_guest
+from pvgpu.smi import DeviceStats
+from transport.admin import admin_endpoint_for
 from spec import wire
 
 MiB = 1 << 20
@@ -78,9 +80,7 @@ def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = 
     try:
         host = HostProcess([endpoint], vram=vram, extra_args=extra,
                            log_path=os.path.join(tmpdir, "host.log"))
-        mon = guest.connect(endpoint, memory=wire.MEMORY_SHARED, mem_size=16 << 20,
-                            name="bench-monitor")
-        dev = mon.devices[0]
+        mon = dev = DeviceStats(admin_endpoint_for(endpoint), 0)  # every vGPU: admin only
         for i, (n, w, _s) in enumerate(tenants):
             procs.append(spawn_guest(tenant_args(endpoint, n, w, warmup + seconds + TENANT_SLACK_S,
                                                  seed=i) + list((tenant_extra or {}).get(n, ()))))

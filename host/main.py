@@ -7,7 +7,8 @@ channel sees close has its session reclaimed at once. SIGINT/SIGTERM stop it cle
 every session is sent `shutdown` (spec [CTL-BYE-2]), then sessions are reclaimed, engines
 stopped, and the sockets closed once the notices have left (SHUTDOWN_LINGER_MS at most).
 With CURVE keys (spec §2.13) SIGHUP re-reads the authorized-keys directory on the loop's
-next turn and closes the sessions of keys no longer listed.
+next turn and closes the sessions of keys no longer listed. The admin endpoint (spec §13,
+host/admin.py) is served by a thread of its own, beside the loop, never in it.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from host.hw.gpu import Platform
 from host.hw.pcie import DEFAULT_LAYOUT
 from host.config import SchedConfig
 from host.kmd.device import KmdDevice
+from host.admin import AdminService
+from transport.admin import default_admin_endpoint
 from transport.channel import HostChannel, default_endpoint
 
 log = logging.getLogger("pvgpu.host")
@@ -36,7 +39,9 @@ class HostServer:
                  heartbeat_ms: int = wire.DEFAULT_HEARTBEAT_MS,
                  max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, sched: SchedConfig | None = None,
                  max_evicted_bytes: int | None = None, topology: str = DEFAULT_LAYOUT,
-                 curve=None):
+                 curve=None, admin_endpoint: str | None = None):
+        """`admin_endpoint`: where the admin interface listens (spec §13); None: beside
+        the first ipc endpoint ([CTL-ADMIN-2]), or nowhere if the host serves only tcp."""
         self.sched = (sched or SchedConfig()).validate()
         self.platform = Platform(num_gpus=num_gpus, vram_size=vram_size, topology=topology)
         # max_evicted_bytes: host memory for BOs evicted from VRAM (None: the KMD's 2x VRAM)
@@ -49,6 +54,17 @@ class HostServer:
                                wakeup=self._wakeup, vgpus=self.sched.vgpus)
         self.channel = HostChannel(list(endpoints or [default_endpoint()]), curve=curve)
         self.backend.credentials = self.channel.peer_credentials
+        self.admin = None
+        if admin_endpoint is None:
+            admin_endpoint = default_admin_endpoint(self.channel.endpoints)
+        if admin_endpoint is not None:
+            try:
+                self.admin = AdminService(self, admin_endpoint)
+            except BaseException:
+                self.channel.close()
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                raise
         self._stop = False
         self._reload_keys = False
         self.stop_reason = "stopped"  # the `shutdown` notices' reason
@@ -145,6 +161,8 @@ class HostServer:
             self.backend.run_completions()
             time.sleep(0.01)
         self.channel.close(linger_ms=wire.SHUTDOWN_LINGER_MS)  # the notices leave first
+        if self.admin is not None:
+            self.admin.close()
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -152,10 +170,11 @@ class HostServer:
 def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
              max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, ready_file: str | None = None,
              sched: SchedConfig | None = None, max_evicted_bytes: int | None = None,
-             topology: str = DEFAULT_LAYOUT, curve=None) -> int:
+             topology: str = DEFAULT_LAYOUT, curve=None, admin_endpoint: str | None = None) -> int:
     server = HostServer(endpoints, vram_size=vram_size, num_gpus=num_gpus,
                         heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size, sched=sched,
-                        max_evicted_bytes=max_evicted_bytes, topology=topology, curve=curve)
+                        max_evicted_bytes=max_evicted_bytes, topology=topology, curve=curve,
+                        admin_endpoint=admin_endpoint)
 
     def on_signal(signum, _frame):
         name = signal.Signals(signum).name
@@ -173,6 +192,8 @@ def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
         print("pvgpu host: %d GPU(s), %d MiB VRAM each, PCIe topology %s; %s; listening on %s" % (
             len(server.kmds), vram_size >> 20, topology, server.sched.describe(),
             " ".join(server.endpoints)), flush=True)
+        if server.admin is not None:
+            print(f"pvgpu host: admin endpoint {server.admin.endpoint} (`pvgpu smi`)", flush=True)
         if curve is not None:
             print(f"pvgpu host: CURVE on tcp, host key {curve.pair.fingerprint}, "
                   f"{len(curve.authorized)} authorized key(s) in {curve.authorized.directory}",

@@ -6,6 +6,7 @@
                                                   tcp with CURVE: only the listed guest keys
   pvgpu keygen DIR [--name NAME]                  write a CURVE key pair (NAME.key, NAME.key_secret)
   pvgpu info [--connect EP]                       list the devices as a guest sees them
+  pvgpu smi [--endpoint EP] [-l S] [--json]       devices, utilisation and every session (admin)
   pvgpu run WORKLOAD... [--connect EP] [--memory shared|inline] [--size N]
   pvgpu tenant WORKLOAD --seconds S [--vgpu NAME] one guest of a shared-GPU run (long, short, copy, mixed)
   pvgpu demo                                      host + two guests, every result verified
@@ -101,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                         % _default_ep_help())
     p.add_argument("--no-default", action="store_true",
                    help="do not bind the local ipc endpoint (only the --listen ones)")
+    p.add_argument("--admin-endpoint", metavar="ipc://PATH", default=None,
+                   help="the admin socket `pvgpu smi` reads (its directory: 0700; default: "
+                        "beside the first ipc endpoint, ipc://DIR/NAME -> "
+                        "ipc://DIR/NAME.admin/admin.sock)")
     p.add_argument("--vram", type=parse_size, default="1G", help="VRAM per device (default %(default)s)")
     p.add_argument("--gpus", type=int, default=2, help="number of emulated GPUs (default 2)")
     p.add_argument("--topology", choices=_layouts(), default="switch",
@@ -157,6 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="pvgpu",
                    help="file name: NAME.key (public) and NAME.key_secret (mode 0600); "
                         "default %(default)s")
+
+    p = sub.add_parser("smi", help="the host's GPUs and sessions from its admin endpoint, "
+                                   "like nvidia-smi (for the host's user)")
+    p.add_argument("--endpoint", metavar="ENDPOINT", default=None,
+                   help="the host's ipc endpoint; its admin endpoint is beside it "
+                        "(default: the local endpoint)")
+    p.add_argument("--admin-endpoint", metavar="ipc://PATH", default=None,
+                   help="the host's admin endpoint, if not the one beside --endpoint")
+    p.add_argument("-l", "--loop", type=float, metavar="SECONDS", default=None,
+                   help="redraw every SECONDS until Ctrl-C")
+    p.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
     p = sub.add_parser("info", help="connect as a guest and list the devices")
     _add_guest_options(p)
@@ -301,9 +317,17 @@ def main(argv=None) -> int:
     try:
         return {"host": cmd_host, "info": cmd_info, "run": cmd_run, "demo": cmd_demo,
                 "bench": cmd_bench, "tenant": cmd_tenant, "keygen": cmd_keygen,
-                "conformance": cmd_conformance}[args.command](args)
+                "conformance": cmd_conformance, "smi": cmd_smi}[args.command](args)
     except KeyboardInterrupt:
         return 130
+
+
+def cmd_smi(args) -> int:
+    from pvgpu import smi
+    if args.loop is not None and args.loop <= 0:
+        print("pvgpu smi: --loop needs a positive number of seconds", file=sys.stderr)
+        return 2
+    return smi.run(args.endpoint, args.admin_endpoint, loop=args.loop, as_json=args.json)
 
 
 def cmd_host(args) -> int:
@@ -329,7 +353,8 @@ def cmd_host(args) -> int:
         return run_host(endpoints, vram_size=args.vram, heartbeat_ms=args.heartbeat_ms,
                         num_gpus=args.gpus, max_mem_size=args.max_guest_mem,
                         ready_file=args.ready_file, sched=sched,
-                        max_evicted_bytes=args.max_evicted, topology=args.topology, curve=curve)
+                        max_evicted_bytes=args.max_evicted, topology=args.topology, curve=curve,
+                        admin_endpoint=args.admin_endpoint)
     except ChannelError as e:  # e.g. an endpoint directory refused, a port in use
         print(f"pvgpu host: {e}", file=sys.stderr)
         return 2

@@ -23,9 +23,9 @@ Three demos:
                                       both are verified against numpy with the expected
                                       placement and every process exited cleanly
 
-In the vGPU demo, while the tenants run, the demo's own guest session (a monitor: it submits no GPU work,
-so its host-assigned vGPU does not matter) polls the device's scheduling statistics
-(GET_STATS) once a second and prints each vGPU's compute and copy utilisation over that
+In the vGPU demo, while the tenants run, the demo polls the device's scheduling statistics
+on the host's admin endpoint (the `stats` of spec §13: a guest's GET_STATS shows only its
+own vGPU, [CMD-STATS-4]) once a second and prints each vGPU's compute and copy utilisation over that
 second. At the end it prints, per vGPU, the mean utilisation over the time all tenants
 ran against the share, and the fairness figures over *compute* (pvgpu.fairness): Jain's
 index over U/share and the mean |U - share|. It exits 0 only when every tenant verified
@@ -142,8 +142,9 @@ def run_sharing(guests: int | None, sched: str = "band", seconds: float = 10.0,
                 vram: str = "512M", shares: str | None = None, out=None) -> int:
     """The multi-guest demo (module docstring); -> exit code."""
     out = out or _say
-    import guest
     from pvgpu.procs import HostProcess, private_endpoint, spawn_guest
+    from pvgpu.smi import DeviceStats
+    from transport.admin import admin_endpoint_for
     try:
         compute = parse_shares(shares, guests)
     except ValueError as e:
@@ -168,9 +169,7 @@ def run_sharing(guests: int | None, sched: str = "band", seconds: float = 10.0,
     report = None
     try:
         host = HostProcess([endpoint], vram=vram, extra_args=extra, log_path=host_log)
-        mon = guest.connect(endpoint, memory=wire.MEMORY_SHARED, mem_size=16 << 20,
-                            name="demo-monitor")
-        dev = mon.devices[0]
+        mon = dev = DeviceStats(admin_endpoint_for(endpoint), 0)  # every vGPU: admin only
         procs = []
         for i, (name, workload, _s) in enumerate(tenants):
             procs.append(spawn_guest(tenant_args(endpoint, name, workload, seconds, seed=i)))

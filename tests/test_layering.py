@@ -11,7 +11,8 @@ it imports, at module level or inside a function, fails the test. In particular:
   contexts reach the KMD as ContextLimits from host/backend (host/backend/limits.py);
 - no lower layer imports a higher one (hw -> kmd, kmd -> backend, transport -> host or
   guest, frontend -> api, ...);
-- only transport/channel.py and transport/curve.py (CURVE keys) import zmq (and bench/,
+- only transport/channel.py, transport/curve.py (CURVE keys) and transport/admin.py (the
+  host's admin endpoint) import zmq (and bench/,
   which measures bare zmq as a limit, and pvgpu/conformance/rawpeer.py, a conformance peer
   that sends frames our channel never would);
 - the conformance suite (pvgpu/conformance) is a client: it imports the guest side, transport
@@ -48,7 +49,8 @@ ALLOWED = {
     # the conformance suite: a client of the wire protocol (and of `python -m pvgpu run`)
     "pvgpu.conformance": ("pvgpu.conformance", "pvgpu.procs", "guest", "transport", "spec"),
 }
-ZMQ_USERS = ("transport.channel", "transport.curve", "bench", "pvgpu.conformance.rawpeer")
+ZMQ_USERS = ("transport.channel", "transport.curve", "transport.admin", "bench",
+             "pvgpu.conformance.rawpeer")
 # The import cycles among guest/api modules today: one component, through core's
 # function-level imports of module, prime and shm, and operands' and params' of core.
 # The guest API's split into modules removes them.

@@ -43,6 +43,7 @@ session as the key namespace and client; the segments count against the session'
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -58,9 +59,11 @@ from host.backend.inflight import SessionJobs
 from host.backend.limits import GUEST_CONTEXT_LIMITS
 from host.backend.prime import ResourceExports
 from host.backend.shm import ShmTable, shm_error
+from host.backend.stats import session_view
 from host.kmd import errors as kmd_errors
 from host.kmd import sched
 from host.kmd.bo import CodeFault
+from host.kmd.context import DEFAULT_VGPU
 from host.kmd.errors import KmdError, LimitReached, OutOfMemory
 from host.kmd.prime import PrimeImport
 from spec import isa
@@ -216,6 +219,11 @@ class ComputeDevice:
         self.device_index = device_index if device_index is not None else getattr(kmd, "index", 0)
         self.shm = ShmTable()  # shared segment ids of this session on this device
         self.jobs = jobs
+        self.retired_busy_ns = collections.Counter()  # engine -> time of destroyed contexts
+
+    @property
+    def vgpu_name(self) -> str:
+        return self.vgpu.name if self.vgpu is not None else DEFAULT_VGPU.name
 
     # ------------------------------------------------------------------ dispatch
     def decode(self, reader: p.Reader) -> p.Command:
@@ -260,6 +268,9 @@ class ComputeDevice:
         stats_fn = getattr(self.kmd, "sched_stats", None)
         try:
             stats = dict(stats_fn()) if stats_fn is not None else {}
+            if stats_fn is not None:  # only this session's own entries ([CMD-STATS-4])
+                stats = session_view(stats, self.vgpu_name,
+                                     [c.kmd_ctx.id for c in self.contexts.values()])
             stats["device"] = self.device_index
             if stats_fn is not None:
                 stats["faults"] = self._fault_stats()
@@ -754,6 +765,7 @@ class ComputeDevice:
             self.resource_owner.pop(rid, None)
         ctx.resources.clear()
         del self.contexts[ctx.ctx_id]
+        self.retired_busy_ns.update(dict(enumerate(getattr(ctx.kmd_ctx, "busy_ns", ()))))
         ctx.kmd_ctx.error_listener = None  # EVTQ-EVENT-3: no events of destroyed contexts
         # frees are deferred until its work is done; on reset its queued work is dropped
         self.kmd.destroy_context(ctx.kmd_ctx, cancel=cancel)

@@ -67,6 +67,7 @@ class Context(ContextVaMixin, ContextSubmitMixin):
         self.last_fence = None  # finished fence of the most recent job
         self.faults = []  # every error attached to one of this context's jobs
         self.stats = collections.Counter()
+        self.busy_ns = [0] * len(regs.ENGINE_NAMES)  # device time of its finished jobs, per engine
         self.vgpu = DEFAULT_VGPU
         self.limits = device.limits
         self.priority = PRIORITY_NORMAL

@@ -464,6 +464,9 @@ class GpuScheduler:
         self.busy_ns += busy
         ent = job.entity
         ent.in_flight -= 1
+        owner_busy = getattr(ent.owner, "busy_ns", None)  # a kmd Context: a list per engine
+        if owner_busy is not None:
+            owner_busy[self.engine] += busy
         v = self.vgpus[ent.vgpu]
         v.in_flight -= 1
         v.charge(busy, now)

@@ -9,6 +9,7 @@ section, so that `from spec.wire import X` and `wire.X` need not know which one 
   dev   DEV device id, status, features, config, queues                   §5
   cmd   CMD device commands and responses, FENCE, KRN, ERR                 §6-§9
   evtq  the event queue                                                    §5.7
+  admin the host's admin endpoint (CTL-ADMIN)                              §13
 
 The built-in kernel table and the fault access bits are the hardware's kernel ABI; they
 live in spec/kernels.py and `cmd` re-exports them.
@@ -19,3 +20,4 @@ from spec.wire.vq import *  # noqa: F401,F403
 from spec.wire.dev import *  # noqa: F401,F403
 from spec.wire.cmd import *  # noqa: F401,F403
 from spec.wire.evtq import *  # noqa: F401,F403
+from spec.wire.admin import *  # noqa: F401,F403

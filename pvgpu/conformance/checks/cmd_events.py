@@ -2,6 +2,7 @@
 (clauses CMD-CTX-SYNC-*, CMD-STATS-*, CMD-EVENT-*, FENCE-EVENT-*, FENCE-EXPORT-*), black-box
 through the virtqueue: requests are raw bytes and responses are read back raw."""
 
+import secrets
 import struct
 
 import msgpack
@@ -183,6 +184,25 @@ def cmd_stats_layout_and_room(raw):
         assert need >= used - 64  # (the map may change a little between two requests)
         hdr, _, _ = raw.call(cmd(wire.CMD_GET_STATS), read_back=need + 4096)
         assert hdr[0] == wire.RESP_OK_STATS
+
+
+@check("CMD-STATS-4")
+def cmd_stats_4_another_session_is_not_described(ctx):
+    """[CMD-STATS-4] a session's GET_STATS, on either device, holds none of the names another
+    session gave itself and its context (their bytes appear nowhere in the map)."""
+    secret = f"cs4-{secrets.token_hex(6)}"
+    other = Raw(ctx.connect(name=f"{secret}-guest"))
+    hdr, _, _ = other.call(cmd(wire.CMD_CTX_CREATE, (0, f"{secret}-ctx".encode()),
+                               ctx_id=next(other.ctx_ids)))
+    assert hdr[0] == wire.RESP_OK_NODATA
+    me = Raw(ctx.connect(name="cs4-observer"))
+    me.context()
+    for dev in (0, 1):
+        hdr, body, _ = Raw(me.conn, dev=dev).call(cmd(wire.CMD_GET_STATS),
+                                                  read_back=wire.STATS_BUFFER_SIZE)
+        assert hdr[0] == wire.RESP_OK_STATS
+        (length,) = struct.unpack_from(wire.RESP_STATS_FORMAT, body)
+        assert secret.encode() not in body[wire.RESP_STATS_SIZE:wire.RESP_STATS_SIZE + length]
 
 
 @check("CMD-EVENT-EXPORT-2", "CMD-EVENT-IMPORT-1", "CMD-EVENT-IMPORT-2", "FENCE-EXPORT-1",
