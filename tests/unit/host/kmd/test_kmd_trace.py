@@ -287,3 +287,16 @@ def test_allocations_and_frees_move_the_vram_counter(dev):
     rec.detach()
     mib = [e["args"]["MiB"] for e in rec.events() if e["ph"] == "C"]
     assert len(mib) >= 3 and max(mib) - mib[0] >= 4 and mib[-1] < max(mib)
+
+
+def test_an_engine_reset_is_an_instant(make_dev):
+    dev = make_dev(job_timeout_ns=200_000_000)
+    rec = TraceRecorder([dev])
+    rec.attach()
+    ctx = dev.create_context("hung")
+    hung = ctx.submit_launch(kernels.KERNEL_BURN, 1, 1, [kernels.BURN_FOREVER])
+    assert hung.wait(30) and hung.error is not None
+    rec.detach()
+    resets = [e for e in rec.events() if e["name"] == "engine reset"]
+    assert len(resets) == 1
+    assert resets[0]["args"]["engine"] == "compute" and resets[0]["args"]["context_name"] == "hung"
