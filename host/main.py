@@ -8,6 +8,11 @@ every session is sent `shutdown` (spec [CTL-BYE-2]), then sessions are reclaimed
 stopped, and the sockets closed once the notices have left (SHUTDOWN_LINGER_MS at most).
 With CURVE keys (spec §2.13) SIGHUP re-reads the authorized-keys directory on the loop's
 next turn and closes the sessions of keys no longer listed.
+
+Engine traces (`pvgpu host --trace FILE`, or start_trace/stop_trace at run time): the
+devices record what their engines ran in memory (host/kmd/trace.py), and stop_trace(), or
+the shutdown after SIGINT/SIGTERM, writes the Chrome/Perfetto trace file. A host killed
+with SIGKILL writes nothing: the records die with the process.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from host.hw.gpu import Platform
 from host.hw.pcie import DEFAULT_LAYOUT
 from host.config import SchedConfig
 from host.kmd.device import KmdDevice
+from host.kmd.trace import TraceError, TraceRecorder
 from transport.channel import HostChannel, default_endpoint
 
 log = logging.getLogger("pvgpu.host")
@@ -51,6 +57,7 @@ class HostServer:
         self.backend.credentials = self.channel.peer_credentials
         self._stop = False
         self._reload_keys = False
+        self._trace = None  # (TraceRecorder, path) while a trace is recorded
         self.stop_reason = "stopped"  # the `shutdown` notices' reason
 
     @property
@@ -69,6 +76,39 @@ class HostServer:
     def start(self) -> None:
         for kmd in self.kmds:
             kmd.start()
+
+    @property
+    def trace_path(self) -> str | None:
+        """The file of the trace being recorded, or None."""
+        return self._trace[1] if self._trace is not None else None
+
+    def start_trace(self, path: str) -> None:
+        """Record the engines of every device (host/kmd/trace.py) until stop_trace(), which
+        writes the trace to `path`. Raises TraceError if a trace is already being
+        recorded or `path` cannot be written (checked now, not at the end)."""
+        if self._trace is not None:
+            raise TraceError(f"a trace is already being recorded to {self._trace[1]}")
+        path = os.path.abspath(path)
+        try:
+            with open(f"{path}.tmp", "w"):
+                pass
+            os.remove(f"{path}.tmp")
+        except OSError as e:
+            raise TraceError(f"cannot write the trace file {path}: {e.strerror}") from None
+        recorder = TraceRecorder(self.kmds)
+        recorder.attach()
+        self._trace = (recorder, path)
+
+    def stop_trace(self) -> str:
+        """Stop recording and write the trace file; -> its path. Raises TraceError if
+        no trace is being recorded, OSError if the file cannot be written."""
+        if self._trace is None:
+            raise TraceError("no trace is being recorded")
+        (recorder, path), self._trace = self._trace, None
+        recorder.detach()
+        jobs = recorder.write(path)
+        log.info("trace of %d job(s) written to %s", jobs, path)
+        return path
 
     def stop(self, reason: str = "stopped") -> None:
         """End serve() at once (safe in a signal handler: it only writes the wake pipe)."""
@@ -140,6 +180,11 @@ class HostServer:
         self.backend.shutdown()
         for kmd in self.kmds:
             kmd.stop()
+        if self._trace is not None:
+            try:
+                print(f"pvgpu host: trace written to {self.stop_trace()}", flush=True)
+            except OSError as e:
+                log.error("the trace could not be written: %s", e)
         deadline = time.monotonic() + 2
         while self.backend.pending_releases() and time.monotonic() < deadline:
             self.backend.run_completions()
@@ -152,10 +197,17 @@ class HostServer:
 def run_host(endpoints, *, vram_size: int, heartbeat_ms: int, num_gpus: int = 2,
              max_mem_size: int = wire.MAX_GUEST_MEM_SIZE, ready_file: str | None = None,
              sched: SchedConfig | None = None, max_evicted_bytes: int | None = None,
-             topology: str = DEFAULT_LAYOUT, curve=None) -> int:
+             topology: str = DEFAULT_LAYOUT, curve=None, trace: str | None = None) -> int:
+    """trace: record engine traces from the start, written to this file at shutdown."""
     server = HostServer(endpoints, vram_size=vram_size, num_gpus=num_gpus,
                         heartbeat_ms=heartbeat_ms, max_mem_size=max_mem_size, sched=sched,
                         max_evicted_bytes=max_evicted_bytes, topology=topology, curve=curve)
+    if trace:
+        try:
+            server.start_trace(trace)
+        except TraceError:
+            server.close()
+            raise
 
     def on_signal(signum, _frame):
         name = signal.Signals(signum).name
