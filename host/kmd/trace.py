@@ -44,7 +44,7 @@ log = logging.getLogger("pvgpu.kmd")
 SUBMIT_TID = 1
 TRACK_NAMES = {SUBMIT_TID: "submit"}
 TRACK_NAMES.update({engine + 2: name for engine, name in regs.ENGINE_NAMES.items()})
-DEFAULT_MAX_RECORDS = 1 << 18  # jobs, faults, resets and VRAM samples kept in memory
+DEFAULT_MAX_RECORDS = 1 << 17  # jobs, faults, resets and VRAM samples kept (~0.4 KB a job)
 _MiB = 1 << 20
 _U32 = struct.Struct("<I")
 _COPY = struct.Struct("<6I")
@@ -106,13 +106,19 @@ def describe(payload, engine: int, system_ranges=None) -> tuple:
             {"kind": "copy", "direction": direction, "bytes": nbytes, "copies": copies})
 
 
-def _context_args(ctx) -> dict:
+def _context_of(ctx) -> tuple:
+    """What a record keeps of a job's context (a tuple: records are many)."""
     client = ctx.client
-    args = {"context": ctx.id, "context_name": ctx.name, "vgpu": ctx.vgpu.name}
-    sid = getattr(client, "sid", None)
-    if sid is not None:
+    return (ctx.id, ctx.name, ctx.vgpu.name, getattr(client, "sid", None),
+            getattr(client, "name", ""))
+
+
+def _context_args(context: tuple) -> dict:
+    ctx_id, name, vgpu, sid, session = context
+    args = {"context": ctx_id, "context_name": name, "vgpu": vgpu}
+    if sid is not None:  # a guest session's context (a KMD-internal one has none)
         args["session"] = sid
-        args["session_name"] = getattr(client, "name", "")
+        args["session_name"] = session
     return args
 
 
@@ -161,14 +167,14 @@ class TraceRecorder:
         error = getattr(hw_fence, "error", None)
         self._add(("job", dev.index, engine, job.seq, job.arrival_ns, job.start_ns, job.end_ns,
                    hw_fence.seq, None if error is None else str(error), job.payload,
-                   _context_args(ctx), ctx._timeline_of.get(ent, 0), ranges))
+                   _context_of(ctx), ctx._timeline_of.get(ent, 0), ranges))
         self._sample_vram(dev, job.end_ns)
 
     def fault(self, dev, engine: int, error, ctx=None) -> None:
         """A GPU fault (or an illegal packet) on `engine`, attached to a job of ctx."""
         args = {"error": str(error), "kind": type(error).__name__}
         if ctx is not None:
-            args.update(_context_args(ctx))
+            args.update(_context_args(_context_of(ctx)))
         self._add(("instant", dev.index, engine_tid(engine), dev.clock_ns(), "GPU fault",
                    args, "t"))
 
@@ -176,7 +182,7 @@ class TraceRecorder:
         """`engine` is being reset (TDR or preemption), stopping `job` of ctx."""
         args = {"engine": regs.ENGINE_NAMES.get(engine, str(engine)), "reason": reason,
                 "job": job.seq}
-        args.update(_context_args(ctx))
+        args.update(_context_args(_context_of(ctx)))
         self._add(("instant", dev.index, engine_tid(engine), dev.clock_ns(), "engine reset",
                    args, "p"))
 
@@ -242,8 +248,9 @@ class TraceRecorder:
 
     @staticmethod
     def _job_events(r: tuple, us) -> list:
-        (_, index, engine, seq, arrival, start, end, hw_seq, error, payload, ctx_args,
+        (_, index, engine, seq, arrival, start, end, hw_seq, error, payload, context,
          timeline, ranges) = r
+        ctx_args = _context_args(context)
         name, args = describe(payload, engine, ranges)
         args.update(ctx_args)
         args.update({"stream": timeline, "job": seq, "fence": hw_seq})
