@@ -46,6 +46,8 @@ TRACK_NAMES = {SUBMIT_TID: "submit"}
 TRACK_NAMES.update({engine + 2: name for engine, name in regs.ENGINE_NAMES.items()})
 DEFAULT_MAX_RECORDS = 1 << 17  # jobs, faults, resets and VRAM samples kept (~0.4 KB a job)
 _MiB = 1 << 20
+_CHUNK = 4096  # events encoded at a time by write()
+_COMPACT = (",", ":")
 _U32 = struct.Struct("<I")
 _COPY = struct.Struct("<6I")
 
@@ -276,10 +278,16 @@ class TraceRecorder:
         """Write the trace to `path` (atomically: a temporary file, then a rename);
         -> the number of job slices written."""
         events = self.events()
-        doc = {"traceEvents": events, "displayTimeUnit": "ms",
-               "otherData": {"producer": "pvgpu host", "dropped_records": self.dropped}}
+        other = {"producer": "pvgpu host", "dropped_records": self.dropped}
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))
+            # json.dumps of a chunk runs in C; json.dump to a file would encode in Python
+            f.write('{"displayTimeUnit":"ms","otherData":%s,"traceEvents":['
+                    % json.dumps(other, separators=_COMPACT))
+            for i in range(0, len(events), _CHUNK):
+                if i:
+                    f.write(",")
+                f.write(json.dumps(events[i:i + _CHUNK], separators=_COMPACT)[1:-1])
+            f.write("]}")
         os.replace(tmp, path)
         return sum(1 for e in events if e["ph"] == "X" and e["tid"] != SUBMIT_TID)
