@@ -4,6 +4,7 @@ Chrome/Perfetto trace with every job of the workload on its engine's track, in o
 never overlapping, each with a flow from its submission."""
 
 import json
+import signal
 import subprocess
 import sys
 
@@ -77,3 +78,16 @@ def test_a_trace_file_that_cannot_be_written_is_one_line(tmp_endpoint, tmp_path)
     assert proc.returncode == 2
     assert proc.stderr.startswith("pvgpu host: cannot write the trace file")
     assert "Traceback" not in proc.stderr and len(proc.stderr.splitlines()) == 1
+
+
+def test_ctrl_c_writes_the_trace_too(host_factory, tmp_endpoint, tmp_path):
+    path = tmp_path / "host.trace.json"
+    host = host_factory([tmp_endpoint], extra_args=["--trace", str(path)])
+    with guest.connect(host.endpoint, mem_size=8 * MiB) as conn:
+        ctx = conn.devices[1].create_context()
+        ctx.launch("burn", 1, 1, (100,))
+        ctx.synchronize()
+    host.proc.send_signal(signal.SIGINT)
+    assert host.proc.wait(60) == 0
+    events = json.loads(path.read_text())["traceEvents"]
+    assert [e["pid"] for e in events if e["ph"] == "X" and e["name"] == "burn"] == [2]
