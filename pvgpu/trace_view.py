@@ -14,6 +14,7 @@ matplotlib is an optional dependency (`pip install pvgpu[plot]`), imported only 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 
@@ -155,9 +156,7 @@ def main(argv=None) -> int:
     ap.add_argument("--title", default=None)
     args = ap.parse_args(argv)
     out = args.output or (args.trace.rsplit(".", 1)[0] + ".png")
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("matplotlib") is None:
         print("trace_view needs matplotlib: pip install 'pvgpu[plot]'", file=sys.stderr)
         return 2
     print(render(args.trace, out, start_ms=args.start, end_ms=args.end, title=args.title))

@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import collections
 import json
-import logging
 import os
 import struct
 import time
 
 from host.hw import packets, regs
 from spec import kernels
-
-log = logging.getLogger("pvgpu.kmd")
 
 SUBMIT_TID = 1
 TRACK_NAMES = {SUBMIT_TID: "submit"}

@@ -51,3 +51,17 @@ def test_close_writes_an_unfinished_trace(tmp_endpoint, tmp_path):
     s.start_trace(str(tmp_path / "t.json"))
     s.close()  # what SIGINT/SIGTERM end in
     assert json.loads((tmp_path / "t.json").read_text())["displayTimeUnit"] == "ms"
+
+
+def test_a_trace_written_in_the_background_is_complete_after_close(tmp_endpoint, tmp_path):
+    s = HostServer([tmp_endpoint], vram_size=32 << 20, num_gpus=1)
+    s.start()
+    try:
+        s.start_trace(str(tmp_path / "t.json"))
+        s.kmds[0].create_context().submit_launch(kernels.KERNEL_BURN, 1, 1, [10]).wait()
+        assert s.stop_trace(background=True) == str(tmp_path / "t.json")
+        assert s.kmds[0].trace is None  # recording stopped at once
+    finally:
+        s.close()  # waits for the writer
+    events = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert [e["name"] for e in events if e["ph"] == "X" and e["tid"] != 1] == ["burn"]
