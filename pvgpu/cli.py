@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-evicted", type=parse_size, default=None, metavar="SIZE",
                    help="host memory per device for buffer objects evicted from a full VRAM "
                         "(oversubscription; default 2x --vram, 0 = no eviction)")
+    p.add_argument("--trace", metavar="FILE", default=None,
+                   help="record what the engines run and write it to FILE at shutdown "
+                        "(SIGINT/SIGTERM), as Chrome/Perfetto trace-event JSON: open it in "
+                        "https://ui.perfetto.dev")
     g = p.add_argument_group("scheduling and vGPUs")
     g.add_argument("--sched", choices=("fifo", "credit", "band"), default=None,
                    help="GPU scheduling policy among vGPUs (default fifo): fifo = first come "
@@ -333,6 +337,7 @@ def cmd_smi(args) -> int:
 def cmd_host(args) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from host.kmd.trace import TraceError
     from host.main import run_host
     from transport.channel import ChannelError
     try:
@@ -354,8 +359,12 @@ def cmd_host(args) -> int:
                         num_gpus=args.gpus, max_mem_size=args.max_guest_mem,
                         ready_file=args.ready_file, sched=sched,
                         max_evicted_bytes=args.max_evicted, topology=args.topology, curve=curve,
-                        admin_endpoint=args.admin_endpoint)
+                        admin_endpoint=args.admin_endpoint,
+                        trace=args.trace)
     except ChannelError as e:  # e.g. an endpoint directory refused, a port in use
+        print(f"pvgpu host: {e}", file=sys.stderr)
+        return 2
+    except TraceError as e:  # --trace FILE cannot be written
         print(f"pvgpu host: {e}", file=sys.stderr)
         return 2
 

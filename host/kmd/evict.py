@@ -69,6 +69,8 @@ class EvictMixin:
         for b in blocks:
             self.vram.clear(b.offset, b.size)
         self.mm.free_blocks(blocks)
+        if self.trace is not None:
+            self.trace.vram(self)
 
     def _release_bo_memory(self, bo: BufferObject) -> None:
         """The memory of a BO whose last reference went: its VRAM, or its host copy."""
@@ -353,11 +355,13 @@ class EvictMixin:
         """Buddy blocks for a BO of `requester` (None: a shared segment), evicting other
         contexts' BOs to host memory when VRAM is full (_make_room). Raises OutOfMemory."""
         try:
-            return self.mm.alloc_blocks(size)
+            blocks = self.mm.alloc_blocks(size)
         except OutOfMemory:
-            pass
-        self._make_room(size, requester)
-        return self.mm.alloc_blocks(size)
+            self._make_room(size, requester)
+            blocks = self.mm.alloc_blocks(size)
+        if self.trace is not None:
+            self.trace.vram(self)
+        return blocks
 
     def _make_room(self, need: int, requester: "Context | None") -> None:
         """Have `need` bytes of VRAM free, evicting BOs of contexts other than `requester`.

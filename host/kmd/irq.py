@@ -58,12 +58,16 @@ class IrqMixin:
                     break
             if target is None:
                 self.unclaimed_errors.append(error)
+                if self.trace is not None:
+                    self.trace.fault(self, fd.engine, error)
                 log.warning("gpu%d: %s matches no pending job", self.index, error)
                 return
             job = self._jobs.get(target)
             if job is not None:
                 job.context.stats["faults"] += 1
                 job.context.faults.append(error)
+            if self.trace is not None:
+                self.trace.fault(self, fd.engine, error, job.context if job is not None else None)
         if job is not None:
             job.context.report_error(error, job.timeline, job.kind)
         if not target.set_error(error):

@@ -122,6 +122,7 @@ class JobMixin:
     _inline_job = None  # the SchedJob _submit may run inline, while it schedules
     _inline_kick = None  # the engine whose ring _submit then runs (RB_KICK_SYNC)
     _batch = None  # the open SubmissionBatch (batch.py)
+    trace = None  # the TraceRecorder while the device is traced (trace.py)
 
     def submission_batch(self) -> SubmissionBatch:
         """`with kmd.submission_batch():` submissions inside get their fences at once, and
@@ -299,11 +300,15 @@ class JobMixin:
         with their schedulers; -> the schedulers with jobs queued behind them, which run in
         the submission context (submit.py, _resume), never here."""
         done_scheds = []
+        trace = self.trace
         for job, hw_fence in finished:
             sched = job.entity.sched
             end = hw_fence.timestamp if hw_fence.timestamp is not None else now
-            if sched.job_done(job, hw_fence, end, now) and sched not in done_scheds:
-                done_scheds.append(sched)
+            if sched.job_done(job, hw_fence, end, now):
+                if trace is not None:
+                    trace.job(self, job, hw_fence)
+                if sched not in done_scheds:
+                    done_scheds.append(sched)
         resume = []
         for sched in done_scheds:
             self._arm_timer(sched)

@@ -112,6 +112,10 @@ class TdrMixin:
         """Reset `sched`'s engine (its scheduler stopped, lock not held), complete the
         hardware fences it abandoned, fail `job` and ctx's other work, resubmit the rest."""
         engine = sched.engine
+        if self.trace is not None:
+            with self.lock:
+                self.trace.engine_reset(self, engine, job, ctx,
+                                        "timeout" if error is None else str(error))
         try:
             self.mmio.write(regs.REG_ENGINE(engine, regs.RB_RESET), 1)  # waits for the engine
         finally:
