@@ -29,7 +29,8 @@ so its host-assigned vGPU does not matter) polls the device's scheduling statist
 second. At the end it prints, per vGPU, the mean utilisation over the time all tenants
 ran against the share, and the fairness figures over *compute* (pvgpu.fairness): Jain's
 index over U/share and the mean |U - share|. It exits 0 only when every tenant verified
-its results and the host shut down cleanly.
+its results and the host shut down cleanly. With `--plot DIR` it also draws each vGPU's
+compute and copy utilisation of every second as DIR/demo.png (pvgpu.plots).
 """
 
 from __future__ import annotations
