@@ -267,7 +267,9 @@ def _session(endpoint, memory, mem_size, max_size):
     return conn, dev, ctx, (src, dst, psrc, pdst, d, d2)
 
 
-def run_bench(json_path: str | None = None, quick: bool = False) -> int:
+def run_bench(json_path: str | None = None, quick: bool = False, plot_dir: str | None = None) -> int:
+    """The parts of the module docstring; `plot_dir`: also draw bandwidth against size
+    there (pvgpu.plots). -> exit code."""
     started = time.perf_counter()
     sizes = QUICK_SIZES if quick else SIZES
     max_size = max(sizes)
@@ -325,4 +327,7 @@ def run_bench(json_path: str | None = None, quick: bool = False) -> int:
           f"by any number of threads {'n/a' if mt_ratio is None else f'{mt_ratio:.2f}'}); pipelined vs unpipelined "
           f"{verdict(summary['pipeline_speedup_min_ge_16MiB'], TARGET_PIPELINE)}; {results['seconds']:.0f} s")
     write_json(json_path, results)
+    if plot_dir is not None:
+        from pvgpu import plots
+        print(f"wrote {plots.copies_figure(results, plot_dir)}", flush=True)
     return 0

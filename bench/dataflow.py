@@ -151,7 +151,9 @@ def teardown_in_process(nodes) -> None:
             node.seg.remove()  # freed now: every context was destroyed
 
 
-def bench_in_process(endpoint: str, nodes, n: int, reps: int, memory: str) -> dict:
+def bench_in_process(endpoint: str, nodes, n: int, reps: int, memory: str,
+                     progress=lambda text: None) -> dict:
+    progress(f"setting up {len(nodes)} contexts and their buffers")
     inputs = {node.index: leaf_input(node.index, n) for node in nodes if not node.inputs}
     expect = reference(nodes, inputs)
     times = {"shm": [], "copy": []}
@@ -160,9 +162,11 @@ def bench_in_process(endpoint: str, nodes, n: int, reps: int, memory: str) -> di
         setup_in_process(conn, nodes, n)
         try:
             for mode in ("shm", "copy"):  # warm-up, and the check
+                progress(f"warm-up and check, {mode}")
                 run_pass_in_process(nodes, mode, n)
                 ok[mode] = bool(np.array_equal(nodes[-1].out[mode].to_host(), expect))
             for rep in range(reps):
+                progress(f"repetition {rep + 1} of {reps}")
                 for mode in (("shm", "copy") if rep % 2 == 0 else ("copy", "shm")):
                     t0 = time.perf_counter()
                     run_pass_in_process(nodes, mode, n)
@@ -258,7 +262,9 @@ class _Stage:
             self.proc.wait()
 
 
-def bench_processes(endpoint: str, stages: int, n: int, reps: int, memory: str) -> dict:
+def bench_processes(endpoint: str, stages: int, n: int, reps: int, memory: str,
+                    progress=lambda text: None) -> dict:
+    progress(f"starting {stages} guest processes")
     nodes = chain(stages)
     expect = reference(nodes, {0: leaf_input(0, n)})
     # host memory between stages (copy), plus one the last stage writes its result into:
@@ -287,11 +293,13 @@ def bench_processes(endpoint: str, stages: int, n: int, reps: int, memory: str) 
                 assert p.ask(f"run {mode}") == ["done"]
         result = np.memmap(bufs[-1], np.float32, "r", shape=(n,))
         for mode in ("shm", "copy"):
+            progress(f"warm-up and check, {mode}")
             one_pass(mode)
             assert procs[-1].ask(f"result {mode}") == ["ok"]
             ok[mode] = bool(np.array_equal(result, expect))
         del result
         for rep in range(reps):
+            progress(f"repetition {rep + 1} of {reps}")
             for mode in (("shm", "copy") if rep % 2 == 0 else ("copy", "shm")):
                 t0 = time.perf_counter()
                 one_pass(mode)
@@ -336,16 +344,18 @@ def run_bench(json_path: str | None = None, quick: bool = False, *, size_mib: in
     try:
         print(f"dataflow: {size_mib} MiB per edge, {memory} guest memory, medians of {reps} "
               f"(Gdev: {GDEV['copy_ms']} ms through the host vs {GDEV['shm_ms']} ms shared, "
-              f"{GDEV['speedup']:.2f}x; target >= {TARGET}x)")
+              f"{GDEV['speedup']:.2f}x; target >= {TARGET}x)", flush=True)
         for part in parts:
+            def progress(text):
+                print(f"  {part}: {text} ...", flush=True)
             if part == "chain":
-                r = bench_in_process(endpoint, chain(stages), n, reps, memory)
+                r = bench_in_process(endpoint, chain(stages), n, reps, memory, progress)
                 label = f"chain, {stages} contexts"
             elif part == "tree":
-                r = bench_in_process(endpoint, tree(), n, reps, memory)
+                r = bench_in_process(endpoint, tree(), n, reps, memory, progress)
                 label = "tree, 7 contexts"
             elif part == "processes":
-                r = bench_processes(endpoint, stages, n, reps, memory)
+                r = bench_processes(endpoint, stages, n, reps, memory, progress)
                 label = f"chain, {stages} processes"
             else:
                 raise ValueError(f"unknown part {part!r}")

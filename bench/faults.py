@@ -161,22 +161,26 @@ def _summary(times: list) -> dict:
             "times_s": times}
 
 
-def run_bench(json_path: str | None = None, quick: bool = False, out=print) -> dict:
+def run_bench(json_path: str | None = None, quick: bool = False, out=None) -> dict:
+    out = out or (lambda *a: print(*a, flush=True))
     reps = QUICK_REPS if quick else REPS
     results = {}
+    out(f"pvgpu bench faults: {reps} repetition(s) each; seconds from the fault until the "
+        "other side has acted on it")
     endpoint, d = private_endpoint("pvgpu-faults")
     with HostProcess([endpoint], vram=VRAM) as host:
         for mode in ("transfer", "kernel"):
+            out(f"  guest_kill_mid_{mode} ...")
             results[f"guest_kill_mid_{mode}"] = _summary(guest_kill(host.endpoint, mode, reps))
     try:
         os.rmdir(d)
     except OSError:
         pass
     for memory in ("shared", "inline"):
+        out(f"  host_kill_{memory} ...")
         results[f"host_kill_{memory}"] = _summary(host_stop(memory, signal.SIGKILL, reps))
+    out("  host_sigterm ...")
     results["host_sigterm"] = _summary(host_stop("shared", signal.SIGTERM, reps))
-    out(f"pvgpu bench faults: {reps} repetition(s) each; seconds from the fault until the "
-        "other side has acted on it")
     out(f"  {'case':28} {'median':>8} {'max':>8} {'target':>8}  met")
     for case, r in results.items():
         target = TARGETS[case]

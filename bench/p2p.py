@@ -104,6 +104,7 @@ def _bench_host(topology: str, sizes_mib, reps: int, ways) -> dict:
                 except guest.PvgpuError:
                     out["peer_refused"] = True
             for size in sizes_mib:
+                print(f"  {topology}: {size} MiB, {', '.join(ways)} ...", flush=True)
                 n = size * MiB // 4
                 data = _source(n)
                 src, dst = ctx0.to_device(data), ctx1.empty(n)

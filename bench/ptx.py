@@ -176,7 +176,8 @@ def end_to_end(conn, quick: bool = False, out=print, *, n: int | None = None,
     return results
 
 
-def run_bench(json_path: str | None = None, quick: bool = False, out=print) -> dict:
+def run_bench(json_path: str | None = None, quick: bool = False, out=None) -> dict:
+    out = out or (lambda *a: print(*a, flush=True))
     from bench import sm
     import guest
     from pvgpu.procs import HostProcess, private_endpoint

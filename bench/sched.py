@@ -21,6 +21,12 @@ means; also over one-second samples). Gdev's published means are printed beside 
 The guests are `pvgpu tenant` processes; `burn` kernels occupy the compute engine
 without host CPU, so even a 2-core machine measures the scheduler, not the CPU.
 
+While a run is measured the bench polls the statistics every SERIES_PERIOD_S and keeps
+the series (device time and each vGPU's cumulative busy time): `--plot DIR` draws it as
+utilisation per vGPU over time (pvgpu.plots), and a progress line comes every PROGRESS_S.
+`--quick` measures QUICK_SECONDS per run; each run's host is started while the previous
+run shuts down (HostPrefetch), since a quick run is mostly processes starting.
+
 Targets: FIFO shows the skew (the short-kernel vGPU starved); BAND Jain >= 0.98 and
 mean |U - share| <= 7 pp; four fair vGPUs each within 25 +- 3 %. Overlap: concurrent /
 max(alone) near 1 means the copy and compute engines overlap; concurrent / sum(alone)
@@ -32,6 +38,7 @@ from __future__ import annotations
 import os
 import platform
 import shutil
+import threading
 import time
 
 import numpy as np
@@ -60,27 +67,106 @@ TARGET_JAIN = 0.98
 TARGET_ERROR = 0.07
 FAIR_N = 4
 FAIR_TOLERANCE = 0.03
+SERIES_PERIOD_S = 0.25  # the utilisation series (--plot) and the polling period
+SAMPLE_NS = 1_000_000_000  # the samples of the per-sample mean error: one second each
+SECONDS, QUICK_SECONDS = 20.0, 2.0  # measured per run
+ALONE_S, QUICK_ALONE_S = 5.0, 1.0  # at most, per tenant alone
+WARMUP_S, QUICK_WARMUP_S = 1.0, 0.25
+VRAM = "512M"  # per device, of every shared run's host
+OVERLAP_HOST = ("fifo", (), (), "1G")  # the overlap run's host: no vGPUs
+PROGRESS_S = 1.5  # a progress line this often while a run is measured
 
 
+class SchedHost:
+    """A private `pvgpu host` with a scheduling policy and vGPUs on device 0: `key` is
+    (policy, tenants, host_args, vram) as run_shared takes them."""
+
+    def __init__(self, key):
+        policy, tenants, host_args, vram = key
+        self.key = key
+        self.endpoint, self.tmpdir = private_endpoint("pvgpu-bench-sched")
+        extra = ["--sched", policy, *host_args]
+        for n, _w, s in tenants:
+            extra += ["--vgpu", vgpu_arg(n, s)]
+        try:
+            self.proc = HostProcess([self.endpoint], vram=vram, extra_args=extra,
+                                    log_path=os.path.join(self.tmpdir, "host.log"))
+        except BaseException:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            raise
+
+    def stop(self) -> int:
+        try:
+            return self.proc.stop()
+        finally:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+
+class HostPrefetch:
+    """Starts the next run's host in a thread while the current run shuts down its
+    guests and host (a quick run spends much of its time waiting for processes to
+    start); take() hands it over, or starts one if none of that key was prefetched."""
+
+    def __init__(self):
+        self._key = self._thread = None
+        self._box = []
+
+    def prefetch(self, key) -> None:
+        self.close()
+        self._key, self._box = key, []
+        self._thread = threading.Thread(target=self._start, args=(key, self._box), daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _start(key, box):
+        try:
+            box.append(SchedHost(key))
+        except Exception as e:  # reported by take()
+            box.append(e)
+
+    def take(self, key) -> SchedHost:
+        if self._thread is None or self._key != key:
+            self.close()
+            return SchedHost(key)
+        self._thread.join()
+        got, self._thread, self._key = self._box[0], None, None
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    def close(self) -> None:
+        """Stop a prefetched host nobody took."""
+        if self._thread is not None:
+            self._thread.join()
+            if isinstance(self._box[0], SchedHost):
+                self._box[0].stop()
+            self._thread = self._key = None
 
 
 def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = "512M",
-               host_args=(), tenant_extra=None) -> dict:
+               host_args=(), tenant_extra=None, out=None, hosts: HostPrefetch | None = None,
+               then=None) -> dict:
     """A fresh host with `policy` and one vGPU per tenant (name, workload, shares) on
-    device 0, a `pvgpu tenant` bound to each; -> utilisation and fairness of the run."""
+    device 0, a `pvgpu tenant` bound to each; -> utilisation and fairness of the run,
+    with the utilisation series sampled every SERIES_PERIOD_S. `out`: progress lines;
+    `hosts`: where the host comes from, and where the host of the next run, `then` =
+    (policy, tenants, host_args, vram), is started once this one's measurement ended."""
+    label = f"  {policy} {'+'.join(n for n, _w, _s in tenants)}:"
+
+    def progress(text):
+        if out is not None:
+            out(f"{label} {text}")
     names = [n for n, _w, _s in tenants]
     share = {n: s["compute"] / 100 for n, _w, s in tenants}
-    endpoint, tmpdir = private_endpoint("pvgpu-bench-sched")
-    extra = ["--sched", policy, *host_args]
-    for n, _w, s in tenants:
-        extra += ["--vgpu", vgpu_arg(n, s)]
+    hosts = hosts or HostPrefetch()
     host = mon = None
     procs = []
     run = {"policy": policy, "shares": share, "workloads": {n: w for n, w, _s in tenants}}
     try:
-        host = HostProcess([endpoint], vram=vram, extra_args=extra,
-                           log_path=os.path.join(tmpdir, "host.log"))
+        host = hosts.take((policy, tuple(tenants), tuple(host_args), vram))
+        endpoint = host.endpoint
         mon = dev = DeviceStats(admin_endpoint_for(endpoint), 0)  # every vGPU: admin only
+        progress("host up, starting the guests")
         for i, (n, w, _s) in enumerate(tenants):
             procs.append(spawn_guest(tenant_args(endpoint, n, w, warmup + seconds + TENANT_SLACK_S,
                                                  seed=i) + list((tenant_extra or {}).get(n, ()))))
@@ -91,19 +177,15 @@ def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = 
                 raise RuntimeError("a guest did not start (or ended at once)")
             time.sleep(0.05)
             snap = dev.stats()
+        progress(f"guests running; {warmup:g}s warm-up, then {seconds:g}s measured")
         time.sleep(warmup)
-        start = prev = dev.stats()
-        samples = []
-        t_end = time.monotonic() + seconds
-        while (left := t_end - time.monotonic()) > 0:
-            time.sleep(min(1.0, left))
-            cur = dev.stats()
-            if cur["now_ns"] - prev["now_ns"] >= 500_000_000:
-                samples.append(fairness.utilisation(prev, cur, names))
-                prev = cur
+        start = dev.stats()
+        samples, series = _measure(dev, start, names, seconds, progress)
         end = dev.stats()
         if not fairness.all_active(end, names):
             raise RuntimeError("a guest ended before the measurement did")
+        if then is not None:
+            hosts.prefetch(then)
     finally:
         reaped = stop_guests(procs, timeout=15.0)
         if mon is not None:
@@ -112,7 +194,6 @@ def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = 
             except Exception:
                 pass
         run["host_exit"] = host.stop() if host is not None else None
-        shutil.rmtree(tmpdir, ignore_errors=True)
     run["guests"] = {}
     for (n, _w, _s), (code, text) in zip(tenants, reaped):
         r = parse_tenant_output(text) or {"verified": False, "error": text.strip()[-400:]}
@@ -122,17 +203,46 @@ def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = 
     run.update(window_s=(end["now_ns"] - start["now_ns"]) / 1e9, util=util,
                turnaround_us={n: fairness.turnaround_us(end, n) for n in names},
                copy_util=fairness.copy_utilisation(start, end, names),
-               samples=samples, **fairness.summarise(util, share, samples),
+               samples=samples, series=series, **fairness.summarise(util, share, samples),
                verified=all(g.get("verified") and g["exit"] == 0 for g in run["guests"].values()))
     return run
 
 
-def bench_overlap(reps: int, size: int = 64 * MiB) -> dict:
-    """Copy and compute engines at once: one guest, a copy stream and a compute stream."""
-    endpoint, tmpdir = private_endpoint("pvgpu-bench-overlap")
-    host = HostProcess([endpoint], vram="1G")
+def _measure(dev, start: dict, names, seconds: float, progress) -> tuple:
+    """Poll the device's statistics every SERIES_PERIOD_S for `seconds` from snapshot
+    `start`. -> (samples: {name: U} over about one second each, series: {t_s, busy_s:
+    {name: [s]}}: at each poll the device time since `start`, and the device time each
+    vGPU used since then: the utilisation over any window is d busy_s / d t_s); a
+    progress line every PROGRESS_S."""
+    samples, t_s, busy_s = [], [], {n: [] for n in names}
+    prev_sample = prev_line = start
+    t_end = time.monotonic() + seconds
+    while (left := t_end - time.monotonic()) > 0:
+        time.sleep(min(SERIES_PERIOD_S, left))
+        cur = dev.stats()
+        t_s.append((cur["now_ns"] - start["now_ns"]) / 1e9)
+        for n in names:
+            busy_s[n].append((fairness.busy_ns(cur, n) - fairness.busy_ns(start, n)) / 1e9)
+        if cur["now_ns"] - prev_sample["now_ns"] >= SAMPLE_NS:
+            samples.append(fairness.utilisation(prev_sample, cur, names))
+            prev_sample = cur
+        if cur["now_ns"] - prev_line["now_ns"] >= PROGRESS_S * 1e9:
+            u = fairness.utilisation(prev_line, cur, names)
+            progress(f"{t_s[-1]:4.1f}s of {seconds:g}s  "
+                     + "  ".join(f"{n} {_pct(x)}" for n, x in u.items()))
+            prev_line = cur
+    return samples, {"t_s": t_s, "busy_s": busy_s}
+
+
+def bench_overlap(reps: int, size: int = 64 * MiB, out=None, hosts: HostPrefetch | None = None) -> dict:
+    """Copy and compute engines at once: one guest, a copy stream and a compute stream.
+    `out`: a progress line before each measurement; `hosts`: where its host comes from."""
+    def progress(text):
+        if out is not None:
+            out(f"  overlap: {text} x{reps} ...")
+    host = (hosts or HostPrefetch()).take(OVERLAP_HOST)
     try:
-        with guest.connect(endpoint, memory=wire.MEMORY_SHARED, mem_size=192 * MiB) as conn:
+        with guest.connect(host.endpoint, memory=wire.MEMORY_SHARED, mem_size=192 * MiB) as conn:
             with conn.devices[0].create_context("overlap") as ctx:
                 rng = np.random.default_rng(3)
                 buf = rng.integers(0, 255, size, dtype=np.uint8)
@@ -159,10 +269,14 @@ def bench_overlap(reps: int, size: int = 64 * MiB) -> dict:
                     copy()
                     s_comp.synchronize()
 
+                progress(f"{size >> 20} MiB host->device copy alone")
                 t_copy = _median_time(copy, reps)
+                progress("one gemm alone")
                 t_one = _median_time(lambda: gemm_alone(1), reps)
                 k = max(1, round(t_copy / t_one))
+                progress(f"{k} gemms alone")
                 t_gemm = _median_time(lambda: gemm_alone(k), reps)
+                progress(f"{k} gemms and the copy at once")
                 t_both = _median_time(lambda: both(k), reps)
                 # the same with a burn kernel of the copy's length: device time without
                 # host CPU, so what remains is the engines' own concurrency
@@ -180,7 +294,9 @@ def bench_overlap(reps: int, size: int = 64 * MiB) -> dict:
                     copy()
                     s_comp.synchronize()
 
+                progress("burn kernel alone")
                 t_burn = _median_time(burn_alone, reps)
+                progress("burn kernel and the copy at once")
                 t_burn_both = _median_time(burn_both, reps)
                 ok = bool(np.array_equal(d.to_host(), buf)) and bool(
                     np.allclose(dC.to_host(), A @ B, rtol=1e-4, atol=1e-3))
@@ -188,7 +304,6 @@ def bench_overlap(reps: int, size: int = 64 * MiB) -> dict:
                 s_comp.destroy()
     finally:
         host.stop()
-        shutil.rmtree(tmpdir, ignore_errors=True)
     return {"copy_s": t_copy, "gemm_s": t_gemm, "gemms": k, "concurrent_s": t_both,
             "concurrent_vs_max": t_both / max(t_copy, t_gemm),
             "concurrent_vs_sum": t_both / (t_copy + t_gemm),
@@ -250,10 +365,15 @@ def targets(result: dict) -> dict:
     return t
 
 
-def run_bench(seconds: float = 20.0, policies=("fifo", "credit", "band"), json_path=None,
+def run_bench(seconds: float | None = None, policies=("fifo", "credit", "band"), json_path=None,
               quick: bool = False, parts=PARTS, time_buffer_us: int | None = None,
-              out=None, short_us: int = 1000) -> int:
+              out=None, short_us: int = 1000, plot_dir: str | None = None) -> int:
+    """The parts of the module docstring; `seconds` measured per run (default SECONDS, or
+    QUICK_SECONDS with `quick`); `plot_dir`: also draw the utilisation series there
+    (pvgpu.plots). -> exit code."""
     out = out or (lambda *a: print(*a, flush=True))
+    if seconds is None:
+        seconds = QUICK_SECONDS if quick else SECONDS
     parts = [p.strip() for p in parts if p.strip()]
     policies = [p.strip() for p in policies if p.strip()]
     bad = [p for p in parts if p not in PARTS] + [p for p in policies if p not in GDEV]
@@ -261,7 +381,7 @@ def run_bench(seconds: float = 20.0, policies=("fifo", "credit", "band"), json_p
         out(f"pvgpu bench sched: unknown part or policy {bad[0]!r} (parts: {', '.join(PARTS)}; "
             f"policies: {', '.join(GDEV)})")
         return 2
-    warmup = 0.5 if quick else 1.0
+    warmup = QUICK_WARMUP_S if quick else WARMUP_S
     host_args = [] if time_buffer_us is None else ["--time-buffer-us", str(time_buffer_us)]
     short_extra = {"B": ["--kernel-us", str(short_us)]}
     result = {"machine": {"python": platform.python_version(), "numpy": np.__version__,
@@ -269,13 +389,50 @@ def run_bench(seconds: float = 20.0, policies=("fifo", "credit", "band"), json_p
               "seconds": seconds, "warmup_s": warmup, "time_buffer_us": time_buffer_us,
               "short_us": short_us,
               "gdev": GDEV}
+    fair_tenants = tuple((f"v{i + 1}", "long", {"compute": 100 // FAIR_N, "copy": 100 // FAIR_N,
+                                                "mem": 100 // FAIR_N}) for i in range(FAIR_N))
+    # the shared runs in order, (policy, tenants, host_args, vram), so that each run's host
+    # starts while the previous run shuts down
+    plan = [("fifo", (t,), (), VRAM) for t in UNFAIR] if "alone" in parts else []
+    plan += [(p, UNFAIR, tuple(host_args), VRAM) for p in policies] if "unfair" in parts else []
+    plan += [("band", fair_tenants, tuple(host_args), VRAM)] if "fair" in parts else []
+    plan += [OVERLAP_HOST] if "overlap" in parts else []
+    hosts = HostPrefetch()
+
+    def shared(policy, tenants, secs, host_args=(), tenant_extra=None):
+        k = len(runs_done)
+        runs_done.append(policy)
+        return run_shared(policy, tenants, secs, warmup, VRAM, host_args, tenant_extra, out=out,
+                          hosts=hosts, then=plan[k + 1] if k + 1 < len(plan) else None)
+    runs_done = []
+    try:
+        ok = _run_parts(result, parts, policies, seconds, quick, shared, fair_tenants,
+                        host_args, short_extra, short_us, out, hosts)
+    finally:
+        hosts.close()
+    t = targets(result)
+    result["targets"] = t
+    if t:
+        out("\ntargets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in t.items()))
+    write_json(json_path, result, out)
+    if plot_dir is not None and (result.get("unfair") or result.get("fair")):
+        from pvgpu import plots
+        out(f"wrote {plots.sched_figure(result, plot_dir)}")
+    if not ok:
+        out("pvgpu bench sched: a guest failed verification or the host did not exit cleanly")
+    return 0 if ok else 1
+
+
+def _run_parts(result, parts, policies, seconds, quick, shared, fair_tenants, host_args,
+               short_extra, short_us, out, hosts) -> bool:
+    """Run `parts` into `result`; `shared` runs one shared-device run. -> all verified."""
     ok = True
     if "alone" in parts:
-        alone_s = min(seconds, 5.0)
+        alone_s = min(seconds, QUICK_ALONE_S if quick else ALONE_S)
         result["alone"] = {}
+        out(f"alone: each tenant by itself on the device, {alone_s:g}s measured ...")
         for name, workload, shares in UNFAIR:
-            r = run_shared("fifo", [(name, workload, shares)], alone_s, warmup,
-                           tenant_extra=short_extra)
+            r = shared("fifo", ((name, workload, shares),), alone_s, tenant_extra=short_extra)
             result["alone"][name] = r
             ok &= r["verified"] and r["host_exit"] == 0
         out(f"alone ({alone_s:g}s each, nothing else on the device): A `long` uses "
@@ -285,29 +442,27 @@ def run_bench(seconds: float = 20.0, policies=("fifo", "credit", "band"), json_p
         result["unfair"] = {}
         for policy in policies:
             out(f"{policy}: A long, B short, {seconds:g}s measured ...")
-            r = run_shared(policy, UNFAIR, seconds, warmup, host_args=host_args,
-                           tenant_extra=short_extra)
+            r = shared(policy, UNFAIR, seconds, host_args, short_extra)
             result["unfair"][policy] = r
             ok &= r["verified"] and r["host_exit"] == 0
             out(f"{policy}: A {_pct(r['util']['A'])}  B {_pct(r['util']['B'])}  Jain {r['jain']:.3f}  "
                 f"mean |U-share| {r['mean_abs_error'] * 100:.1f} pp")
         print_unfair(result["unfair"], result.get("alone"), out, short_us)
     if "fair" in parts:
-        tenants = [(f"v{i + 1}", "long", {"compute": 100 // FAIR_N, "copy": 100 // FAIR_N,
-                                          "mem": 100 // FAIR_N}) for i in range(FAIR_N)]
         out(f"\nfair load under band: {FAIR_N} vGPUs of {100 // FAIR_N} %, every guest `long`, "
             f"{seconds:g}s measured ...")
-        r = run_shared("band", tenants, seconds, warmup, host_args=host_args)
+        r = shared("band", fair_tenants, seconds, host_args)
         result["fair"] = r
         ok &= r["verified"] and r["host_exit"] == 0
         out("  " + "   ".join(f"{n} {_pct(u)}" for n, u in r["util"].items())
             + f"   Jain {r['jain']:.3f}   mean |U-share| {r['mean_abs_error'] * 100:.1f} pp"
             f"   (Gdev: about 24 % each)")
     if "overlap" in parts:
-        o = bench_overlap(reps=3 if quick else 7)
+        out("\ncopy/compute overlap ...")
+        o = bench_overlap(reps=3 if quick else 7, out=out, hosts=hosts)
         result["overlap"] = o
         ok &= o["verified"]
-        out(f"\ncopy/compute overlap, two streams of one guest: 64 MiB host->device "
+        out(f"copy/compute overlap, two streams of one guest: 64 MiB host->device "
             f"{o['copy_s'] * 1e3:.1f} ms alone, {o['gemms']} gemm 1024^3 {o['gemm_s'] * 1e3:.1f} ms "
             f"alone, both {o['concurrent_s'] * 1e3:.1f} ms: {o['concurrent_vs_max']:.2f}x the longer "
             f"alone (1 = full overlap), {o['concurrent_vs_sum']:.2f}x the sum (1 = none)")
@@ -315,11 +470,4 @@ def run_bench(seconds: float = 20.0, policies=("fifo", "credit", "band"), json_p
             f"burn {o['burn_s'] * 1e3:.1f} ms alone, both {o['burn_concurrent_s'] * 1e3:.1f} ms: "
             f"{o['burn_concurrent_vs_max']:.2f}x the longer, {o['burn_concurrent_vs_sum']:.2f}x the sum"
             f" (burn uses no host CPU; gemm and the copy both do, on {os.cpu_count()} CPUs here)")
-    t = targets(result)
-    result["targets"] = t
-    if t:
-        out("\ntargets: " + ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in t.items()))
-    write_json(json_path, result, out)
-    if not ok:
-        out("pvgpu bench sched: a guest failed verification or the host did not exit cleanly")
-    return 0 if ok else 1
+    return ok

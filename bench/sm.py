@@ -227,6 +227,7 @@ def run_bench(json_path: str | None = None, quick: bool = False, out=print) -> d
     for name, divergent in (("lanes", False), ("divergent", True)):
         obj = m.alloc(alu_chain(divergent), EXEC)
         launch = m.launch(obj, struct.pack("<QQ", src, dst), n_alu // 256, 256)
+        out(f"{name:10s} {n_alu} threads, {reps} runs after a warm-up ...")
         counts = []
         times = rounds({name: lambda: counts.append(m.run(launch))}, max_reps=reps, warmup=True)
         best = statistics.median(times[name])

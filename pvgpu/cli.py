@@ -11,11 +11,14 @@
   pvgpu tenant WORKLOAD --seconds S [--vgpu NAME] one guest of a shared-GPU run (long, short, copy, mixed)
   pvgpu demo                                      host + two guests, every result verified
   pvgpu demo --guests N --sched band [--shares ..] N guests sharing device 0 through vGPUs, live table
+            [--plot DIR]                          ... and their utilisation over time as DIR/demo.png
   pvgpu demo p2p                                  a buffer shared by two guests on two GPUs, with
                                                   and without peer-to-peer
   pvgpu bench [--json FILE]                       hot paths against this machine's limits
   pvgpu bench sched [--seconds S] [--policies ..] scheduler fairness (Gdev's experiment) + overlap
+                    [--plot DIR]                  ... and utilisation per vGPU over time, DIR/sched.png
   pvgpu bench copies [--json FILE] [--quick]      pinned vs pageable copies, chunk sizes, small copies
+                     [--plot DIR]                 ... and bandwidth against size, DIR/copies.png
   pvgpu bench dataflow [--json FILE] [--quick]    shared device memory vs copies through the host
   pvgpu bench p2p [--json FILE] [--quick] [--sizes MiB,..]  GPU-to-GPU copies: P2P vs bounce vs memcpy
   pvgpu bench ptx [--json FILE] [--quick]         PTX kernels on the SMs vs numpy and the built-ins
@@ -237,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "100//N each); copy and memory shares stay equal")
     p.add_argument("--seconds", type=float, default=10.0,
                    help="vGPU demo: how long every guest runs (default %(default)s)")
+    p.add_argument("--plot", metavar="DIR", default=None,
+                   help="vGPU demo: also draw each guest's utilisation over time as "
+                        "DIR/demo.png (needs pvgpu[plot])")
 
     p = sub.add_parser("bench", help="measure hot paths against this machine's limits, or "
                                      "the GPU scheduler's fairness (`bench sched`)")
@@ -267,12 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "crash, hang or traceback)")
     p.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (a smoke run)")
+    p.add_argument("--plot", metavar="DIR", default=None,
+                   help="sched, copies: also draw the results as a PNG in DIR (sched.png: "
+                        "utilisation per vGPU over time; copies.png: bandwidth against size); "
+                        "needs pvgpu[plot]")
     p.add_argument("--cases", type=int, default=10_000,
                    help="fuzz: how many cases (default %(default)s)")
     p.add_argument("--seed", type=int, default=1,
                    help="fuzz: the seed; a run is reproduced by its seed (default %(default)s)")
-    p.add_argument("--seconds", type=float, default=20.0,
-                   help="sched: measured seconds per run (default %(default)s)")
+    p.add_argument("--seconds", type=float, default=None,
+                   help="sched: measured seconds per run (default 20, 2 with --quick)")
     p.add_argument("--short-us", type=int, default=1000,
                    help="sched: kernel length of the short tenant in µs (default %(default)s)")
     p.add_argument("--policies", default="fifo,credit,band",
@@ -540,20 +550,47 @@ def cmd_demo(args) -> int:
         print(f"pvgpu demo {args.which}: --guests, --sched and --shares are options of the vGPU "
               "demo (`pvgpu demo --guests N`)", file=sys.stderr)
         return 2
+    if args.plot is not None and not sharing:
+        print("pvgpu demo: --plot draws the vGPU demo (`pvgpu demo --guests N --plot DIR`)",
+              file=sys.stderr)
+        return 2
+    if args.plot is not None and not _plots_available("pvgpu demo"):
+        return 2
     if args.which == "p2p":
         return demo.run_p2p(vram=args.vram)
     if not sharing:
         return demo.run_pair(vram=args.vram)
     return demo.run_sharing(args.guests, sched=args.sched or "band", seconds=args.seconds,
-                            vram=args.vram, shares=args.shares)
+                            vram=args.vram, shares=args.shares, plot_dir=args.plot)
+
+
+PLOTTED_BENCHES = ("sched", "copies")
+
+
+def _plots_available(command: str) -> bool:
+    """matplotlib is there (checked before a long run); else one line and False."""
+    from pvgpu import plots
+    try:
+        plots.require()
+    except plots.PlotUnavailable as e:
+        print(f"{command}: {e}", file=sys.stderr)
+        return False
+    return True
 
 
 def cmd_bench(args) -> int:
+    if args.plot is not None and args.which not in PLOTTED_BENCHES:
+        print(f"pvgpu bench {args.which}: --plot draws {' and '.join(PLOTTED_BENCHES)} only",
+              file=sys.stderr)
+        return 2
+    if args.plot is not None and not _plots_available(f"pvgpu bench {args.which}"):
+        return 2
     if args.which == "sched":
         from bench.sched import run_bench as run_sched
         return run_sched(seconds=args.seconds, policies=args.policies.split(","),
                          json_path=args.json, quick=args.quick, parts=args.parts.split(","),
-                         time_buffer_us=args.time_buffer_us, short_us=args.short_us)
+                         time_buffer_us=args.time_buffer_us, short_us=args.short_us,
+                         plot_dir=args.plot)
     if args.which == "dataflow":
         from bench.dataflow import run_bench as run_dataflow
         return run_dataflow(json_path=args.json, quick=args.quick)
@@ -587,7 +624,7 @@ def cmd_bench(args) -> int:
         return run_fuzz(cases=args.cases, seed=args.seed, json_path=args.json)
     if args.which == "copies":
         from bench.copies import run_bench as run_copies
-        return run_copies(json_path=args.json, quick=args.quick)
+        return run_copies(json_path=args.json, quick=args.quick, plot_dir=args.plot)
     from bench.hotpaths import run_bench
     return run_bench(json_path=args.json, quick=args.quick)
 

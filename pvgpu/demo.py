@@ -29,7 +29,8 @@ own vGPU, [CMD-STATS-4]) once a second and prints each vGPU's compute and copy u
 second. At the end it prints, per vGPU, the mean utilisation over the time all tenants
 ran against the share, and the fairness figures over *compute* (pvgpu.fairness): Jain's
 index over U/share and the mean |U - share|. It exits 0 only when every tenant verified
-its results and the host shut down cleanly.
+its results and the host shut down cleanly. With `--plot DIR` it also draws each vGPU's
+compute and copy utilisation of every second as DIR/demo.png (pvgpu.plots).
 """
 
 from __future__ import annotations
@@ -139,8 +140,10 @@ def _host_log_tail(path: str, lines: int = 20) -> str:
 
 # ---------------------------------------------------------------------- the vGPU demo
 def run_sharing(guests: int | None, sched: str = "band", seconds: float = 10.0,
-                vram: str = "512M", shares: str | None = None, out=None) -> int:
-    """The multi-guest demo (module docstring); -> exit code."""
+                vram: str = "512M", shares: str | None = None, out=None,
+                plot_dir: str | None = None) -> int:
+    """The multi-guest demo (module docstring); `plot_dir`: also draw each guest's
+    utilisation per second there (pvgpu.plots.demo_figure). -> exit code."""
     out = out or _say
     from pvgpu.procs import HostProcess, private_endpoint, spawn_guest
     from pvgpu.smi import DeviceStats
@@ -211,6 +214,9 @@ def run_sharing(guests: int | None, sched: str = "band", seconds: float = 10.0,
             out(f"  {name}: {'verified' if r.get('verified') else 'NOT verified'} {r.get('error', '')}")
     if log_tail:
         out(f"host log (tail):\n{log_tail}")
+    if plot_dir is not None and report is not None and report["series"]["t_s"]:
+        from pvgpu import plots
+        out(f"wrote {plots.demo_figure(plot_report(sched, tenants, report), plot_dir)}")
     out(f"\npvgpu demo: {'every guest verified' if ok else 'FAILED'}; host exited {host_code}; "
         f"{time.perf_counter() - t_start:.1f}s")
     return 0 if ok else 1
@@ -227,6 +233,7 @@ def _monitor(dev, tenants, procs, seconds, out) -> dict:
     t0 = time.monotonic()
     start = end = None
     samples = []
+    series = {"t_s": [], "compute": {n: [] for n in names}, "copy": {n: [] for n in names}}
     next_tick = t0 + 1.0
     deadline = t0 + seconds + STARTUP_S
     while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
@@ -242,14 +249,26 @@ def _monitor(dev, tenants, procs, seconds, out) -> dict:
             end = cur
             samples.append(comp)
         cells = "".join(f"{f'{comp[n] * 100:5.1f} /{copy[n] * 100:5.1f}':>14}" for n in names)
-        out(f"{time.monotonic() - t0:5.1f}s {'*' if full else ' '}{cells}")
+        elapsed = time.monotonic() - t0
+        out(f"{elapsed:5.1f}s {'*' if full else ' '}{cells}")
+        series["t_s"].append(elapsed)
+        for n in names:
+            series["compute"][n].append(comp[n])
+            series["copy"][n].append(copy[n])
         prev = cur
     if start is None or end is None or end is start:
         start, end = first, prev  # never all running at once: the whole run
         whole = True
     else:
         whole = False
-    return {"start": start, "end": end, "samples": samples, "whole_run": whole}
+    return {"start": start, "end": end, "samples": samples, "whole_run": whole, "series": series}
+
+
+def plot_report(sched: str, tenants, report: dict) -> dict:
+    """What pvgpu.plots.demo_figure draws: the run's per-second series and its tenants."""
+    return {"sched": sched, "series": report["series"],
+            "tenants": [{"name": n, "workload": w, "compute": s["compute"], "copy": s["copy"]}
+                        for n, w, s in tenants]}
 
 
 def _summary(tenants, share, report, results, codes, out) -> bool:

@@ -9,9 +9,12 @@ from bench import faults
 from pvgpu import cli
 
 
-def test_bench_faults_quick_reports_every_case(tmp_path):
+def test_bench_faults_quick_reports_every_case(tmp_path, capsys):
     path = tmp_path / "faults.json"
     assert cli.main(["bench", "faults", "--quick", "--json", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("pvgpu bench faults:")  # the header first, then each case
+    assert lines[1:1 + len(faults.TARGETS)] == [f"  {case} ..." for case in faults.TARGETS]
     results = json.loads(path.read_text())
     assert set(results) == set(faults.TARGETS)
     for case, r in results.items():

@@ -17,14 +17,18 @@ import pytest
 from pvgpu.tenant import WORKLOADS
 
 
+RUN_KEYS = {"policy", "shares", "workloads", "host_exit", "guests", "window_s", "util", "copy_util",
+            "samples", "series", "jain", "mean_abs_error", "mean_abs_error_samples", "verified"}
+
+
 def _pvgpu(*args, timeout):
     return subprocess.run([sys.executable, "-m", "pvgpu", *args], capture_output=True, text=True,
                           timeout=timeout)
 
 
-def test_demo_three_guests_band_verifies_every_guest():
+def test_demo_three_guests_band_verifies_every_guest(tmp_path):
     p = _pvgpu("demo", "--guests", "3", "--sched", "band", "--seconds", "3", "--vram", "256M",
-               timeout=90)
+               "--plot", str(tmp_path), timeout=90)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     assert "fairness over compute: Jain's index" in out
@@ -37,6 +41,7 @@ def test_demo_three_guests_band_verifies_every_guest():
         assert 0.0 <= util <= 100.0
     assert re.search(r"^\s*\d+\.\ds \*", out, re.M), out  # a live row with all guests running
     assert "every guest verified" in out and "host exited 0" in out
+    assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_demo_rejects_bad_shares():
@@ -47,7 +52,7 @@ def test_demo_rejects_bad_shares():
 def test_bench_sched_short_run(tmp_path):
     path = tmp_path / "sched.json"
     p = _pvgpu("bench", "sched", "--seconds", "3", "--policies", "fifo,band", "--quick",
-               "--parts", "unfair", "--json", str(path), timeout=120)
+               "--parts", "unfair", "--json", str(path), "--plot", str(tmp_path), timeout=120)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
     assert "Gdev fifo" in out and "Jain (U/share)" in out
@@ -60,9 +65,15 @@ def test_bench_sched_short_run(tmp_path):
             assert 0.0 <= u <= 1.0
         assert 0.0 < run["jain"] <= 1.0 and 0.0 <= run["mean_abs_error"] <= 1.0
         assert {g["workload"] for g in run["guests"].values()} == {"long", "short"}
+        assert set(run) == RUN_KEYS  # --quick or not, the same figures
+        t, busy = run["series"]["t_s"], run["series"]["busy_s"]
+        assert len(t) >= 4 and t == sorted(t) and set(busy) == {"A", "B"}
+        assert all(len(b) == len(t) and b == sorted(b) for b in busy.values())  # cumulative
     fifo = data["unfair"]["fifo"]["util"]
     assert fifo["A"] > fifo["B"]  # FIFO: the long-kernel tenant takes the device
     assert "fifo_skew (A > 2 B)" in data["targets"]
+    assert (tmp_path / "sched.png").read_bytes()[:4] == b"\x89PNG"
+    assert re.search(r"^  fifo A\+B:\s+\d\.\ds of 3s  A \d+\.\d%  B \d+\.\d%$", out, re.M), out  # progress
 
 
 def test_bench_sched_overlap(tmp_path):

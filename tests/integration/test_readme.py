@@ -30,3 +30,11 @@ def test_readme_python_example(monkeypatch):
     finally:
         host.stop()
         shutil.rmtree(runtime, ignore_errors=True)
+
+
+def test_readme_pictures_are_committed_small_pngs():
+    pictures = re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", README.read_text())
+    assert {"docs/sched.png", "docs/copies.png", "docs/demo.png"} <= set(pictures)
+    for rel in pictures:
+        data = (README.parent / rel).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) < 100_000, rel

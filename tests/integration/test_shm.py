@@ -216,6 +216,8 @@ def test_dataflow_bench_smoke(shared_host):
         for part in ("chain", "tree", "processes"):
             assert res[part]["verified"] and res[part]["shm_s"] > 0 and res[part]["copy_s"] > 0
         assert res["tree"]["edges"] == 6 and res["chain"]["edges"] == 3
+        for part in ("chain", "tree", "processes"):  # progress while each part runs
+            assert f"  {part}: repetition 1 of 1 ...\n" in r.stdout, r.stdout
     finally:
         if os.path.exists(out):
             os.unlink(out)

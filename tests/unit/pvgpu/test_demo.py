@@ -119,3 +119,33 @@ def test_tenant_rejects_unknown_workloads():
     from pvgpu import tenant
     with pytest.raises(ValueError):
         tenant.run(_FakeContext(), "bogus", 1)
+
+
+def test_monitor_keeps_each_seconds_utilisation_for_the_plot(monkeypatch):
+    import types
+    clock = types.SimpleNamespace(now=50.0)
+    monkeypatch.setattr(demo, "time", types.SimpleNamespace(
+        monotonic=lambda: clock.now, sleep=lambda s: setattr(clock, "now", clock.now + s)))
+
+    class Dev:  # g1 uses 60 % of the compute engine, g2 30 % of copy0
+        def stats(self):
+            ns = int((clock.now - 50.0) * 1e9)
+            return {"now_ns": ns, "vgpus": {
+                "g1": {"contexts": 1, "compute": {"busy_ns": int(0.6 * ns)}},
+                "g2": {"contexts": 1, "copy0": {"busy_ns": int(0.3 * ns)}}}}
+
+    class Proc:  # a tenant that runs for 3 s
+        def poll(self):
+            return None if clock.now < 53.0 else 0
+
+    tenants = demo.plan([50, 50])
+    lines = []
+    report = demo._monitor(Dev(), tenants, [Proc(), Proc()], 3.0, lines.append)
+    s = report["series"]
+    assert s["t_s"] == pytest.approx([1.0, 2.0, 3.0])
+    assert s["compute"]["g1"] == pytest.approx([0.6] * 3) and s["compute"]["g2"] == [0.0] * 3
+    assert s["copy"]["g2"] == pytest.approx([0.3] * 3)
+    figure = demo.plot_report("band", tenants, report)
+    assert figure["sched"] == "band" and figure["series"] is s
+    assert [t["name"] for t in figure["tenants"]] == ["g1", "g2"]
+    assert figure["tenants"][0] == {"name": "g1", "workload": "long", "compute": 50, "copy": 50}
