@@ -21,18 +21,19 @@ import time
 from spec import wire
 from guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
 from guest.frontend.heap import GuestHeap
-from transport.channel import (AuthenticationFailed, ChannelTimeout, GuestChannel, HostLost,
-                               default_endpoint)
+from transport.channel import GuestChannel, default_endpoint
 from transport.curve import guest_keys
 from transport.codec import encode
+from transport.errors import (AuthenticationFailed, ChannelError, ChannelTimeout, HostLost,
+                              HostNotFound, PvgpuError)
 from transport.memory import InlineGuestMemory, SharedGuestMemory
 
 
-__all__ = ["FrontendSession", "ControlRequestError", "HostLost", "ChannelTimeout",
-           "AuthenticationFailed"]
+__all__ = ["FrontendSession", "ControlRequestError", "HostLost", "HostNotFound",
+           "ChannelTimeout", "ChannelError", "AuthenticationFailed", "PvgpuError"]
 
 
-class ControlRequestError(RuntimeError):
+class ControlRequestError(PvgpuError, RuntimeError):
     """The host refused a control message (`ok: false`)."""
 
     def __init__(self, op: str, error: str, message: str):
