@@ -11,10 +11,15 @@ condition is false, receives notifications from the host (`call` applies inline 
 and wakes waiters; `config_changed` fails that device's pending requests with
 DeviceNeedsReset). The channel underneath sends heartbeats and turns a silent host into
 HostLost.
+
+The endpoint is the one given, else $PVGPU_ENDPOINT, else the default (`resolve_endpoint`,
+spec CTL-ENDPOINT-2). The session logs to the `pvgpu.guest` logger: its start and end at
+INFO, a lost host at WARNING; it installs no handler (the application configures logging).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
@@ -30,7 +35,17 @@ from transport.memory import InlineGuestMemory, SharedGuestMemory
 
 
 __all__ = ["FrontendSession", "ControlRequestError", "HostLost", "HostNotFound",
-           "ChannelTimeout", "ChannelError", "AuthenticationFailed", "PvgpuError"]
+           "ChannelTimeout", "ChannelError", "AuthenticationFailed", "PvgpuError",
+           "resolve_endpoint", "ENDPOINT_ENV"]
+
+log = logging.getLogger("pvgpu.guest")
+ENDPOINT_ENV = "PVGPU_ENDPOINT"
+
+
+def resolve_endpoint(endpoint: str | None = None) -> str:
+    """The endpoint a guest connects to: `endpoint` if given, else $PVGPU_ENDPOINT if set,
+    else the default endpoint (spec CTL-ENDPOINT-2)."""
+    return endpoint or os.environ.get(ENDPOINT_ENV) or default_endpoint()
 
 
 class ControlRequestError(PvgpuError, RuntimeError):
@@ -45,6 +60,7 @@ class FrontendSession:
     POLL_SECONDS = 300e-6  # busy-poll the used rings at least this long before blocking
     POLL_MAX = 2e-3  # ... and up to this long when recent waits were that short
     BLOCK_SLICE = 0.05  # while blocked, re-check the rings at least this often
+    session_id = None  # the host's name of the session, from its hello reply
     def __init__(self, endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
                  mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
                  heartbeat_ms: int | None = None, timeout: float = 10.0,
@@ -52,7 +68,7 @@ class FrontendSession:
                  server_key=None, client_key=None):
         if memory not in wire.MEMORY_MODELS:
             raise ValueError(f"memory model must be one of {wire.MEMORY_MODELS}, not {memory!r}")
-        self.endpoint = endpoint or default_endpoint()
+        self.endpoint = resolve_endpoint(endpoint)
         self.memory = memory
         self.inline = memory == wire.MEMORY_INLINE
         self.mem_size = mem_size
@@ -77,9 +93,13 @@ class FrontendSession:
             # a refused handshake raises here, at once (CTL-AUTH-6), not as a silent host
             self.channel.await_handshake(self._handshake_window(heartbeat_ms))
             self._open()
-        except BaseException:
+        except BaseException as e:
+            log.info("cannot open a session with %s: %s", self.endpoint, e)
             self._close_quietly()
             raise
+        log.info("session %s with %s: %s memory of %d MiB, %d device(s)%s", self.session_id,
+                 self.endpoint, self.memory, self.mem_size >> 20, len(self.devices),
+                 f", vGPU {self.vgpu['name']}" if self.vgpu else "")
 
     # ------------------------------------------------------------------ setup
     def _handshake_window(self, heartbeat_ms: int) -> float:
@@ -131,8 +151,8 @@ class FrontendSession:
     def control(self, op: str, **fields) -> dict:
         try:
             reply, _frames = self.channel.request({"op": op, **fields}, timeout=self.timeout)
-        except HostLost:
-            self.host_lost = True
+        except HostLost as e:
+            self._lost(e)
             raise
         if not reply.get("ok"):
             raise ControlRequestError(op, reply.get("error", "?"), reply.get("message", ""))
@@ -224,8 +244,8 @@ class FrontendSession:
             except ChannelTimeout:
                 self._check_host_alive(start)
                 continue  # re-check the rings: a notification is only a hint
-            except HostLost:
-                self.host_lost = True
+            except HostLost as e:
+                self._lost(e)
                 raise
             finally:
                 if not self.inline:
@@ -252,9 +272,16 @@ class FrontendSession:
         limit = wire.HEARTBEAT_MISSES * self.channel.heartbeat_ms / 1000.0
         silent = self.channel.silence_since(start)
         if silent > limit:
-            self.host_lost = True
-            raise HostLost(f"host at {self.endpoint} stopped answering "
-                           f"(no message for {silent * 1000:.0f} ms)")
+            e = HostLost(f"host at {self.endpoint} stopped answering "
+                         f"(no message for {silent * 1000:.0f} ms)")
+            self._lost(e)
+            raise e
+
+    def _lost(self, e: HostLost) -> None:
+        """The host is gone: say so once (a session that never opened just failed)."""
+        if not self.host_lost and self.devices:
+            log.warning("session %s: %s", self.session_id, e)
+        self.host_lost = True
 
     def _suppress_interrupts(self) -> None:
         for d in self.devices:
@@ -266,6 +293,8 @@ class FrontendSession:
         if self.closed:
             return
         self.closed = True
+        log.info("session %s with %s closed%s", self.session_id, self.endpoint,
+                 " (the host was lost)" if self.host_lost else "")
         try:
             if not self.host_lost:
                 self.flush()

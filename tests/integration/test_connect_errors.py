@@ -1,6 +1,10 @@
 """What a guest application sees when connecting fails or a connection is misused: an
 exception of the pvgpu hierarchy whose message says what to do."""
 
+import logging
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -43,3 +47,35 @@ def test_values_out_of_range_are_pvgpu_errors(shared_host):
             with pytest.raises(guest.OutOfRangeError) as e:
                 ints.copy_from_host([1, 2, 3, 1000])
             assert isinstance(e.value, OverflowError)
+
+
+def test_the_session_logs_to_pvgpu_guest(host_factory, tmp_endpoint, caplog):
+    """Start and end at INFO, a lost host at WARNING, on the `pvgpu.guest` logger."""
+    host = host_factory([tmp_endpoint], vram="64M")
+    caplog.set_level(logging.INFO, logger="pvgpu")
+    conn = guest.connect(tmp_endpoint, mem_size=8 << 20)
+    sid = conn.session.session_id
+    ctx = conn.devices[0].create_context()
+    host.kill()
+    with pytest.raises(guest.HostLost):
+        while True:  # until the guest notices (the connection's close, or silence)
+            ctx.synchronize()
+    conn.close()
+    records = [(r.name, r.levelno, r.getMessage()) for r in caplog.records
+               if r.name.startswith("pvgpu")]
+    assert [(name, level) for name, level, _ in records] == [
+        ("pvgpu.guest", logging.INFO), ("pvgpu.guest", logging.WARNING),
+        ("pvgpu.guest", logging.INFO)], records
+    assert records[0][2].startswith(f"session {sid} with {tmp_endpoint}: shared memory")
+    assert records[1][2].startswith(f"session {sid}: host at {tmp_endpoint}")
+    assert records[2][2] == f"session {sid} with {tmp_endpoint} closed (the host was lost)"
+
+
+def test_importing_logs_nothing_and_installs_no_handler():
+    code = ("import logging, guest, transport.channel, pvgpu.cli\n"
+            "named = [n for n in logging.root.manager.loggerDict if n.split('.')[0] in "
+            "('pvgpu', 'guest', 'transport')]\n"
+            "handlers = [h for n in named for h in getattr(logging.getLogger(n), 'handlers', [])]\n"
+            "print(len(logging.root.handlers), len(handlers))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.stdout, r.stderr) == ("0 0\n", "")
