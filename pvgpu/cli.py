@@ -564,7 +564,7 @@ def cmd_tenant(args) -> int:
         print(f"pvgpu tenant: {e}", file=sys.stderr)
         return 2
     except guest.HostLost as e:
-        print(f"pvgpu tenant: cannot reach a host at {args.connect or _default_ep()}: {e}", file=sys.stderr)
+        print(f"pvgpu tenant: cannot reach a host: {e}", file=sys.stderr)
         return 2
     except guest.PvgpuError as e:  # e.g. the host has no such vGPU
         print(f"pvgpu tenant: the host refused the session: {e}", file=sys.stderr)

@@ -154,6 +154,9 @@ class FrontendSession:
         except HostLost as e:
             self._lost(e)
             raise
+        except ChannelTimeout as e:
+            raise ChannelTimeout(f"{op}: {e}: the host is alive but slow to answer; connect "
+                                 f"with a longer timeout (now {self.timeout:g} s)") from None
         if not reply.get("ok"):
             raise ControlRequestError(op, reply.get("error", "?"), reply.get("message", ""))
         return reply
@@ -231,7 +234,7 @@ class FrontendSession:
             if now < poll_until:
                 continue
             if deadline is not None and now >= deadline:
-                raise TimeoutError("timed out waiting for the device")
+                raise ChannelTimeout(f"the device did not finish within {timeout:g} s")
             if not self.inline:
                 pending = [d for d in devices if d.queue is not None and not d.queue.enable_interrupts()]
                 if pending:
