@@ -378,16 +378,16 @@ def report_error(command: str, exc: Exception) -> int:
     text = str(exc) or type(exc).__name__
     hint = getattr(exc, "hint", None)
     code = 2
-    if isinstance(exc, UserError):
+    if isinstance(exc, (UserError, HostStartError)):
         pass
-    elif isinstance(exc, (MemoryError, OSError)) and (
-            isinstance(exc, MemoryError) or exc.errno == errno.ENOMEM):
+    elif isinstance(exc, PvgpuError):  # a bad value (a key file...) or a failure
+        if not isinstance(exc, ValueError):
+            text, code = f"{type(exc).__name__}: {text}", 1
+    elif isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
         text = f"out of memory: {text}"
         hint = "ask for less (a smaller --vram, fewer --gpus)"
-    elif isinstance(exc, (ValueError, OSError, HostStartError)):  # what was asked cannot be
+    elif isinstance(exc, (ValueError, OSError)):  # what was asked cannot be
         pass
-    elif isinstance(exc, PvgpuError):
-        text, code = f"{type(exc).__name__}: {text}", 1
     else:
         text, code = f"internal error: {type(exc).__name__}: {text}", 1
         hint = f"`pvgpu --debug {command} ...` shows the traceback; please report it"

@@ -103,7 +103,8 @@ def test_version_falls_back_to_the_packages(monkeypatch):
 
 def test_report_error_one_line_a_hint_and_the_exit_status(capsys):
     from pvgpu.cli import UserError, report_error
-    from transport.errors import HostLost
+    from guest.frontend.heap import OutOfGuestMemory
+    from transport.errors import ChannelTimeout, HostLost
     assert report_error("info", UserError("no host at X", "start one")) == 2
     assert capsys.readouterr().err == "pvgpu info: no host at X\n  hint: start one\n"
     assert report_error("host", ValueError("--vram 3: bad")) == 2
@@ -112,6 +113,10 @@ def test_report_error_one_line_a_hint_and_the_exit_status(capsys):
     assert "smaller --vram" in capsys.readouterr().err
     assert report_error("run", HostLost("host at X is lost")) == 1
     assert capsys.readouterr().err == "pvgpu run: HostLost: host at X is lost\n"
+    assert report_error("run", ChannelTimeout("no answer")) == 1  # a TimeoutError: an OSError
+    assert capsys.readouterr().err == "pvgpu run: ChannelTimeout: no answer\n"
+    assert report_error("run", OutOfGuestMemory("no 8 bytes free")) == 1  # a MemoryError
+    assert capsys.readouterr().err == "pvgpu run: OutOfGuestMemory: no 8 bytes free\n"
     assert report_error("run", KeyError("x")) == 1
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "pvgpu run: internal error: KeyError: 'x'" and "--debug" in err[1]
