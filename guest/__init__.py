@@ -12,13 +12,15 @@ from guest.api.context import Context
 from guest.api.device import Device
 from guest.api.event import Event, EventHandle
 from guest.api.stream import Stream
-from guest.api.errors import (AuthenticationError, ContextLostError, ControlError,
-                              DeviceError, DeviceNeedsReset, HostLost, InvalidAddressError,
-                              InvalidContextError, InvalidEventError, InvalidKernelError,
-                              InvalidParameterError, InvalidResourceError,
+from guest.api.errors import (AuthenticationError, ChannelError, ChannelTimeout,
+                              ConnectionClosedError, ContextLostError, ControlError,
+                              DeviceError, DeviceNeedsReset, HostLost, HostNotFound,
+                              InvalidAddressError, InvalidContextError, InvalidEventError,
+                              InvalidKernelError, InvalidParameterError, InvalidResourceError,
                               InvalidSegmentError, JobTimeoutError, LimitError, NotReadyError,
-                              OutOfMemoryError, PageFaultError, PermissionDeniedError,
-                              PvgpuError, ShortCommandError, UnknownCommandError)
+                              OutOfGuestMemory, OutOfMemoryError, OutOfRangeError,
+                              PageFaultError, PermissionDeniedError, PvgpuError,
+                              ShortCommandError, UnknownCommandError)
 from guest.api.prime import BufferHandle, ImportedArray
 from guest.api.shm import SharedArray, SharedSegment, ShmHandle
 from spec.wire import KERNELS_BY_NAME as _K
@@ -33,7 +35,9 @@ __all__ = [
     "InvalidParameterError", "UnknownCommandError", "ShortCommandError", "InvalidKernelError",
     "InvalidAddressError", "PageFaultError", "ContextLostError", "JobTimeoutError",
     "InvalidEventError", "InvalidSegmentError", "PermissionDeniedError", "LimitError", "NotReadyError",
-    "DeviceNeedsReset", "HostLost", "ControlError", "AuthenticationError",
+    "DeviceNeedsReset", "HostLost", "HostNotFound", "ControlError", "AuthenticationError",
+    "ConnectionClosedError", "OutOfRangeError", "OutOfGuestMemory", "ChannelError",
+    "ChannelTimeout",
 ]
 
 from guest.api.pinned import PinnedArray, PinnedMemoryError  # noqa: E402  (pinned host memory)

@@ -12,17 +12,21 @@ and a memory share, in percent (spec §9). They come from the command line
 
 Command-line options override the file. Without vGPUs every guest shares the device's
 "default" vGPU (100 % of everything).
+
+`check_vram` vets the size of each device's VRAM before any is allocated.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass, field
 
 from host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BUFFER_NS,
                             DEFAULT_TIMEOUT_NS, POLICIES, VgpuShares)
 from host.kmd.errors import InvalidArgument
+from host.hw.regs import PAGE_SIZE
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 SHARE_KEYS = ("compute", "copy", "mem")
@@ -67,6 +71,33 @@ class SchedConfig:
             return f"{self.policy} scheduling, no vGPUs (one shared default)"
         parts = ", ".join(f"{v.name} {v.compute}/{v.copy}/{v.mem}" for v in self.vgpus)
         return f"{self.policy} scheduling, vGPUs (compute/copy/mem %): {parts}"
+
+
+def physical_memory() -> int | None:
+    """This machine's physical memory in bytes (None if the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
+
+
+def check_vram(size: int, gpus: int, memory: int | None = None) -> int:
+    """-> size, if every one of `gpus` devices can have `size` bytes of VRAM: a positive
+    multiple of the page size, and all of it within the machine's physical `memory`
+    (default: physical_memory()), since emulated VRAM is host memory. Else ConfigError."""
+    if size <= 0 or size % PAGE_SIZE:
+        raise ConfigError(f"--vram {size}: VRAM per device must be a positive multiple of "
+                          f"{PAGE_SIZE // 1024} KiB (try 256M or 1G)")
+    memory = physical_memory() if memory is None else memory
+    if memory is not None and size * gpus > memory:
+        raise ConfigError(f"--vram {_gib(size)} for {gpus} GPU(s) needs {_gib(size * gpus)} "
+                          f"of host memory; this machine has {_gib(memory)}: give a smaller "
+                          "--vram or fewer --gpus")
+    return size
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.3g} GiB"
 
 
 def _shares(name: str, values: dict) -> VgpuShares:

@@ -33,11 +33,18 @@
                                                   hang or traceback
   pvgpu conformance --endpoint EP [--memory M] [--clauses PATTERN] [--json FILE|-] [--timeout S]
                                                   the protocol conformance checks against any host
+
+Every command takes --log-level LEVEL (standard logging; the library's loggers are
+`pvgpu.*`) and --debug. A user error (a bad option, no host, a refused session) is one
+line and a hint on stderr, exit status 2; a failure of the command itself exit status 1;
+a traceback only with --debug. Guest commands connect to --connect, else $PVGPU_ENDPOINT,
+else the default endpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -48,6 +55,7 @@ import sys
 from spec import wire
 
 TENANT_WORKLOADS = ("long", "short", "copy", "mixed")  # pvgpu.tenant.WORKLOADS (no numpy here)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 _SIZE = re.compile(r"^\s*(\d+)\s*([KMGT]?)(i?B)?\s*$", re.I)
 
 
@@ -60,7 +68,8 @@ def parse_size(text: str) -> int:
 
 def _add_guest_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--connect", metavar="ENDPOINT", default=None,
-                   help="host endpoint (default: the local ipc endpoint, %s)" % _default_ep_help())
+                   help="host endpoint (default: $PVGPU_ENDPOINT, else the local ipc "
+                        "endpoint, %s)" % _default_ep_help())
     p.add_argument("--memory", choices=wire.MEMORY_MODELS, default=wire.MEMORY_SHARED,
                    help="guest memory model: shared (zero copy, same machine) or inline (remote)")
     p.add_argument("--mem-size", type=parse_size, default=f"{wire.DEFAULT_GUEST_MEM_SIZE >> 20}M",
@@ -94,8 +103,40 @@ def _default_ep_help() -> str:
         return f"unusable here: {e}"
 
 
+class UserError(Exception):
+    """An error in what the user asked (no host there, a refused session...): `main`
+    prints its message and hint, exit status 2."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+def version() -> str:
+    """The installed distribution's version, else the package's __version__."""
+    from importlib import metadata
+    try:
+        return metadata.version("pvgpu")
+    except metadata.PackageNotFoundError:
+        import pvgpu
+        return getattr(pvgpu, "__version__", "unknown")
+
+
+def _add_common_options(p: argparse.ArgumentParser, *, top: bool) -> None:
+    """--log-level and --debug, before the command or after it; a sub-command's copy
+    sets them only when given (SUPPRESS), so it never resets the top level's."""
+    unset = {} if top else {"default": argparse.SUPPRESS}
+    p.add_argument("--log-level", type=str.upper, choices=LOG_LEVELS, metavar="LEVEL",
+                   help="log at this level and above to stderr: DEBUG, INFO, WARNING "
+                        "(default), ERROR", **({"default": None} if top else unset))
+    p.add_argument("--debug", action="store_true",
+                   help="show the traceback of an error", **unset)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pvgpu", description="A paravirtualized GPU for compute.")
+    ap.add_argument("--version", action="version", version=f"pvgpu {version()}")
+    _add_common_options(ap, top=True)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser("host", help="run the host backend with emulated GPUs")
@@ -323,17 +364,68 @@ def build_parser() -> argparse.ArgumentParser:
     _add_key_options(p)
     p.add_argument("--list", action="store_true", help="list the selected checks, run nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="print each failure's traceback")
+    for p in sub.choices.values():
+        _add_common_options(p, top=False)
     return ap
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = None
     try:
-        return {"host": cmd_host, "info": cmd_info, "run": cmd_run, "demo": cmd_demo,
+        args = build_parser().parse_args(argv)
+        if args.log_level:
+            logging.basicConfig(level=args.log_level,
+                                format="%(asctime)s %(name)s %(levelname)s %(message)s")
+        code = {"host": cmd_host, "info": cmd_info, "run": cmd_run, "demo": cmd_demo,
                 "bench": cmd_bench, "tenant": cmd_tenant, "keygen": cmd_keygen,
                 "conformance": cmd_conformance, "smi": cmd_smi}[args.command](args)
+        sys.stdout.flush()  # a reader gone away (`| head`) shows here, not at exit
+        return code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        _discard_stdout()
+        return 1
+    except Exception as e:
+        if args is None or args.debug:
+            raise
+        return report_error(args.command, e)
+
+
+def _discard_stdout() -> None:
+    """The reader of stdout went away: what is still buffered goes nowhere, silently
+    (else the interpreter's last flush would complain)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+
+
+def report_error(command: str, exc: Exception) -> int:
+    """Print `exc` as one line and a hint on stderr -> the exit status: 2 for an error in
+    what the user asked, 1 for a failure of the command (or of pvgpu itself)."""
+    from pvgpu.procs import HostStartError
+    from transport.errors import PvgpuError
+    text = str(exc) or type(exc).__name__
+    hint = getattr(exc, "hint", None)
+    code = 2
+    if isinstance(exc, (UserError, HostStartError)):
+        pass
+    elif isinstance(exc, PvgpuError):  # a bad value (a key file...) or a failure
+        if not isinstance(exc, ValueError):
+            text, code = f"{type(exc).__name__}: {text}", 1
+    elif isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM):
+        text = f"out of memory: {text}"
+        hint = "ask for less (a smaller --vram, fewer --gpus)"
+    elif isinstance(exc, (ValueError, OSError)):  # what was asked cannot be
+        pass
+    else:
+        text, code = f"internal error: {type(exc).__name__}: {text}", 1
+        hint = f"`pvgpu --debug {command} ...` shows the traceback; please report it"
+    print(f"pvgpu {command}: {text}", file=sys.stderr)
+    if hint:
+        print(f"  hint: {hint}", file=sys.stderr)
+    return code
 
 
 def cmd_smi(args) -> int:
@@ -348,6 +440,7 @@ def cmd_host(args) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from host.kmd.trace import TraceError
+    from host.config import check_vram
     from host.main import run_host
     from transport.channel import ChannelError
     try:
@@ -359,6 +452,7 @@ def cmd_host(args) -> int:
         print("pvgpu host: --no-default needs at least one --listen ENDPOINT", file=sys.stderr)
         return 2
     try:
+        check_vram(args.vram, args.gpus)
         sched = sched_config(args)
         curve = host_keys(args, endpoints)
     except ValueError as e:
@@ -372,11 +466,11 @@ def cmd_host(args) -> int:
                         admin_endpoint=args.admin_endpoint,
                         trace=args.trace)
     except ChannelError as e:  # e.g. an endpoint directory refused, a port in use
-        print(f"pvgpu host: {e}", file=sys.stderr)
-        return 2
+        busy = "another process is serving it" in str(e) or "in use" in str(e)
+        raise UserError(str(e), "stop the host serving it, or serve other endpoints: "
+                                "pvgpu host --no-default --listen ENDPOINT" if busy else None)
     except TraceError as e:  # --trace FILE cannot be written
-        print(f"pvgpu host: {e}", file=sys.stderr)
-        return 2
+        raise UserError(str(e), None)
 
 
 def host_keys(args, endpoints):
@@ -433,24 +527,26 @@ def sched_config(args):
 
 
 def _connect(args):
+    """A guest connection as the command's options say; UserError if there is none."""
     import guest
+    other = "or pass --connect ENDPOINT (or set PVGPU_ENDPOINT) to reach another host"
     try:
         return guest.connect(args.connect, memory=args.memory, mem_size=args.mem_size,
                              vgpu=getattr(args, "vgpu", None), server_key=args.server_key,
                              client_key=args.client_key)
     except guest.AuthenticationError as e:
-        print(f"pvgpu: the host did not accept this guest: {e}", file=sys.stderr)
-        raise SystemExit(2)
-    except ValueError as e:  # a key that cannot be read
-        print(f"pvgpu: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        raise UserError(f"the host did not accept this guest: {e}",
+                        "check --server-key and --client-key ($PVGPU_SERVER_KEY, "
+                        "$PVGPU_CLIENT_KEY)") from e
+    except guest.HostNotFound as e:
+        raise UserError(str(e), other) from e
     except guest.HostLost as e:
-        print(f"pvgpu: cannot reach a host at {args.connect or _default_ep()}: {e}\n"
-              "       start one with `pvgpu host`, or pass --connect ENDPOINT", file=sys.stderr)
-        raise SystemExit(2)
+        raise UserError(f"cannot reach a host: {e}", f"start one with `pvgpu host`, {other}") from e
     except guest.ControlError as e:  # e.g. hello refused: an unknown --vgpu
-        print(f"pvgpu: the host refused the session: {e}", file=sys.stderr)
-        raise SystemExit(2)
+        raise UserError(f"the host refused the session: {e}") from e
+    except (guest.PvgpuError, ValueError) as e:  # a bad endpoint, a key that cannot be read
+        bare = args.connect and "://" not in args.connect
+        raise UserError(str(e), f"did you mean tcp://{args.connect}?" if bare else None) from e
 
 
 def cmd_info(args) -> int:
@@ -512,7 +608,7 @@ def cmd_tenant(args) -> int:
         print(f"pvgpu tenant: {e}", file=sys.stderr)
         return 2
     except guest.HostLost as e:
-        print(f"pvgpu tenant: cannot reach a host at {args.connect or _default_ep()}: {e}", file=sys.stderr)
+        print(f"pvgpu tenant: cannot reach a host: {e}", file=sys.stderr)
         return 2
     except guest.PvgpuError as e:  # e.g. the host has no such vGPU
         print(f"pvgpu tenant: the host refused the session: {e}", file=sys.stderr)

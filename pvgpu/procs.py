@@ -1,7 +1,8 @@
 """Starting and reaping host and guest processes (the demo, the benchmarks and the tests).
 
 Every process started here is killed and reaped by `stop()` / the context manager, even
-when the caller fails; readiness is awaited with a deadline, never forever.
+when the caller fails; readiness is awaited with a deadline, never forever. A host that
+exits before it is ready raises HostStartError with the host's own last words.
 """
 
 from __future__ import annotations
@@ -12,6 +13,12 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from transport.errors import PvgpuError
+
+
+class HostStartError(PvgpuError, RuntimeError):
+    """The host process exited before it was ready; the message ends with its own error."""
 
 
 def private_endpoint(tag: str = "pvgpu") -> tuple:
@@ -38,7 +45,8 @@ class HostProcess:
                 and "--curve-secret-key" not in extra_args):
             args.append("--insecure")  # a local test or benchmark host: tcp on loopback
         args += extra_args
-        self._log = open(log_path, "w") if log_path else subprocess.DEVNULL
+        # without a log file the output still goes somewhere: a failed start quotes it
+        self._log = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
         self.endpoints = self._await_ready(ready_timeout)
@@ -52,10 +60,18 @@ class HostProcess:
                 os.unlink(self.ready_file)
                 return eps
             if self.proc.poll() is not None:
-                raise RuntimeError(f"host exited with {self.proc.returncode} before it was ready")
+                raise HostStartError(f"the host exited with {self.proc.returncode} before it "
+                                     f"was ready: {self._last_words()}")
             time.sleep(0.02)
         self.stop()
         raise TimeoutError(f"host not ready after {timeout}s")
+
+    def _last_words(self) -> str:
+        """The last line the host wrote (its error: argparse's, or `pvgpu host: ...`)."""
+        self._log.flush()
+        self._log.seek(0)
+        lines = [line.strip() for line in self._log.read().splitlines() if line.strip()]
+        return lines[-1] if lines else "(it wrote nothing)"
 
     @property
     def endpoint(self) -> str:
@@ -73,8 +89,7 @@ class HostProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        if self._log is not subprocess.DEVNULL:
-            self._log.close()
+        self._log.close()
         return self.proc.returncode
 
     def kill(self) -> None:

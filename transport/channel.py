@@ -126,6 +126,8 @@ from transport.channel_protocol import (
 from transport.codec import ZERO_COPY_MIN, encode
 from transport.connections import ConnectionWatch, peer_credentials
 from transport.curve import fingerprint
+from transport.errors import (AuthenticationFailed, ChannelError, ChannelTimeout,  # noqa: F401
+                              HostLost, HostNotFound)
 from transport.peer import Peer
 
 log = logging.getLogger(__name__)
@@ -157,24 +159,6 @@ _ZAP_DOMAIN = b"pvgpu"
 _USER_ID = "User-Id"  # message property: the User-Id the ZAP handler gave the connection
 _ACCEPTED = int(zmq.EVENT_ACCEPTED)
 _DISCONNECTED = int(zmq.EVENT_DISCONNECTED)
-
-
-class ChannelError(Exception):
-    """The control channel cannot do what was asked (closed, cannot bind, bad reply...)."""
-
-
-class HostLost(ChannelError):
-    """The host is gone: its connection closed, it shut down, or nothing was heard from it
-    for HEARTBEAT_MISSES heartbeat periods."""
-
-
-class ChannelTimeout(ChannelError, TimeoutError):
-    """A wait with an explicit timeout expired (the host is still alive)."""
-
-
-class AuthenticationFailed(ChannelError):
-    """The connection's security handshake failed ([CTL-AUTH-6]): a client key the host
-    does not accept, a wrong server key, or CURVE on one side only."""
 
 
 # --------------------------------------------------------------------------- helpers
@@ -685,7 +669,8 @@ class GuestChannel:
             self._sock.connect(endpoint)
         except zmq.ZMQError as e:
             self._close_sockets()
-            raise ChannelError(f"cannot connect to {endpoint}: {e}") from None
+            raise ChannelError(f"cannot connect to {endpoint}: {e.strerror}; an endpoint "
+                               "is tcp://HOST:PORT or ipc://PATH") from None
         self._sock_lock = threading.RLock()
         self._cv = threading.Condition(threading.Lock())  # guards _proto and everything below
         self._want = 0  # threads blocked waiting for the socket
@@ -713,9 +698,13 @@ class GuestChannel:
     def await_handshake(self, timeout: float) -> None:
         """Wait until the connection's ZMTP handshake (CURVE or NULL) has succeeded, at
         most timeout seconds ([CTL-AUTH-6]). Raises AuthenticationFailed at once if it
-        failed, HostLost if it did not happen in time. A no-op on ipc endpoints (whose
-        directory, not a handshake, keeps others out)."""
+        failed, HostLost if it did not happen in time. On an ipc endpoint (whose
+        directory, not a handshake, keeps others out) it only checks that the socket file
+        exists: HostNotFound at once if not, since no host serves it."""
         if not self._watch_handshake:
+            path = _ipc_path(self.endpoint)
+            if path is not None and not os.path.exists(path):
+                raise HostNotFound(f"no host at {self.endpoint}; start one with `pvgpu host`")
             return
         deadline = _monotonic() + timeout
         while True:

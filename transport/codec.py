@@ -49,6 +49,7 @@ from spec.wire import (
     OP_SET_VRING,
     REQUEST_OPS,
 )
+from transport.errors import TransportError
 
 # Decoder limits for frame 0 (implementation limits of this codec, not wire values:
 # a frame that exceeds them is CTL_ERR_MALFORMED). They bound the memory a hostile
@@ -72,7 +73,7 @@ _PATCH_OPS = (OP_KICK, OP_CALL)
 ZERO_COPY_MIN = 1 << 16
 
 
-class CodecError(Exception):
+class CodecError(TransportError):
     """A control message that cannot be accepted.
 
     error:   a spec.wire CTL_ERR_* name, for the error reply

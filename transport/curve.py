@@ -30,6 +30,8 @@ import struct
 import zmq
 from zmq.utils import z85
 
+from transport.errors import TransportError
+
 log = logging.getLogger(__name__)
 
 KEY_Z85_LEN = 40  # characters of a 32-byte key in Z85
@@ -48,7 +50,7 @@ _SECRET_BANNER = """#   ****  Generated on {0} by pvgpu keygen  ****
 """
 
 
-class CurveKeyError(ValueError):
+class CurveKeyError(TransportError, ValueError):
     """A key, key file or key directory that cannot be used (the message says why)."""
 
 

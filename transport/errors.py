@@ -56,7 +56,14 @@ DEVICE_CLAUSES = frozenset({
 DRIVER_CLAUSES = frozenset({VQ_USED_JUMP, VQ_USED_ID, VQ_USED_LEN})
 
 
-class TransportError(Exception):
+class PvgpuError(Exception):
+    """Base of every error pvgpu raises on purpose: the guest API's (guest/api/errors.py),
+    the frontend's and the transport's. It lives here, on the lowest layer a guest
+    application reaches, so that every layer above can derive from it; the guest package
+    exports it as `guest.PvgpuError`."""
+
+
+class TransportError(PvgpuError):
     """Base class of every error the transport raises on purpose."""
 
 
@@ -89,3 +96,26 @@ class ChainError(TransportError, ValueError):
 
 class QueueFull(TransportError):
     """Not enough free descriptors for the chain; retry after pop_used()."""
+
+
+class ChannelError(TransportError):
+    """The control channel cannot do what was asked (closed, cannot bind, bad reply...)."""
+
+
+class HostLost(ChannelError):
+    """The host is gone: its connection closed, it shut down, or nothing was heard from it
+    for HEARTBEAT_MISSES heartbeat periods."""
+
+
+class HostNotFound(HostLost):
+    """No host serves the endpoint: an ipc endpoint whose socket file does not exist.
+    Start one with `pvgpu host`, or connect to the endpoint of one that runs."""
+
+
+class ChannelTimeout(ChannelError, TimeoutError):
+    """A wait with an explicit timeout expired (the host is still alive)."""
+
+
+class AuthenticationFailed(ChannelError):
+    """The connection's security handshake failed ([CTL-AUTH-6]): a client key the host
+    does not accept, a wrong server key, or CURVE on one side only."""

@@ -29,7 +29,8 @@ def connect(endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
             heartbeat_ms: int | None = None, timeout: float = 10.0,
             features: int | None = None, vgpu: str | None = None,
             server_key=None, client_key=None) -> "Connection":
-    """Open a guest session with the host at `endpoint` (default: the local ipc endpoint).
+    """Open a guest session with the host at `endpoint` (default: $PVGPU_ENDPOINT if set,
+    else the local ipc endpoint). No host at an ipc endpoint raises HostNotFound at once.
 
     memory: "shared" (zero-copy POSIX shared memory, same machine) or "inline" (guest
     memory mirrored through the messages; works across machines). features: the virtio

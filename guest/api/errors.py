@@ -3,18 +3,24 @@
 A device error response becomes the exception named after it (ERR_PAGE_FAULT ->
 PageFaultError, ERR_CONTEXT_LOST -> ContextLostError, ...); a control refusal becomes
 ControlError; a silent host becomes HostLost; DEVICE_NEEDS_RESET becomes DeviceNeedsReset.
+
+Every exception the API raises on purpose derives from PvgpuError, which the transport
+defines (transport/errors.py) so that its own errors, the channel's (ChannelError,
+ChannelTimeout) and the frontend's (OutOfGuestMemory) share it. Where Python has a
+built-in for the same failure the class derives from it too (ChannelTimeout is a
+TimeoutError, OutOfGuestMemory a MemoryError, OutOfRangeError an OverflowError), so code
+that catches the built-in keeps working.
 """
 
 from spec import isa, wire
 from guest.frontend.driver import DeviceNeedsReset as _FrontendNeedsReset
 from guest.frontend.driver import DeviceResponseError
-from guest.frontend.session import ControlRequestError
+from guest.frontend.heap import OutOfGuestMemory
+from guest.frontend.session import (ChannelError, ChannelTimeout, ControlRequestError,
+                                    PvgpuError)
 from guest.frontend.session import AuthenticationFailed as _AuthenticationFailed
 from guest.frontend.session import HostLost as _TransportHostLost
-
-
-class PvgpuError(Exception):
-    """Base of every pvgpu API error."""
+from guest.frontend.session import HostNotFound as _TransportHostNotFound
 
 
 class DeviceError(PvgpuError):
@@ -194,7 +200,23 @@ class DeviceNeedsReset(PvgpuError):
 
 
 class HostLost(PvgpuError):
-    """The host stopped answering (heartbeats missed) or went away."""
+    """The host stopped answering (heartbeats missed) or went away. The connection is of
+    no further use: connect again once a host runs."""
+
+
+class HostNotFound(HostLost):
+    """No host serves the endpoint (an ipc endpoint without its socket file): start one
+    with `pvgpu host`, or connect to the endpoint of one that runs."""
+
+
+class ConnectionClosedError(PvgpuError):
+    """The connection was closed (Connection.close, or the end of its `with` block):
+    nothing more can be done with it or its objects; open a new one with connect()."""
+
+
+class OutOfRangeError(PvgpuError, OverflowError):
+    """A number does not fit the type it becomes (a kernel parameter, an element of the
+    array it is copied into): pass one in range, or use a wider type."""
 
 
 class ControlError(PvgpuError):
@@ -219,15 +241,18 @@ def error_for(code: int, message: str, info0: int = 0, info1: int = 0) -> Device
 
 
 def translate(exc: BaseException) -> BaseException:
-    """Map a frontend/transport exception onto the API's exception."""
+    """Map a frontend/transport exception onto the API's exception (others: as they are)."""
     if isinstance(exc, DeviceResponseError):
         return error_for(exc.resp, str(exc), exc.info0, exc.info1)
     if isinstance(exc, _FrontendNeedsReset):
         return DeviceNeedsReset(str(exc))
     if isinstance(exc, _AuthenticationFailed):
         return AuthenticationError(str(exc))
+    if isinstance(exc, _TransportHostNotFound):
+        return HostNotFound(str(exc))
     if isinstance(exc, _TransportHostLost):
         return HostLost(str(exc))
     if isinstance(exc, ControlRequestError):
         return ControlError(str(exc))
     return exc
+

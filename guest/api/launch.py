@@ -95,7 +95,11 @@ def argument_value(ctx, kernel: str, name: str, kind: str, want, value):
         return int(value)
     if kind == wire.ARG_F32:
         value = float(value)
-        _F32.pack(value)  # OverflowError now, before the stream's pending error is raised
+        try:
+            _F32.pack(value)  # now, before the stream's pending error is raised
+        except OverflowError:
+            raise errors.OutOfRangeError(f"{kernel}: argument {name!r}: {value} is out of "
+                                         "the range of float32") from None
         return value
     raise AssertionError(kind)
 

@@ -43,9 +43,10 @@ def api(fn):
                 if outermost:  # a safe point: free what became garbage (guest/api/lifetime.py)
                     self._releases.drain()
                 return fn(self, *args, **kwargs)
-            except errors.PvgpuError:
-                raise
             except Exception as e:
+                if self._releases.connection.session.closed:
+                    raise errors.ConnectionClosedError(
+                        "the connection is closed: open a new one with connect()") from None
                 mapped = errors.translate(e)
                 if mapped is e:
                     raise

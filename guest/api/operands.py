@@ -7,8 +7,8 @@ must be a numpy.ndarray (a PinnedArray is one) of exactly the DeviceArray's dtyp
 (TypeError otherwise: nothing is cast) and shape (ValueError otherwise: nothing is
 reshaped or broadcast). Python data (scalars, nested lists) has no dtype: it is converted
 to the DeviceArray's dtype as numpy's `same_kind` rule allows (ints into a float array
-yes, floats into an int array no: TypeError; an int out of range: OverflowError) and
-must have its shape. A non-contiguous source is copied to a contiguous one; `out` must be
+yes, floats into an int array no: TypeError; an int out of range: OutOfRangeError, an
+OverflowError) and must have its shape. A non-contiguous source is copied to a contiguous one; `out` must be
 C-contiguous and writable. The byte-address copies of a Context
 (`copy_h2d/copy_d2h(va, array)`) stay untyped: any contiguous array.
 
@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
+
+from guest.api import errors
 
 MAX_NBYTES = (1 << 64) - 1  # the largest le64 size field
 
@@ -77,7 +79,10 @@ def host_source(arr, data) -> np.ndarray:
     if not np.can_cast(kind, arr.dtype, "same_kind"):
         raise TypeError(f"cannot copy {type(data).__name__} data of kind {kind} into {arr!r} "
                         f"of dtype {arr.dtype} (no implicit casts beyond numpy's same_kind)")
-    data = np.asarray(data, dtype=arr.dtype)  # out of range ints raise OverflowError
+    try:
+        data = np.asarray(data, dtype=arr.dtype)
+    except OverflowError as e:  # an int out of the dtype's range
+        raise errors.OutOfRangeError(f"cannot copy into {arr!r}: {e}") from None
     if data.shape != arr.shape:
         raise ValueError(f"the source has shape {data.shape}, {arr!r} has {arr.shape}: copies "
                          "do not reshape")

@@ -16,8 +16,8 @@ where no parameter lies. What a parameter accepts follows its declared type:
                     exactly that size
 
 A wrong count, a wrong kind of value or a wrong size is a TypeError, a value out of the
-type's range an OverflowError, a DeviceArray of another context a ValueError, a freed one
-InvalidResourceError: all raised before the launch is sent.
+type's range an OutOfRangeError (an OverflowError), a DeviceArray of another context a
+ValueError, a freed one InvalidResourceError: all raised before the launch is sent.
 
 `ParamBuffer(raw)` in place of the argument sequence is a parameter buffer marshalled
 already (the bytes cuLaunchKernel's `kernelParams` or `extra` describe, pvgpu/cuda): it is
@@ -31,6 +31,7 @@ import math
 
 import numpy as np
 
+from guest.api import errors
 from guest.api.array import DeviceArray
 from spec import isa
 
@@ -104,7 +105,7 @@ def _integer(what: str, type_: int, value) -> bytes:
     v = int(value)
     lo, hi = -(1 << (8 * dt.itemsize - 1)), (1 << 8 * dt.itemsize) - 1
     if not lo <= v <= hi:
-        raise OverflowError(f"{what}: {v} is out of the range [{lo}, {hi}]")
+        raise errors.OutOfRangeError(f"{what}: {v} is out of the range [{lo}, {hi}]")
     return (v & ((1 << 8 * dt.itemsize) - 1)).to_bytes(dt.itemsize, "little")
 
 
@@ -115,7 +116,7 @@ def _real(what: str, type_: int, value) -> bytes:
     dt = np.dtype(_FLOAT_DTYPES[type_])
     v = float(value)
     if math.isfinite(v) and abs(v) > float(np.finfo(dt).max):
-        raise OverflowError(f"{what}: {v} is out of the range of {dt.name}")
+        raise errors.OutOfRangeError(f"{what}: {v} is out of the range of {dt.name}")
     return np.array(v, dtype=dt).tobytes()
 
 

@@ -39,7 +39,7 @@ import struct
 from typing import NamedTuple
 
 from spec import isa, wire
-from transport.errors import VirtqError
+from transport.errors import PvgpuError, VirtqError
 from transport.virtqueue import DriverQueue, VirtqLayout
 
 QUEUE_SIZE = 256
@@ -57,11 +57,11 @@ _ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
 WANTED_FEATURES = wire.DEVICE_FEATURES
 
 
-class DeviceNeedsReset(RuntimeError):
+class DeviceNeedsReset(PvgpuError, RuntimeError):
     """The device reported DEVICE_NEEDS_RESET; pending and new requests fail until reset."""
 
 
-class DeviceResponseError(RuntimeError):
+class DeviceResponseError(PvgpuError, RuntimeError):
     """A device command answered with an error response (RESP_ERR_*)."""
 
     def __init__(self, resp: int, message: str, info0: int = 0, info1: int = 0, command: int = 0):

@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import bisect
 
+from transport.errors import PvgpuError
 
-class OutOfGuestMemory(MemoryError):
-    pass
+
+class OutOfGuestMemory(PvgpuError, MemoryError):
+    """Guest memory has no free block that large (bounce buffers, pinned arrays): free
+    some, or connect with a larger mem_size."""
 
 
 class GuestHeap:

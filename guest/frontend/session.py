@@ -11,28 +11,44 @@ condition is false, receives notifications from the host (`call` applies inline 
 and wakes waiters; `config_changed` fails that device's pending requests with
 DeviceNeedsReset). The channel underneath sends heartbeats and turns a silent host into
 HostLost.
+
+The endpoint is the one given, else $PVGPU_ENDPOINT, else the default (`resolve_endpoint`,
+spec CTL-ENDPOINT-2). The session logs to the `pvgpu.guest` logger: its start and end at
+INFO, a lost host at WARNING; it installs no handler (the application configures logging).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 from spec import wire
 from guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
 from guest.frontend.heap import GuestHeap
-from transport.channel import (AuthenticationFailed, ChannelTimeout, GuestChannel, HostLost,
-                               default_endpoint)
+from transport.channel import GuestChannel, default_endpoint
 from transport.curve import guest_keys
 from transport.codec import encode
+from transport.errors import (AuthenticationFailed, ChannelError, ChannelTimeout, HostLost,
+                              HostNotFound, PvgpuError)
 from transport.memory import InlineGuestMemory, SharedGuestMemory
 
 
-__all__ = ["FrontendSession", "ControlRequestError", "HostLost", "ChannelTimeout",
-           "AuthenticationFailed"]
+__all__ = ["FrontendSession", "ControlRequestError", "HostLost", "HostNotFound",
+           "ChannelTimeout", "ChannelError", "AuthenticationFailed", "PvgpuError",
+           "resolve_endpoint", "ENDPOINT_ENV"]
+
+log = logging.getLogger("pvgpu.guest")
+ENDPOINT_ENV = "PVGPU_ENDPOINT"
 
 
-class ControlRequestError(RuntimeError):
+def resolve_endpoint(endpoint: str | None = None) -> str:
+    """The endpoint a guest connects to: `endpoint` if given, else $PVGPU_ENDPOINT if set,
+    else the default endpoint (spec CTL-ENDPOINT-2)."""
+    return endpoint or os.environ.get(ENDPOINT_ENV) or default_endpoint()
+
+
+class ControlRequestError(PvgpuError, RuntimeError):
     """The host refused a control message (`ok: false`)."""
 
     def __init__(self, op: str, error: str, message: str):
@@ -44,6 +60,7 @@ class FrontendSession:
     POLL_SECONDS = 300e-6  # busy-poll the used rings at least this long before blocking
     POLL_MAX = 2e-3  # ... and up to this long when recent waits were that short
     BLOCK_SLICE = 0.05  # while blocked, re-check the rings at least this often
+    session_id = None  # the host's name of the session, from its hello reply
     def __init__(self, endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
                  mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
                  heartbeat_ms: int | None = None, timeout: float = 10.0,
@@ -51,7 +68,7 @@ class FrontendSession:
                  server_key=None, client_key=None):
         if memory not in wire.MEMORY_MODELS:
             raise ValueError(f"memory model must be one of {wire.MEMORY_MODELS}, not {memory!r}")
-        self.endpoint = endpoint or default_endpoint()
+        self.endpoint = resolve_endpoint(endpoint)
         self.memory = memory
         self.inline = memory == wire.MEMORY_INLINE
         self.mem_size = mem_size
@@ -76,9 +93,13 @@ class FrontendSession:
             # a refused handshake raises here, at once (CTL-AUTH-6), not as a silent host
             self.channel.await_handshake(self._handshake_window(heartbeat_ms))
             self._open()
-        except BaseException:
+        except BaseException as e:
+            log.info("cannot open a session with %s: %s", self.endpoint, e)
             self._close_quietly()
             raise
+        log.info("session %s with %s: %s memory of %d MiB, %d device(s)%s", self.session_id,
+                 self.endpoint, self.memory, self.mem_size >> 20, len(self.devices),
+                 f", vGPU {self.vgpu['name']}" if self.vgpu else "")
 
     # ------------------------------------------------------------------ setup
     def _handshake_window(self, heartbeat_ms: int) -> float:
@@ -130,9 +151,12 @@ class FrontendSession:
     def control(self, op: str, **fields) -> dict:
         try:
             reply, _frames = self.channel.request({"op": op, **fields}, timeout=self.timeout)
-        except HostLost:
-            self.host_lost = True
+        except HostLost as e:
+            self._lost(e)
             raise
+        except ChannelTimeout as e:
+            raise ChannelTimeout(f"{op}: {e}: the host is alive but slow to answer; connect "
+                                 f"with a longer timeout (now {self.timeout:g} s)") from None
         if not reply.get("ok"):
             raise ControlRequestError(op, reply.get("error", "?"), reply.get("message", ""))
         return reply
@@ -210,7 +234,7 @@ class FrontendSession:
             if now < poll_until:
                 continue
             if deadline is not None and now >= deadline:
-                raise TimeoutError("timed out waiting for the device")
+                raise ChannelTimeout(f"the device did not finish within {timeout:g} s")
             if not self.inline:
                 pending = [d for d in devices if d.queue is not None and not d.queue.enable_interrupts()]
                 if pending:
@@ -223,8 +247,8 @@ class FrontendSession:
             except ChannelTimeout:
                 self._check_host_alive(start)
                 continue  # re-check the rings: a notification is only a hint
-            except HostLost:
-                self.host_lost = True
+            except HostLost as e:
+                self._lost(e)
                 raise
             finally:
                 if not self.inline:
@@ -251,9 +275,16 @@ class FrontendSession:
         limit = wire.HEARTBEAT_MISSES * self.channel.heartbeat_ms / 1000.0
         silent = self.channel.silence_since(start)
         if silent > limit:
-            self.host_lost = True
-            raise HostLost(f"host at {self.endpoint} stopped answering "
-                           f"(no message for {silent * 1000:.0f} ms)")
+            e = HostLost(f"host at {self.endpoint} stopped answering "
+                         f"(no message for {silent * 1000:.0f} ms)")
+            self._lost(e)
+            raise e
+
+    def _lost(self, e: HostLost) -> None:
+        """The host is gone: say so once (a session that never opened just failed)."""
+        if not self.host_lost and self.devices:
+            log.warning("session %s: %s", self.session_id, e)
+        self.host_lost = True
 
     def _suppress_interrupts(self) -> None:
         for d in self.devices:
@@ -265,6 +296,8 @@ class FrontendSession:
         if self.closed:
             return
         self.closed = True
+        log.info("session %s with %s closed%s", self.session_id, self.endpoint,
+                 " (the host was lost)" if self.host_lost else "")
         try:
             if not self.host_lost:
                 self.flush()

@@ -14,6 +14,7 @@ The guest API's errors map onto the codes a CUDA programmer expects:
                     launch               CUDA_ERROR_INVALID_VALUE
                     anything else        CUDA_ERROR_ILLEGAL_INSTRUCTION
   InvalidParameterError                  CUDA_ERROR_INVALID_VALUE (bad launch configuration, ...)
+  OutOfRangeError                        CUDA_ERROR_INVALID_VALUE (a parameter out of its type's range)
   NotFoundError                          CUDA_ERROR_NOT_FOUND
   OutOfMemoryError, guest memory full    CUDA_ERROR_OUT_OF_MEMORY
   PtxCompileError                        CUDA_ERROR_INVALID_PTX
@@ -77,6 +78,7 @@ def code_of(exc: BaseException):
         (gerr.InvalidAddressError, R.CUDA_ERROR_INVALID_VALUE),
         (gerr.InvalidResourceError, R.CUDA_ERROR_INVALID_VALUE),
         (PinnedMemoryError, R.CUDA_ERROR_INVALID_VALUE),
+        (gerr.OutOfRangeError, R.CUDA_ERROR_INVALID_VALUE),
         (gerr.NotFoundError, R.CUDA_ERROR_NOT_FOUND),
         (gerr.OutOfMemoryError, R.CUDA_ERROR_OUT_OF_MEMORY),
         (OutOfGuestMemory, R.CUDA_ERROR_OUT_OF_MEMORY),

@@ -29,6 +29,7 @@ def test_a_device_of_another_id_is_refused(monkeypatch, tmp_path, device_id):
     drivers = []
     monkeypatch.setattr(session_mod, "VirtioGpuDriver",
                         lambda *a, **k: drivers.append(a) or pytest.fail("driver made"))
+    (tmp_path / "none.sock").touch()  # no host behind it: control() answers instead
     with pytest.raises(ControlRequestError) as e:
         FrontendSession(f"ipc://{tmp_path}/none.sock", memory=wire.MEMORY_INLINE,
                         mem_size=1 << 20, heartbeat_ms=1000)

@@ -63,3 +63,60 @@ def test_guest_key_options():
     a = build_parser().parse_args(["info", "--server-key", "h.key", "--client-key", "g.key_secret"])
     assert (a.server_key, a.client_key) == ("h.key", "g.key_secret")
     assert build_parser().parse_args(["tenant", "copy"]).server_key is None
+
+
+def test_every_command_takes_log_level_and_debug_before_or_after_it():
+    parser = build_parser()
+    commands = parser._subparsers._group_actions[0].choices
+    assert set(commands) >= {"host", "info", "run", "tenant", "demo", "bench", "keygen"}
+    for name, sub in commands.items():
+        assert {"--log-level", "--debug"} <= set(sub._option_string_actions), name
+    for argv in (["--log-level", "info", "--debug", "info"], ["info", "--log-level", "info", "--debug"]):
+        a = parser.parse_args(argv)
+        assert a.log_level == "INFO" and a.debug
+    a = parser.parse_args(["--log-level", "error", "info"])  # the command does not reset it
+    assert a.log_level == "ERROR" and not a.debug
+    with pytest.raises(SystemExit):
+        parser.parse_args(["info", "--log-level", "loud"])
+
+
+def test_version_is_the_distributions(capsys):
+    from importlib import metadata
+    from pvgpu.cli import main
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pvgpu {metadata.version('pvgpu')}"
+
+
+def test_version_falls_back_to_the_packages(monkeypatch):
+    from importlib import metadata
+    import pvgpu
+    from pvgpu import cli
+
+    def missing(name):
+        raise metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(metadata, "version", missing)
+    monkeypatch.setattr(pvgpu, "__version__", "9.8.7", raising=False)
+    assert cli.version() == "9.8.7"
+
+
+def test_report_error_one_line_a_hint_and_the_exit_status(capsys):
+    from pvgpu.cli import UserError, report_error
+    from guest.frontend.heap import OutOfGuestMemory
+    from transport.errors import ChannelTimeout, HostLost
+    assert report_error("info", UserError("no host at X", "start one")) == 2
+    assert capsys.readouterr().err == "pvgpu info: no host at X\n  hint: start one\n"
+    assert report_error("host", ValueError("--vram 3: bad")) == 2
+    assert capsys.readouterr().err == "pvgpu host: --vram 3: bad\n"
+    assert report_error("host", OSError(12, "Cannot allocate memory")) == 2
+    assert "smaller --vram" in capsys.readouterr().err
+    assert report_error("run", HostLost("host at X is lost")) == 1
+    assert capsys.readouterr().err == "pvgpu run: HostLost: host at X is lost\n"
+    assert report_error("run", ChannelTimeout("no answer")) == 1  # a TimeoutError: an OSError
+    assert capsys.readouterr().err == "pvgpu run: ChannelTimeout: no answer\n"
+    assert report_error("run", OutOfGuestMemory("no 8 bytes free")) == 1  # a MemoryError
+    assert capsys.readouterr().err == "pvgpu run: OutOfGuestMemory: no 8 bytes free\n"
+    assert report_error("run", KeyError("x")) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == "pvgpu run: internal error: KeyError: 'x'" and "--debug" in err[1]
