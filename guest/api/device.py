@@ -26,6 +26,11 @@ _MAX_STATS_BUFFER = 16 << 20
 
 
 class Device(ApiObject):
+    """One GPU of the host, as this connection sees it (`conn.devices[i]`), like a CUDA
+    device: its properties (`name`, `vram_size`, `features`, `index`), `info()` and
+    `stats()` from the host, contexts (`create_context`), pinned memory, peer access,
+    exports and imports of buffers and events, and `reset()` after DeviceNeedsReset."""
+
     def __init__(self, conn: "Connection", driver):
         self.connection = conn
         self._conn_lock = conn._conn_lock
@@ -85,29 +90,35 @@ class Device(ApiObject):
         return self.connection.pinned_empty(shape, dtype)
 
     def pinned_zeros(self, shape, dtype=np.float32) -> "PinnedArray":
+        """`Connection.pinned_zeros`: zero-filled pinned memory."""
         return self.connection.pinned_zeros(shape, dtype)
 
     def pinned_array(self, data, dtype=None) -> "PinnedArray":
+        """`Connection.pinned_array`: a pinned copy of `data`."""
         return self.connection.pinned_array(data, dtype)
 
     @property
     @unlocked("device config, read at initialisation")
     def name(self) -> str:
+        """The device's name, from its configuration space."""
         return self.driver.name
 
     @property
     @unlocked("device config, read at initialisation")
     def vram_size(self) -> int:
+        """The device's VRAM in bytes."""
         return self.driver.vram_size
 
     @property
     @unlocked("the negotiated feature bits (an int)")
     def features(self) -> list:
+        """The names of the feature bits negotiated with the device (virtio and pvgpu)."""
         return [n for bit, n in sorted(wire.FEATURE_NAMES.items()) if self.driver.has(bit)]
 
     @property
     @unlocked("a session field fixed at connect")
     def memory_model(self) -> str:
+        """The connection's memory model: "shared" or "inline"."""
         return self.connection.memory_model
 
     @property
@@ -139,6 +150,8 @@ class Device(ApiObject):
         prime.revoke(self, handle)
 
     def info(self) -> dict:
+        """The device's answer to GET_DEVICE_INFO: {vram_size, vram_free, max_alloc
+        (the largest single allocation), contexts (live, of every guest), name}."""
         _t, body = self.driver.call(command(wire.CMD_GET_DEVICE_INFO))
         vram, free, max_alloc, nctx, name = struct.unpack_from(wire.RESP_DEVICE_INFO_FORMAT, body)
         return {"vram_size": vram, "vram_free": free, "max_alloc": max_alloc,

@@ -37,6 +37,8 @@ class EventHandle:
 
     @classmethod
     def parse(cls, value) -> "EventHandle":
+        """A handle from its text form, `str(handle)` ('evt:<id>:<token hex>'); an
+        EventHandle is returned as it is. ValueError for anything else."""
         if isinstance(value, EventHandle):
             return value
         m = cls._FORM.match(value) if isinstance(value, str) else None
@@ -153,6 +155,8 @@ class Event(DestroyedOnExit, ApiObject):
         return EventHandle(*_HANDLE.unpack_from(body))
 
     def destroy(self) -> None:
+        """Free the event on the device (EVENT_DESTROY; cuEventDestroy). A second
+        destroy() does nothing."""
         if self.destroyed:
             return
         self.destroyed = True

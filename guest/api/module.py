@@ -232,11 +232,13 @@ class Module(ApiObject):
     @property
     @unlocked("read from the code object, fixed at load")
     def function_names(self) -> list:
+        """The names of the module's kernels (`.entry`), sorted."""
         return sorted(self._cobj.entries)
 
     @property
     @unlocked("read from the code object, fixed at load")
     def global_names(self) -> list:
+        """The names of the module's global variables (`__device__`, `__constant__`), sorted."""
         return sorted(self._cobj.symbols)
 
     def get_function(self, name: str) -> "Function":
@@ -343,6 +345,8 @@ class Function(ApiObject):
     @property
     @unlocked("read from the code object, fixed at load")
     def max_threads_per_block(self) -> int:
+        """The largest block this kernel may be launched with (its `__launch_bounds__`, else
+        the device's limit)."""
         return self._entry.max_threads or isa.MAX_BLOCK_THREADS
 
     @property
@@ -354,6 +358,7 @@ class Function(ApiObject):
     @property
     @unlocked("read from the code object, fixed at load")
     def param_size(self) -> int:
+        """Bytes of the kernel's parameter buffer (its `.param` list, laid out as in PTX)."""
         return self._entry.param_size
 
     def launch(self, grid, block, args=(), shared_mem: int = 0,

@@ -201,16 +201,19 @@ class PinnedArray(np.ndarray, ApiObject):
     @property
     @unlocked("reads its block's flag")
     def pinned(self) -> bool:
+        """Whether the array is in pinned memory that has not been freed."""
         return self._pin is not None and not self._pin.freed
 
     @property
     @unlocked("reads its block's flag")
     def freed(self) -> bool:
+        """Whether its pinned memory was given back (`free()`): copies then refuse it."""
         return self._pin is not None and self._pin.freed
 
     @property
     @unlocked("computed from its block and address")
     def gpa(self) -> int:
+        """The guest-physical address of the array's first byte (what copy descriptors name)."""
         pin = self._pin
         if pin is None:
             raise PinnedMemoryError("this array is not in pinned memory")

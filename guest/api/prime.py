@@ -64,6 +64,8 @@ class BufferHandle:
 
     @classmethod
     def parse(cls, value) -> "BufferHandle":
+        """A handle from its text form, `str(handle)` ('buf:<dev>:<id>:<token hex>:<size>');
+        a BufferHandle is returned as it is. ValueError for anything else."""
         if isinstance(value, BufferHandle):
             return value
         m = cls._FORM.match(value) if isinstance(value, str) else None

@@ -74,6 +74,8 @@ class ShmHandle:
 
     @classmethod
     def parse(cls, value) -> "ShmHandle":
+        """A handle from its text form, `str(handle)` ('shm:<id>:<token hex>'); a
+        ShmHandle is returned as it is. ValueError for anything else."""
         if isinstance(value, ShmHandle):
             return value
         m = cls._FORM.match(value) if isinstance(value, str) else None
@@ -102,6 +104,7 @@ class SharedSegment(ApiObject):
     @property
     @unlocked("a field fixed at creation")
     def size(self) -> int:
+        """The segment's size in bytes (the same as `nbytes`)."""
         return self.nbytes
 
     # -------------------------------------------------------------- attach / detach
@@ -161,10 +164,12 @@ class SharedArray(DeviceArray):
         self.readonly = readonly
 
     def detach(self) -> None:
+        """End this attachment (SHM_DETACH); the segment lives on. Twice does nothing."""
         if not self.freed:
             self.context.shm_detach(self.segment)
 
     def free(self) -> None:
+        """The same as `detach()`: an attachment owns no memory."""
         self.detach()
 
     def __enter__(self):

@@ -35,11 +35,13 @@ class Stream(ApiObject):
     @property
     @unlocked("a field fixed at creation")
     def device(self) -> "Device":
+        """The device of the stream's context."""
         return self.context.device
 
     @property
     @unlocked("a field fixed at creation")
     def is_default(self) -> bool:
+        """Whether this is the context's default stream (ring 0)."""
         return self.ring_idx == 0
 
     def launch(self, kernel, grid, block, args) -> None:
