@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from guest.api import errors, operands
 from guest.api.locking import ApiObject, unlocked
 from spec import wire
+
+if TYPE_CHECKING:
+    from guest.api.context import Context
+    from guest.api.stream import Stream
 
 
 class DeviceArray(ApiObject):
@@ -301,12 +306,12 @@ class VaRange(ApiObject):
     def __contains__(self, addr) -> bool:
         return isinstance(addr, (int, np.integer)) and self.va <= addr < self.end
 
-    @property
-    def _conn_lock(self):
+    @property  # a dataclass: its context's lock and releases, read when needed
+    def _conn_lock(self):  # type: ignore[override]
         return self.context._conn_lock
 
     @property
-    def _releases(self):
+    def _releases(self):  # type: ignore[override]
         return self.context._releases
 
     def release(self) -> None:

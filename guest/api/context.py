@@ -13,6 +13,7 @@ through a read-only mapping raises PageFaultError (address, access "write").
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,8 +25,11 @@ from guest.api.event import Event
 from guest.api.lifetime import DestroyedOnExit
 from guest.api.locking import ApiObject, api
 from guest.api.stream import Stream, raise_first
-from guest.frontend.driver import DeviceResponseError, command
+from guest.frontend.driver import DeviceEvent, DeviceResponseError, command
 from spec import wire
+
+if TYPE_CHECKING:
+    from guest.api.device import Device
 
 FAULT_EVENTS = (wire.EVTQ_PAGE_FAULT, wire.EVTQ_CODE_FAULT)  # a faulted context keeps working
 
@@ -46,10 +50,11 @@ class Context(DestroyedOnExit, ApiObject):
         self.destroyed = False
         self._streams = {}  # ring_idx -> Stream
         self.default_stream = self._streams[0] = Stream(self, 0)
-        self._device_events = []  # DeviceEvents of this context (event queue)
-        self._peer_access = set()  # device indices whose VRAM imports may map P2P
-        self._peer_imports = {}  # (dev, ctx_id, resource_id, p2p) -> (weakref(src), ImportedArray)
-        self._mapped_frees = []  # ids of dropped arrays whose MEM_FREE waits for an unmap
+        self._device_events: list[DeviceEvent] = []  # of this context (event queue)
+        self._peer_access: set[int] = set()  # device indices whose VRAM imports may map P2P
+        # (dev, ctx_id, resource_id, p2p) -> (weakref(src), ImportedArray)
+        self._peer_imports: dict[tuple, tuple] = {}
+        self._mapped_frees: list[int] = []  # dropped arrays whose MEM_FREE waits for an unmap
 
     @property
     def faults(self) -> list:
@@ -357,12 +362,13 @@ class Context(DestroyedOnExit, ApiObject):
         if claimed:
             ev = claimed[0]
             more = f" (and {len(claimed) - 1} more)" if len(claimed) > 1 else ""
+            fault: errors.IllegalCodeError | errors.PageFaultError
             if ev.type == wire.EVTQ_CODE_FAULT:
-                e = errors.IllegalCodeError(f"{ev}{more}", info0=ev.address, info1=ev.detail)
+                fault = errors.IllegalCodeError(f"{ev}{more}", info0=ev.address, info1=ev.detail)
             else:
-                e = errors.PageFaultError(f"{ev}{more}", info0=ev.address, info1=ev.access)
-            e.event = ev
-            raise e
+                fault = errors.PageFaultError(f"{ev}{more}", info0=ev.address, info1=ev.access)
+            fault.event = ev
+            raise fault
 
     def destroy(self) -> None:
         """Destroy the context (CTX_DESTROY): the device frees its memory, streams and

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import itertools
 import struct
+from typing import TYPE_CHECKING
 
 import msgpack
 import numpy as np
@@ -18,8 +19,12 @@ from guest.api.context import FAULT_EVENTS, Context
 from guest.api.event import Event, EventHandle
 from guest.api.locking import ApiObject, unlocked
 from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
-from guest.frontend.driver import DeviceResponseError, command
+from guest.frontend.driver import DeviceEvent, DeviceResponseError, command
 from spec import wire
+
+if TYPE_CHECKING:
+    from guest.api.connection import Connection
+    from guest.api.pinned import PinnedArray
 
 _STATS = struct.Struct(wire.RESP_STATS_FORMAT)
 _MAX_STATS_BUFFER = 16 << 20
@@ -31,6 +36,8 @@ class Device(ApiObject):
     `stats()` from the host, contexts (`create_context`), pinned memory, peer access,
     exports and imports of buffers and events, and `reset()` after DeviceNeedsReset."""
 
+    _staging: copy.StagingPool  # and the copy settings: copy.init_device
+
     def __init__(self, conn: "Connection", driver):
         self.connection = conn
         self._conn_lock = conn._conn_lock
@@ -40,11 +47,12 @@ class Device(ApiObject):
         self._ctx_ids = itertools.count(1)
         self._resource_ids = itertools.count(1)
         self._event_ids = itertools.count(1)
-        self._contexts = {}  # ctx_id -> live Context created through this connection
+        self._contexts: dict[int, Context] = {}  # ctx_id -> live Context of this connection
         # staging_depth, small_h2d_max, pinned_request, pinned_depth, copy_stats and the
         # staging pool (_staging) of bounce chunks
         copy.init_device(self)
-        self._unclaimed_faults = collections.deque(maxlen=256)  # fault events not yet raised
+        # fault events not yet raised
+        self._unclaimed_faults: collections.deque[DeviceEvent] = collections.deque(maxlen=256)
         driver.event_handler = self._on_device_event
 
     def _on_device_event(self, event) -> None:

@@ -35,6 +35,7 @@ import struct
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -44,6 +45,10 @@ from guest.api.commands import ring_command
 from guest.api.locking import ApiObject, unlocked
 from guest.frontend.driver import SLOT_CMD
 from spec import isa, wire
+
+if TYPE_CHECKING:
+    from guest.api.context import Context
+    from guest.api.stream import Stream
 
 _VAS = struct.Struct("<QQ")  # data_va, const_va at COBJ_DATA_VA_OFFSET
 NVRTC_ARCH = "compute_80"  # the virtual architecture CUDA C is compiled for (sm_80 limits)
@@ -182,11 +187,11 @@ class Module(ApiObject):
         self._conn_lock = ctx._conn_lock
         self._releases = ctx._releases
         self._cobj = cobj
-        self._arrays = []  # the DeviceArrays that own its memory: object, .global, .const
+        self._arrays: list[DeviceArray] = []  # owners of its memory: object, .global, .const
         # weak: a Function or a global array holds its module, not the other way round, so
         # that dropping them all frees the module without waiting for the cycle collector
-        self._functions = weakref.WeakValueDictionary()
-        self._globals = weakref.WeakSet()  # ModuleGlobal views handed out (unloaded with it)
+        self._functions: weakref.WeakValueDictionary[str, Function] = weakref.WeakValueDictionary()
+        self._globals: weakref.WeakSet[ModuleGlobal] = weakref.WeakSet()  # views handed out
         self.loaded = False
         self._load()
 
@@ -430,7 +435,7 @@ class _Configured:
     fn: Function
     grid: object
     block: object
-    stream: object = None
+    stream: Stream | None = None
     shared_mem: int = 0
 
     def __call__(self, *args) -> None:
