@@ -18,7 +18,7 @@ import zmq
 
 from spec import wire
 
-MEM = 1 << 20  # guest memory: one sealed memfd the host maps (shared model, spec §3)
+MEM = 1 << 20  # guest memory: one sealed memfd the host maps (shared model, spec §3.2)
 Q = 16  # queue size; the rings sit at fixed guest-physical addresses
 DESC, AVAIL, USED = 0x1000, 0x2000, 0x3000
 CMD, RESP, DATA = 0x4000, 0x5000, 0x10000
@@ -44,7 +44,7 @@ def request(op, **fields):
             return reply
 
 
-# Guest memory: a memfd sealed against shrinking, named by its /proc path (spec §3.1).
+# Guest memory: a memfd sealed against shrinking, named by its /proc path (spec §2.7).
 fd = os.memfd_create("raw-guest", os.MFD_ALLOW_SEALING)
 os.ftruncate(fd, MEM)
 fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
@@ -52,10 +52,12 @@ mem = mmap.mmap(fd, MEM)
 
 hello = request(wire.OP_HELLO, version=list(wire.PROTOCOL_VERSION), name="raw-guest",
                 memory=wire.MEMORY_SHARED, mem_size=MEM)
-mem[wire.MEM_CHALLENGE_GPA:wire.MEM_CHALLENGE_GPA + wire.MEM_CHALLENGE_SIZE] = hello["mem_challenge"]
-request(wire.OP_SET_MEM_TABLE, regions=[{"gpa": 0, "size": MEM, "name": f"/proc/{os.getpid()}/fd/{fd}"}])
+at = wire.MEM_CHALLENGE_GPA  # the challenge proves that this memory is the session's
+mem[at:at + wire.MEM_CHALLENGE_SIZE] = hello["mem_challenge"]
+request(wire.OP_SET_MEM_TABLE,
+        regions=[{"gpa": 0, "size": MEM, "name": f"/proc/{os.getpid()}/fd/{fd}"}])
 
-# Device 0: virtio's initialisation sequence, accepting only VIRTIO_F_VERSION_1 (no
+# Device 0: virtio's initialisation sequence (spec §2.6), accepting only VIRTIO_F_VERSION_1 (no
 # indirect descriptors, no EVENT_IDX, no event queue: the simplest ring).
 status = wire.STATUS_ACKNOWLEDGE | wire.STATUS_DRIVER
 request(wire.OP_SET_STATUS, dev=0, status=status)
@@ -73,7 +75,7 @@ avail_idx = used_idx = 0
 def call(command: bytes, readable=(), writable=()) -> bytes:
     """One request: the command and `readable` buffers for the device to read, a response
     buffer and `writable` buffers for it to write (its data follows the response header:
-    spec §6.1), chained from descriptor 0; kick, wait for the used ring to move (§4)."""
+    spec §6.1), chained from descriptor 0; kick, wait for the used ring to move (§4, §2.9)."""
     global avail_idx, used_idx
     mem[CMD:CMD + len(command)] = command
     resp_len = wire.CTRL_HDR_SIZE if writable else wire.MIN_RESPONSE_SIZE
@@ -82,7 +84,8 @@ def call(command: bytes, readable=(), writable=()) -> bytes:
             *((a, n, wire.VIRTQ_DESC_F_WRITE) for a, n in writable)]
     for i, (addr, n, flags) in enumerate(bufs):
         more = wire.VIRTQ_DESC_F_NEXT if i + 1 < len(bufs) else 0
-        struct.pack_into(wire.VIRTQ_DESC_FORMAT, mem, DESC + 16 * i, addr, n, flags | more, i + 1)
+        struct.pack_into(wire.VIRTQ_DESC_FORMAT, mem, DESC + wire.VIRTQ_DESC_SIZE * i,
+                         addr, n, flags | more, i + 1)
     struct.pack_into("<H", mem, AVAIL + 4 + 2 * (avail_idx % Q), 0)  # the chain's head
     avail_idx += 1
     struct.pack_into("<H", mem, AVAIL + 2, avail_idx)  # publish
@@ -110,7 +113,7 @@ va, _size = struct.unpack_from(wire.RESP_MEM_ALLOC_FORMAT, resp, wire.CTRL_HDR_S
 payload = bytes(range(256)) * (SIZE // 256)
 mem[DATA:DATA + SIZE] = payload
 call(cmd(wire.CMD_COPY_H2D, va, SIZE, fence=1), readable=[(DATA, SIZE)])  # answered when done
-call(cmd(wire.CMD_COPY_D2H, va, SIZE, fence=2), writable=[(DATA + SIZE, SIZE)])  # lands after the header
+call(cmd(wire.CMD_COPY_D2H, va, SIZE, fence=2), writable=[(DATA + SIZE, SIZE)])
 assert mem[DATA + SIZE:DATA + 2 * SIZE] == payload
 print(f"{SIZE} bytes to device VA {va:#x} and back through one virtqueue: they match")
 request(wire.OP_BYE)

@@ -3,11 +3,13 @@ in the inline memory model (nothing shared with the host, so it works across mac
 
     python examples/remote_guest.py            # makes keys and starts a tcp host of its own
 
-or against a host of yours, on its machine and then on the guest's:
+or against a host of yours (the keys are made on the host here; the guest's machine needs
+keys/host.key and keys/guest.key_secret):
 
     pvgpu keygen keys --name host && pvgpu keygen keys --name guest
     mkdir guests && cp keys/guest.key guests/  # the guests this host accepts
-    pvgpu host --listen tcp://0.0.0.0:5555 --curve-secret-key keys/host.key_secret --authorized-keys guests/
+    pvgpu host --listen tcp://0.0.0.0:5555 --curve-secret-key keys/host.key_secret \\
+        --authorized-keys guests/
     python examples/remote_guest.py tcp://HOST:5555 --server-key keys/host.key \\
         --client-key keys/guest.key_secret    # or set PVGPU_SERVER_KEY and PVGPU_CLIENT_KEY
 """
@@ -60,9 +62,11 @@ def main(argv=None) -> None:
         os.makedirs(guests)
         os.link(os.path.join(keys, "guest.key"), os.path.join(guests, "guest.key"))
         host = HostProcess(["tcp://127.0.0.1:0"], vram="64M", extra_args=[
-            "--curve-secret-key", os.path.join(keys, "host.key_secret"), "--authorized-keys", guests])
+            "--curve-secret-key", os.path.join(keys, "host.key_secret"),
+            "--authorized-keys", guests])
         try:
-            run(host.endpoint, os.path.join(keys, "host.key"), os.path.join(keys, "guest.key_secret"))
+            run(host.endpoint, os.path.join(keys, "host.key"),
+                os.path.join(keys, "guest.key_secret"))
         finally:
             host.stop()
 

@@ -15,15 +15,17 @@ def _undocumented(objects) -> list:
     from and those classes' public methods and properties that have no docstring."""
     classes = {cls for obj in objects if inspect.isclass(obj) for cls in obj.__mro__
                if cls.__module__.startswith("guest.")}
-    missing = [obj.__name__ for obj in objects if not inspect.isclass(obj) and not inspect.getdoc(obj)]
+    missing = [obj.__name__ for obj in objects
+               if not inspect.isclass(obj) and not inspect.getdoc(obj)]
     for cls in sorted(classes, key=lambda c: c.__qualname__):
         if not cls.__name__.startswith("_") and not cls.__dict__.get("__doc__"):
             missing.append(cls.__name__)
         for attr, member in vars(cls).items():
             if attr.startswith("_") and attr not in DOCUMENTED_DUNDERS:
                 continue
-            fn = member.fget if isinstance(member, property) else getattr(member, "__func__", member)
-            if (inspect.isfunction(fn) or isinstance(member, property)) and not (fn.__doc__ or "").strip():
+            is_property = isinstance(member, property)
+            fn = member.fget if is_property else getattr(member, "__func__", member)
+            if (inspect.isfunction(fn) or is_property) and not (fn.__doc__ or "").strip():
                 missing.append(f"{cls.__name__}.{attr}")
     return missing
 
