@@ -57,7 +57,7 @@ _unpack_desc = struct.Struct(VIRTQ_DESC_FORMAT).unpack_from
 def _extents(segments: list, total: int, offset: int, n: int, side: str) -> list:
     if offset < 0 or n < 0 or offset > total - n:
         raise ChainError(f"{side} range [{offset}, +{n}) beyond the chain's {total} {side} bytes")
-    out = []
+    out: list = []
     if n == 0:
         return out
     for gpa, length in segments:

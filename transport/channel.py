@@ -109,6 +109,7 @@ import stat
 import tempfile
 import threading
 import time
+from typing import Any, Literal
 
 import zmq
 
@@ -356,7 +357,8 @@ class HostChannel:
         self._sockets: list = []
         self._ipc_files: list = []  # (path, inode) that close() removes
         self._closed = False
-        self._zap = None
+        # the ZAP ROUTER socket, with CURVE (Any: pyzmq types getsockopt as int | bytes)
+        self._zap: Any = None
         self._monitors: list = []  # one PAIR per ROUTER socket: its connection events
         self._watch = ConnectionWatch()
         self._ended: list = []  # names of watched connections that closed (take_disconnected)
@@ -642,7 +644,7 @@ class GuestChannel:
         KeyPair with its secret): CURVE on this connection ([CTL-AUTH-1]), both or
         neither. On a tcp endpoint the handshake is watched until `await_handshake`."""
         self.endpoint = endpoint
-        self._hb_thread = None
+        self._hb_thread: threading.Thread | None = None
         self._closed = False
         self._stop = threading.Event()
         self._proto = ChannelProtocol(heartbeat_ms, _monotonic())
@@ -658,7 +660,8 @@ class GuestChannel:
         # before connect: the connection's events, none missed: its handshake
         # ([CTL-AUTH-6], await_handshake) and its close ([CTL-HB-6])
         self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_EVENTS | _DISCONNECTED)
-        self._handshake = None  # None until the handshake ended: True, or (event, value) of its failure
+        # None until the handshake ended: True, or (event, value) of its failure
+        self._handshake: Literal[True] | tuple | None = None
         self._watch_handshake = endpoint.startswith("tcp://")  # await_handshake waits only there
         try:
             if server_key is not None:
@@ -676,9 +679,9 @@ class GuestChannel:
         self._want = 0  # threads blocked waiting for the socket
         self._sleepers = 0  # threads in _cv.wait (notify only if there are any)
         self._waiters: list = []  # predicate waiters (recv_until)
-        self._queue = collections.deque()
+        self._queue: collections.deque = collections.deque()
         self._max_queued = max_queued
-        self._handler = None
+        self._handler: Any = None  # fn(msg, frames): set_notification_handler
         self._local = threading.local()
         self._waker = Waker()
         self._poller = zmq.Poller()
@@ -1061,7 +1064,7 @@ class GuestChannel:
 
     def _dispatch(self, raw: list) -> None:
         """Feed one message to the protocol and deliver its events."""
-        for_handler = []
+        for_handler: list = []
         with self._cv:
             events = self._proto.receive(raw, _monotonic())
             handler = self._handler

@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 from spec.wire import DEFAULT_HEARTBEAT_MS, HEARTBEAT_MISSES, OP_PING, OP_REPLY, OP_SHUTDOWN
 from transport.codec import CodecError, decode, encode, reply_ok
@@ -69,7 +70,7 @@ _MAX_PINGS_IN_FLIGHT = 64
 @dataclass(frozen=True, slots=True)
 class Reply:
     """The reply to the request made with ``token`` (ok or not, as it came)."""
-    token: object
+    token: Any  # the caller's waiter object
     msg: dict
     frames: list
 
@@ -77,7 +78,7 @@ class Reply:
 @dataclass(frozen=True, slots=True)
 class RequestFailed:
     """The reply to the request made with ``token`` came but did not decode."""
-    token: object
+    token: Any  # the caller's waiter object
     error: CodecError
 
 
@@ -103,14 +104,14 @@ class Transmit:
 @dataclass(frozen=True, slots=True)
 class HostSilent:
     """The wait ``token`` heard nothing for HEARTBEAT_MISSES periods: the host is lost."""
-    token: object
+    token: Any  # the caller's waiter object
     silent: float  # seconds of silence proven
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectionLost:
     """The wait or request ``token`` fails: the host is lost for ``reason``."""
-    token: object
+    token: Any  # the caller's waiter object
     reason: str
 
 
@@ -129,7 +130,7 @@ class ChannelProtocol:
         self._pings: set = set()  # seqs of our own pings not answered yet
         self._waits: dict = {}  # token -> start of the wait
         self.connected = False  # a handshake with the host has succeeded
-        self.lost = None  # why the host is lost ([CTL-HB-6]); None while it is not
+        self.lost: str | None = None  # why the host is lost ([CTL-HB-6]); None while it is not
 
     # ----------------------------------------------------------------- configuration
 
@@ -261,7 +262,7 @@ class ChannelProtocol:
         if self.period is None or self.lost is not None:
             return []
         # (the same sums as next_deadline, so that a tick at the deadline acts)
-        events = []
+        events: list = []
         for token, start in list(self._waits.items()):
             since = max(self.last_heard, start)
             if self._looked >= since + self.silence:

@@ -157,7 +157,7 @@ def decode(frames) -> tuple:
             raise CodecError(CTL_ERR_MALFORMED,
                              f"{op}: field {name!r} must be {t.__name__}, got {type(v).__name__}",
                              seq)
-        if t is int and v < 0:  # CTL-MSG-5: 0 .. 2^64-1 (msgpack holds nothing larger)
+        if type(v) is int and v < 0:  # CTL-MSG-5: 0 .. 2^64-1 (msgpack holds nothing larger)
             raise CodecError(CTL_ERR_MALFORMED, f"{op}: field {name!r} is {v}, outside 0 .. 2^64-1",
                              seq)
     if op in _PATCH_OPS:
@@ -179,7 +179,7 @@ def decode(frames) -> tuple:
                 raise CodecError(CTL_ERR_MALFORMED,
                                  f"{op}: field {name!r} must be {t.__name__}, "
                                  f"got {type(v).__name__}", seq)
-            if t is int and v < 0:
+            if type(v) is int and v < 0:
                 raise CodecError(CTL_ERR_MALFORMED, f"{op}: field {name!r} is {v}, outside "
                                  "0 .. 2^64-1", seq)
     return msg, extra

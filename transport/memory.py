@@ -41,7 +41,7 @@ import stat
 try:
     import fcntl
 except ImportError:  # pragma: no cover - not POSIX
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 import re
 import secrets
 import struct
@@ -110,7 +110,7 @@ class GuestMemory:
     def _set_buffer(self, buf: np.ndarray) -> None:
         self.buf = buf
         self.size = int(buf.size)
-        self.mv = memoryview(buf)
+        self.mv = memoryview(buf)  # type: ignore[arg-type]  # numpy: a Buffer from Python 3.12
 
     # ------------------------------------------------------------------ ranges
     def check_range(self, gpa: int, n: int) -> bool:
@@ -325,7 +325,7 @@ class SharedGuestMemory(GuestMemory):
 
     def __init__(self, name: str, mm: mmap.mmap, size: int, owner: bool, fd: int | None = None):
         self._name = name
-        self._mmap = mm
+        self._mmap: mmap.mmap | None = mm
         self._owner = owner
         self._fd = fd  # the guest keeps its memfd open: the host opens it through /proc
         self._set_buffer(np.frombuffer(mm, dtype=np.uint8, count=size))

@@ -301,7 +301,7 @@ class DriverQueue(_SplitRing):
             _put_desc(mv, addr, indirect_table, table_len, VIRTQ_DESC_F_INDIRECT, 0)
             if mark_dirty:
                 mark_dirty(addr, VIRTQ_DESC_SIZE)
-            ids = (head,)
+            ids: tuple | list = (head,)
         else:
             if n > self.size:
                 raise ValueError(f"{n} buffers exceed the queue size {self.size}; "
@@ -363,7 +363,7 @@ class DriverQueue(_SplitRing):
         if n > len(chains):
             raise VirtqError(VQ_USED_JUMP, f"used idx moved by {n} with {len(chains)} chains "
                              "in flight")
-        out = []
+        out: list = []
         qmask = self._qmask
         ring = self._used_ring
         free = self._free

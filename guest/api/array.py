@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from guest.api import errors, operands
 from guest.api.locking import ApiObject, unlocked
 from spec import wire
+
+if TYPE_CHECKING:
+    from guest.api.context import Context
+    from guest.api.stream import Stream
 
 
 class DeviceArray(ApiObject):
@@ -55,26 +60,31 @@ class DeviceArray(ApiObject):
     @property
     @unlocked("a field fixed at creation")
     def va(self) -> int:
+        """The array's device virtual address (the same as `ptr`)."""
         return self.ptr
 
     @property
     @unlocked("computed from the shape")
     def size(self) -> int:
+        """The number of elements (the product of `shape`)."""
         return math.prod(self.shape)
 
     @property
     @unlocked("computed from the shape and dtype")
     def nbytes(self) -> int:
+        """The array's size in bytes."""
         return self.size * self.dtype.itemsize
 
     @property
     @unlocked("computed from the shape")
     def ndim(self) -> int:
+        """The number of dimensions."""
         return len(self.shape)
 
     @property
     @unlocked("computed from the dtype")
     def itemsize(self) -> int:
+        """Bytes per element."""
         return self.dtype.itemsize
 
     @property
@@ -85,12 +95,15 @@ class DeviceArray(ApiObject):
 
     @unlocked("computed from the shape")
     def __len__(self) -> int:
+        """The length of the first axis; TypeError for a 0-d array."""
         if not self.shape:
             raise TypeError("len() of a 0-d array")
         return self.shape[0]
 
     @unlocked("refuses at once")
     def __array__(self, dtype=None, copy=None):
+        """Refused, as in CuPy: `np.asarray(a)` raises TypeError; `a.get()` copies the
+        array to the host."""
         raise TypeError("implicit conversion to a NumPy array is not allowed; use .get()")
 
     # ------------------------------------------------------------------ views
@@ -172,6 +185,8 @@ class DeviceArray(ApiObject):
         self.context.copy_h2d(self.ptr, operands.host_source(self, array), stream, pipeline=pipeline)
 
     def copy_from_host_async(self, array, stream: "Stream | None" = None) -> None:
+        """`copy_from_host(array)` on `stream` (default: the default stream), returning
+        at once: do not modify `array` before the stream synchronizes."""
         self._check_usable()
         self.context.copy_h2d_async(self.ptr, operands.host_source(self, array), stream)
 
@@ -285,20 +300,22 @@ class VaRange(ApiObject):
     @property
     @unlocked("computed from fields fixed at creation")
     def end(self) -> int:
+        """The first address after the range."""
         return self.va + self.size
 
     def __contains__(self, addr) -> bool:
         return isinstance(addr, (int, np.integer)) and self.va <= addr < self.end
 
-    @property
-    def _conn_lock(self):
+    @property  # a dataclass: its context's lock and releases, read when needed
+    def _conn_lock(self):  # type: ignore[override]
         return self.context._conn_lock
 
     @property
-    def _releases(self):
+    def _releases(self):  # type: ignore[override]
         return self.context._releases
 
     def release(self) -> None:
+        """Give the range back (Context.release_va); a second release() does nothing."""
         if not self.released:
             self.context.release_va(self)
 
@@ -322,10 +339,12 @@ class MappedArray(DeviceArray):
         self.mapped_bytes = nbytes
 
     def unmap(self) -> None:
+        """End the mapping (Context.unmap); the buffer lives on. Twice does nothing."""
         if not self.freed:
             self.context.unmap(self)
 
     def free(self) -> None:
+        """The same as `unmap()`: a mapping owns no memory."""
         self.unmap()
 
     def __enter__(self):

@@ -57,6 +57,13 @@ def connect(endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
 
 
 class Connection(ApiObject):
+    """One guest session with a pvgpu host, as `guest.connect()` returns it.
+
+    `devices` lists the host's GPUs (Device objects, index order). The connection owns
+    the session's guest memory and pinned memory; every API call on any of its objects
+    holds its lock, so threads may share it. `close()` (or leaving a `with` block) ends the
+    session: the host reclaims every context, buffer and event it created."""
+
     def __init__(self, session: FrontendSession):
         self.session = session
         self._conn_lock = threading.RLock()
@@ -71,6 +78,7 @@ class Connection(ApiObject):
         return self._pinned.empty(shape, dtype)
 
     def pinned_zeros(self, shape, dtype=np.float32) -> "pinned.PinnedArray":
+        """`pinned_empty(shape, dtype)` filled with zeros."""
         arr = self._pinned.empty(shape, dtype)
         arr.fill(0)
         return arr
@@ -85,6 +93,7 @@ class Connection(ApiObject):
     @property
     @unlocked("a session field fixed at connect")
     def memory_model(self) -> str:
+        """"shared" (guest memory mapped by the host) or "inline" (carried in messages)."""
         return self.session.memory
 
     @property
@@ -97,10 +106,13 @@ class Connection(ApiObject):
     @property
     @unlocked("a session field fixed at connect")
     def endpoint(self) -> str:
+        """The host endpoint this session is connected to (ipc:// or tcp://)."""
         return self.session.endpoint
 
     @unlocked("takes the connection lock itself")
     def close(self) -> None:
+        """End the session (BYE): the host frees everything it holds for it. Objects of
+        this connection are unusable afterwards; a second close() does nothing."""
         with self._conn_lock:
             self.session.close()
 

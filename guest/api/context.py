@@ -13,6 +13,7 @@ through a read-only mapping raises PageFaultError (address, access "write").
 from __future__ import annotations
 
 import struct
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,13 +25,22 @@ from guest.api.event import Event
 from guest.api.lifetime import DestroyedOnExit
 from guest.api.locking import ApiObject, api
 from guest.api.stream import Stream, raise_first
-from guest.frontend.driver import DeviceResponseError, command
+from guest.frontend.driver import DeviceEvent, DeviceResponseError, command
 from spec import wire
+
+if TYPE_CHECKING:
+    from guest.api.device import Device
 
 FAULT_EVENTS = (wire.EVTQ_PAGE_FAULT, wire.EVTQ_CODE_FAULT)  # a faulted context keeps working
 
 
 class Context(DestroyedOnExit, ApiObject):
+    """A GPU context on one device (`dev.create_context()`), like a CUDA context: its
+    own address space, its streams (`default_stream`, `create_stream`), the memory it
+    allocates (`empty`, `zeros`, `to_device`), built-in kernel launches and modules of
+    one's own, copies, VA management, shared memory and imports. `destroy()` (or leaving
+    a `with` block) frees everything it holds on the device."""
+
     def __init__(self, device: "Device", ctx_id: int):
         self.device = device
         self._conn_lock = device._conn_lock
@@ -40,10 +50,11 @@ class Context(DestroyedOnExit, ApiObject):
         self.destroyed = False
         self._streams = {}  # ring_idx -> Stream
         self.default_stream = self._streams[0] = Stream(self, 0)
-        self._device_events = []  # DeviceEvents of this context (event queue)
-        self._peer_access = set()  # device indices whose VRAM imports may map P2P
-        self._peer_imports = {}  # (dev, ctx_id, resource_id, p2p) -> (weakref(src), ImportedArray)
-        self._mapped_frees = []  # ids of dropped arrays whose MEM_FREE waits for an unmap
+        self._device_events: list[DeviceEvent] = []  # of this context (event queue)
+        self._peer_access: set[int] = set()  # device indices whose VRAM imports may map P2P
+        # (dev, ctx_id, resource_id, p2p) -> (weakref(src), ImportedArray)
+        self._peer_imports: dict[tuple, tuple] = {}
+        self._mapped_frees: list[int] = []  # dropped arrays whose MEM_FREE waits for an unmap
 
     @property
     def faults(self) -> list:
@@ -55,6 +66,7 @@ class Context(DestroyedOnExit, ApiObject):
 
     @property
     def faulted(self) -> bool:
+        """Whether any job of this context has faulted (`faults` is not empty)."""
         return bool(self.faults)
 
     # ------------------------------------------------------------------ sharing (§12)
@@ -64,6 +76,8 @@ class Context(DestroyedOnExit, ApiObject):
         prime.enable_peer_access(self, peer)
 
     def disable_peer_access(self, peer: "Device") -> None:
+        """Undo `enable_peer_access(peer)` (cuCtxDisablePeerAccess): later imports of
+        `peer`'s buffers are mapped through system memory."""
         prime.disable_peer_access(self, peer)
 
     def import_array(self, handle, shape=None, dtype=np.float32, *, peer2peer=None):
@@ -91,6 +105,7 @@ class Context(DestroyedOnExit, ApiObject):
 
     @property
     def streams(self) -> list:
+        """The context's live streams, the default stream first."""
         return [self._streams[i] for i in sorted(self._streams)]
 
     def _stream(self, stream) -> Stream:
@@ -261,11 +276,14 @@ class Context(DestroyedOnExit, ApiObject):
         return DeviceArray(self, rid, va, shape, dtype)
 
     def zeros(self, shape, dtype=np.float32) -> "DeviceArray":
+        """`empty(shape, dtype)` filled with zeros."""
         arr = self.empty(shape, dtype)
         arr.copy_from_host(np.zeros(arr.shape, arr.dtype))
         return arr
 
     def to_device(self, array) -> "DeviceArray":
+        """A new DeviceArray holding a copy of `array` (any array-like: its shape and
+        dtype), like cupy.asarray."""
         array = np.ascontiguousarray(array)
         out = self.empty(array.shape, array.dtype)
         out.copy_from_host(array)
@@ -309,6 +327,8 @@ class Context(DestroyedOnExit, ApiObject):
         return dst
 
     def copy_d2d(self, dst_va: int, src_va: int, nbytes: int, stream: Stream | None = None) -> None:
+        """Copy `nbytes` from device address `src_va` to `dst_va` on `stream` (default:
+        the default stream), asynchronously: an untyped cuMemcpyDtoDAsync."""
         s = self._stream(stream)
         self._driver.call(ring_command(wire.CMD_COPY_D2D, (src_va, dst_va, nbytes),
                                        ctx_id=self.ctx_id, ring_idx=s.ring_idx))
@@ -342,14 +362,17 @@ class Context(DestroyedOnExit, ApiObject):
         if claimed:
             ev = claimed[0]
             more = f" (and {len(claimed) - 1} more)" if len(claimed) > 1 else ""
+            fault: errors.IllegalCodeError | errors.PageFaultError
             if ev.type == wire.EVTQ_CODE_FAULT:
-                e = errors.IllegalCodeError(f"{ev}{more}", info0=ev.address, info1=ev.detail)
+                fault = errors.IllegalCodeError(f"{ev}{more}", info0=ev.address, info1=ev.detail)
             else:
-                e = errors.PageFaultError(f"{ev}{more}", info0=ev.address, info1=ev.access)
-            e.event = ev
-            raise e
+                fault = errors.PageFaultError(f"{ev}{more}", info0=ev.address, info1=ev.access)
+            fault.event = ev
+            raise fault
 
     def destroy(self) -> None:
+        """Destroy the context (CTX_DESTROY): the device frees its memory, streams and
+        events; its arrays are unusable afterwards. A second destroy() does nothing."""
         if not self.destroyed:
             self._lost()
             self.device._contexts.pop(self.ctx_id, None)

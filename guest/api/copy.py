@@ -68,11 +68,11 @@ class StagingPool:
     def __init__(self, dev, chunk: int):
         self.device = dev
         self.chunk = chunk  # bytes per chunk
-        self.free = []  # idle chunks (gpa)
+        self.free: list[int] = []  # idle chunks (gpa)
         self.count = 0  # chunks taken from the heap and not given back to it
-        self.lent = set()  # chunks of asynchronous copies still on the device
-        self.quarantined = []  # guest memory of failed requests, reusable after the reset
-        self.stale = set()  # lent chunks of an earlier chunk size
+        self.lent: set[int] = set()  # chunks of asynchronous copies still on the device
+        self.quarantined: list[int] = []  # memory of failed requests, reusable after the reset
+        self.stale: set[int] = set()  # lent chunks of an earlier chunk size
 
     @property
     def _heap(self):
@@ -308,7 +308,7 @@ class CopyPipeline:
         if n == 0:
             return
         depth = max(1, pieces.depth) if self.pipeline else 1
-        inflight = collections.deque()  # (request, offset, size), oldest first
+        inflight: collections.deque[tuple] = collections.deque()  # (request, offset, size)
         first_error = None
 
         def settle() -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import itertools
 import struct
+from typing import TYPE_CHECKING
 
 import msgpack
 import numpy as np
@@ -18,14 +19,25 @@ from guest.api.context import FAULT_EVENTS, Context
 from guest.api.event import Event, EventHandle
 from guest.api.locking import ApiObject, unlocked
 from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
-from guest.frontend.driver import DeviceResponseError, command
+from guest.frontend.driver import DeviceEvent, DeviceResponseError, command
 from spec import wire
+
+if TYPE_CHECKING:
+    from guest.api.connection import Connection
+    from guest.api.pinned import PinnedArray
 
 _STATS = struct.Struct(wire.RESP_STATS_FORMAT)
 _MAX_STATS_BUFFER = 16 << 20
 
 
 class Device(ApiObject):
+    """One GPU of the host, as this connection sees it (`conn.devices[i]`), like a CUDA
+    device: its properties (`name`, `vram_size`, `features`, `index`), `info()` and
+    `stats()` from the host, contexts (`create_context`), pinned memory, peer access,
+    exports and imports of buffers and events, and `reset()` after DeviceNeedsReset."""
+
+    _staging: copy.StagingPool  # and the copy settings: copy.init_device
+
     def __init__(self, conn: "Connection", driver):
         self.connection = conn
         self._conn_lock = conn._conn_lock
@@ -35,11 +47,12 @@ class Device(ApiObject):
         self._ctx_ids = itertools.count(1)
         self._resource_ids = itertools.count(1)
         self._event_ids = itertools.count(1)
-        self._contexts = {}  # ctx_id -> live Context created through this connection
+        self._contexts: dict[int, Context] = {}  # ctx_id -> live Context of this connection
         # staging_depth, small_h2d_max, pinned_request, pinned_depth, copy_stats and the
         # staging pool (_staging) of bounce chunks
         copy.init_device(self)
-        self._unclaimed_faults = collections.deque(maxlen=256)  # fault events not yet raised
+        # fault events not yet raised
+        self._unclaimed_faults: collections.deque[DeviceEvent] = collections.deque(maxlen=256)
         driver.event_handler = self._on_device_event
 
     def _on_device_event(self, event) -> None:
@@ -85,29 +98,35 @@ class Device(ApiObject):
         return self.connection.pinned_empty(shape, dtype)
 
     def pinned_zeros(self, shape, dtype=np.float32) -> "PinnedArray":
+        """`Connection.pinned_zeros`: zero-filled pinned memory."""
         return self.connection.pinned_zeros(shape, dtype)
 
     def pinned_array(self, data, dtype=None) -> "PinnedArray":
+        """`Connection.pinned_array`: a pinned copy of `data`."""
         return self.connection.pinned_array(data, dtype)
 
     @property
     @unlocked("device config, read at initialisation")
     def name(self) -> str:
+        """The device's name, from its configuration space."""
         return self.driver.name
 
     @property
     @unlocked("device config, read at initialisation")
     def vram_size(self) -> int:
+        """The device's VRAM in bytes."""
         return self.driver.vram_size
 
     @property
     @unlocked("the negotiated feature bits (an int)")
     def features(self) -> list:
+        """The names of the feature bits negotiated with the device (virtio and pvgpu)."""
         return [n for bit, n in sorted(wire.FEATURE_NAMES.items()) if self.driver.has(bit)]
 
     @property
     @unlocked("a session field fixed at connect")
     def memory_model(self) -> str:
+        """The connection's memory model: "shared" or "inline"."""
         return self.connection.memory_model
 
     @property
@@ -139,6 +158,8 @@ class Device(ApiObject):
         prime.revoke(self, handle)
 
     def info(self) -> dict:
+        """The device's answer to GET_DEVICE_INFO: {vram_size, vram_free, max_alloc
+        (the largest single allocation), contexts (live, of every guest), name}."""
         _t, body = self.driver.call(command(wire.CMD_GET_DEVICE_INFO))
         vram, free, max_alloc, nctx, name = struct.unpack_from(wire.RESP_DEVICE_INFO_FORMAT, body)
         return {"vram_size": vram, "vram_free": free, "max_alloc": max_alloc,

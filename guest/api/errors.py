@@ -36,10 +36,14 @@ class DeviceError(PvgpuError):
 
     @property
     def name(self) -> str:
+        """The spec's name of the response, e.g. "ERR_OUT_OF_MEMORY"."""
         return wire.RESP_NAMES.get(self.code, hex(self.code))
 
 
 class OutOfMemoryError(DeviceError):
+    """The device (or this vGPU's memory share) has no room for the allocation: free
+    arrays, or allocate less (cudaErrorMemoryAllocation)."""
+
     code = wire.RESP_ERR_OUT_OF_MEMORY
 
 
@@ -52,26 +56,38 @@ class LimitError(OutOfMemoryError):
 
 
 class InvalidResourceError(DeviceError):
+    """No such buffer in the context: the array was freed, or belongs to another context."""
+
     code = wire.RESP_ERR_INVALID_RESOURCE_ID
 
 
 class InvalidContextError(DeviceError):
+    """No such context on the device: it was destroyed, or its device was reset."""
+
     code = wire.RESP_ERR_INVALID_CONTEXT_ID
 
 
 class InvalidParameterError(DeviceError):
+    """The device refused an argument of the command (a size, range, launch dimension...)."""
+
     code = wire.RESP_ERR_INVALID_PARAMETER
 
 
 class UnknownCommandError(DeviceError):
+    """The device does not know the command (an older device, or a feature not negotiated)."""
+
     code = wire.RESP_ERR_UNKNOWN_COMMAND
 
 
 class ShortCommandError(DeviceError):
+    """The command's readable bytes were fewer than its type needs (a driver bug)."""
+
     code = wire.RESP_ERR_SHORT_COMMAND
 
 
 class InvalidKernelError(DeviceError):
+    """No built-in kernel with that id (LAUNCH): the device has no such kernel."""
+
     code = wire.RESP_ERR_INVALID_KERNEL
 
 
@@ -97,6 +113,7 @@ class _FaultReport(DeviceError):
 
     @property
     def address(self) -> int:
+        """The device address the fault names (info0)."""
         return self.info0
 
 
@@ -109,6 +126,7 @@ class PageFaultError(_FaultReport):
 
     @property
     def access(self) -> str:
+        """The faulting access: "read", "write" or "exec"."""
         return wire.ACCESS_NAMES.get(self.info1, str(self.info1))
 
 
@@ -123,6 +141,7 @@ class IllegalCodeError(_FaultReport):
 
     @property
     def reason(self) -> str:
+        """Why the device refused the code: the name of a spec/isa.py COBJ_ERR_*."""
         return isa.COBJ_ERR_NAMES.get(self.info1, str(self.info1))
 
 

@@ -10,12 +10,18 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from guest.api import errors
 from guest.api.commands import ring_command
 from guest.api.lifetime import DestroyedOnExit
 from guest.api.locking import ApiObject
 from spec import wire
+
+if TYPE_CHECKING:
+    from guest.api.context import Context
+    from guest.api.device import Device
+    from guest.api.stream import Stream
 
 _EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
 _HANDLE = struct.Struct(wire.RESP_EVENT_HANDLE_FORMAT)
@@ -37,6 +43,8 @@ class EventHandle:
 
     @classmethod
     def parse(cls, value) -> "EventHandle":
+        """A handle from its text form, `str(handle)` ('evt:<id>:<token hex>'); an
+        EventHandle is returned as it is. ValueError for anything else."""
         if isinstance(value, EventHandle):
             return value
         m = cls._FORM.match(value) if isinstance(value, str) else None
@@ -59,8 +67,8 @@ class Event(DestroyedOnExit, ApiObject):
         self._driver = device.driver
         self.recorded = recorded  # the device knows the id (recorded or imported)
         self.destroyed = False
-        self._timestamp = None  # completion time of the current recording, once known
-        self._requests = []  # async requests of the recording stream that it covers
+        self._timestamp: int | None = None  # completion time of the current recording, once known
+        self._requests: list = []  # async requests of the recording stream that it covers
 
     def _check(self) -> None:
         if self.destroyed:
@@ -140,6 +148,7 @@ class Event(DestroyedOnExit, ApiObject):
                                                code=wire.RESP_ERR_INVALID_EVENT)
             if ev.timestamp_ns is None:
                 raise errors.NotReadyError(f"event {ev.event_id} has not completed yet")
+        assert end._timestamp is not None and self._timestamp is not None  # checked above
         return (end._timestamp - self._timestamp) / 1e6
 
     def export(self) -> EventHandle:
@@ -153,6 +162,8 @@ class Event(DestroyedOnExit, ApiObject):
         return EventHandle(*_HANDLE.unpack_from(body))
 
     def destroy(self) -> None:
+        """Free the event on the device (EVENT_DESTROY; cuEventDestroy). A second
+        destroy() does nothing."""
         if self.destroyed:
             return
         self.destroyed = True

@@ -109,6 +109,6 @@ def dim3(v) -> tuple:
     if type(v) is int:
         return v, 1, 1
     if np.isscalar(v):
-        v = (int(v),)
+        v = (v,)
     v = tuple(int(x) for x in v) + (1, 1, 1)
     return v[:3]

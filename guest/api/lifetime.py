@@ -33,8 +33,9 @@ from __future__ import annotations
 import collections
 import gc
 import weakref
+from typing import TYPE_CHECKING
 
-from guest.frontend.driver import DeviceNeedsReset, DeviceResponseError, command
+from guest.frontend.driver import DeviceNeedsReset, DeviceResponseError, VirtioGpuDriver, command
 from guest.frontend.session import HostLost
 from spec import wire
 
@@ -45,7 +46,8 @@ class Releases:
 
     def __init__(self, conn):
         self.connection = conn
-        self._queue = collections.deque()  # (context, resource id), appended by finalizers
+        # (context, resource id), appended by finalizers
+        self._queue: collections.deque[tuple] = collections.deque()
         self._draining = False
         self.freed = 0  # MEM_FREEs sent for dropped arrays (for tests and measurements)
 
@@ -108,6 +110,12 @@ class Releases:
 class DestroyedOnExit:
     """`with obj:` destroys it at the end, unless it is gone already or its device must
     be reset first (then destroying would only raise DeviceNeedsReset)."""
+
+    if TYPE_CHECKING:  # what the classes that use it have
+        destroyed: bool
+        _driver: VirtioGpuDriver
+
+        def destroy(self) -> None: ...
 
     def __enter__(self):
         return self

@@ -15,8 +15,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
+from typing import TYPE_CHECKING
 
 from guest.api import errors
+
+if TYPE_CHECKING:
+    from guest.api.lifetime import Releases
 
 
 def unlocked(reason: str):
@@ -53,7 +58,7 @@ def api(fn):
                 if isinstance(mapped, (errors.PageFaultError, errors.IllegalCodeError)):
                     _claim_fault_event(self, mapped)
                 raise mapped from None
-    wrapper.api_locked = True
+    wrapper.api_locked = True  # type: ignore[attr-defined]
     return wrapper
 
 
@@ -66,7 +71,7 @@ def covered(attr):
         acc = [a if a is None else covered(a) for a in (attr.fget, attr.fset, attr.fdel)]
         if acc == [attr.fget, attr.fset, attr.fdel]:
             return attr
-        return property(*acc, attr.__doc__)
+        return property(acc[0], acc[1], acc[2], attr.__doc__)
     if isinstance(attr, (staticmethod, classmethod)):
         if not hasattr(attr.__func__, "unlocked_reason"):
             raise TypeError(f"public {type(attr).__name__} {attr.__func__.__qualname__} of an "
@@ -83,6 +88,9 @@ class ApiObject:
     """Base of the API's classes: their public methods and properties take the connection
     lock (module docstring). An instance has `_conn_lock` and `_releases` of its
     connection."""
+
+    _conn_lock: threading.RLock
+    _releases: Releases
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

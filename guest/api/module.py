@@ -35,6 +35,7 @@ import struct
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -44,6 +45,10 @@ from guest.api.commands import ring_command
 from guest.api.locking import ApiObject, unlocked
 from guest.frontend.driver import SLOT_CMD
 from spec import isa, wire
+
+if TYPE_CHECKING:
+    from guest.api.context import Context
+    from guest.api.stream import Stream
 
 _VAS = struct.Struct("<QQ")  # data_va, const_va at COBJ_DATA_VA_OFFSET
 NVRTC_ARCH = "compute_80"  # the virtual architecture CUDA C is compiled for (sm_80 limits)
@@ -182,11 +187,11 @@ class Module(ApiObject):
         self._conn_lock = ctx._conn_lock
         self._releases = ctx._releases
         self._cobj = cobj
-        self._arrays = []  # the DeviceArrays that own its memory: object, .global, .const
+        self._arrays: list[DeviceArray] = []  # owners of its memory: object, .global, .const
         # weak: a Function or a global array holds its module, not the other way round, so
         # that dropping them all frees the module without waiting for the cycle collector
-        self._functions = weakref.WeakValueDictionary()
-        self._globals = weakref.WeakSet()  # ModuleGlobal views handed out (unloaded with it)
+        self._functions: weakref.WeakValueDictionary[str, Function] = weakref.WeakValueDictionary()
+        self._globals: weakref.WeakSet[ModuleGlobal] = weakref.WeakSet()  # views handed out
         self.loaded = False
         self._load()
 
@@ -232,11 +237,13 @@ class Module(ApiObject):
     @property
     @unlocked("read from the code object, fixed at load")
     def function_names(self) -> list:
+        """The names of the module's kernels (`.entry`), sorted."""
         return sorted(self._cobj.entries)
 
     @property
     @unlocked("read from the code object, fixed at load")
     def global_names(self) -> list:
+        """The names of the module's global variables (`__device__`, `__constant__`), sorted."""
         return sorted(self._cobj.symbols)
 
     def get_function(self, name: str) -> "Function":
@@ -343,6 +350,8 @@ class Function(ApiObject):
     @property
     @unlocked("read from the code object, fixed at load")
     def max_threads_per_block(self) -> int:
+        """The largest block this kernel may be launched with (its `__launch_bounds__`, else
+        the device's limit)."""
         return self._entry.max_threads or isa.MAX_BLOCK_THREADS
 
     @property
@@ -354,6 +363,7 @@ class Function(ApiObject):
     @property
     @unlocked("read from the code object, fixed at load")
     def param_size(self) -> int:
+        """Bytes of the kernel's parameter buffer (its `.param` list, laid out as in PTX)."""
         return self._entry.param_size
 
     def launch(self, grid, block, args=(), shared_mem: int = 0,
@@ -425,7 +435,7 @@ class _Configured:
     fn: Function
     grid: object
     block: object
-    stream: object = None
+    stream: Stream | None = None
     shared_mem: int = 0
 
     def __call__(self, *args) -> None:

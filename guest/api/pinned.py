@@ -74,7 +74,10 @@ class _Block:
         self.busy = 0  # requests on the device that use it
         self.tainted = None  # a device whose request using it failed without coming back
         self.released = False  # the heap has it back
-        self.finalizer = None
+        # queues the block's memory for freeing once the block becomes garbage; at exit the
+        # session's end frees everything
+        self.finalizer = weakref.finalize(self, allocator._pending.append, (gpa, nbytes))
+        self.finalizer.atexit = False
 
     def contains(self, arr: np.ndarray) -> bool:
         off = _address(arr) - self.addr
@@ -98,7 +101,7 @@ class PinnedAllocator:
 
     def __init__(self, conn):
         self.connection = conn
-        self._pending = []  # (gpa, nbytes) of blocks that became garbage (from finalizers)
+        self._pending: list[tuple[int, int]] = []  # (gpa, nbytes) of blocks that became garbage
         self.live = 0  # blocks handed out and not yet back in the heap
         self.live_bytes = 0
 
@@ -121,8 +124,6 @@ class PinnedAllocator:
                     f"mem_size (now {session.mem_size >> 20} MiB)") from None
             raw = session.mem.view(gpa, max(nbytes, 1))[:nbytes]
             block = _Block(self, gpa, nbytes, _address(raw))
-            block.finalizer = weakref.finalize(block, self._pending.append, (gpa, nbytes))
-            block.finalizer.atexit = False  # at exit the session's end frees everything
             self.live += 1
             self.live_bytes += nbytes
         # Every view of the memory, of any type, has `root` in its .base chain, and root's
@@ -201,16 +202,19 @@ class PinnedArray(np.ndarray, ApiObject):
     @property
     @unlocked("reads its block's flag")
     def pinned(self) -> bool:
+        """Whether the array is in pinned memory that has not been freed."""
         return self._pin is not None and not self._pin.freed
 
     @property
     @unlocked("reads its block's flag")
     def freed(self) -> bool:
+        """Whether its pinned memory was given back (`free()`): copies then refuse it."""
         return self._pin is not None and self._pin.freed
 
     @property
     @unlocked("computed from its block and address")
     def gpa(self) -> int:
+        """The guest-physical address of the array's first byte (what copy descriptors name)."""
         pin = self._pin
         if pin is None:
             raise PinnedMemoryError("this array is not in pinned memory")

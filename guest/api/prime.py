@@ -34,6 +34,7 @@ import re
 import struct
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,6 +42,10 @@ from guest.api import errors, operands
 from guest.api.array import DeviceArray
 from guest.api.commands import ring_command
 from spec import wire
+
+if TYPE_CHECKING:
+    from guest.api.context import Context
+    from guest.api.device import Device
 
 _EXPORT = struct.Struct(wire.RESP_EXPORT_FORMAT)
 _IMPORT = struct.Struct(wire.RESP_IMPORT_FORMAT)
@@ -64,6 +69,8 @@ class BufferHandle:
 
     @classmethod
     def parse(cls, value) -> "BufferHandle":
+        """A handle from its text form, `str(handle)` ('buf:<dev>:<id>:<token hex>:<size>');
+        a BufferHandle is returned as it is. ValueError for anything else."""
         if isinstance(value, BufferHandle):
             return value
         m = cls._FORM.match(value) if isinstance(value, str) else None

@@ -27,6 +27,7 @@ import re
 import struct
 import weakref
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -36,6 +37,10 @@ from guest.api.commands import ring_command
 from guest.api.locking import ApiObject, unlocked
 from spec import wire
 
+if TYPE_CHECKING:
+    from guest.api.context import Context
+    from guest.api.device import Device
+
 _SHM = struct.Struct(wire.RESP_SHM_FORMAT)
 _ATTACH = struct.Struct(wire.RESP_SHM_ATTACH_FORMAT)
 _HANDLE = struct.Struct(wire.RESP_SHM_HANDLE_FORMAT)
@@ -43,7 +48,7 @@ _STAT = struct.Struct(wire.RESP_SHM_STAT_FORMAT)
 PRIVATE = wire.SHM_KEY_PRIVATE
 
 # device -> {shm_id: SharedSegment}: one object per segment and device
-_segments = weakref.WeakKeyDictionary()
+_segments: weakref.WeakKeyDictionary[Device, dict[int, SharedSegment]] = weakref.WeakKeyDictionary()
 
 
 def key_of(key) -> int:
@@ -74,6 +79,8 @@ class ShmHandle:
 
     @classmethod
     def parse(cls, value) -> "ShmHandle":
+        """A handle from its text form, `str(handle)` ('shm:<id>:<token hex>'); a
+        ShmHandle is returned as it is. ValueError for anything else."""
         if isinstance(value, ShmHandle):
             return value
         m = cls._FORM.match(value) if isinstance(value, str) else None
@@ -97,11 +104,12 @@ class SharedSegment(ApiObject):
         self.key = key
         self.created = created  # this guest allocated it (SHM_FLAG_CREATED)
         self.imported = imported
-        self._attached = {}  # ctx_id -> SharedArray of this connection's attachments
+        self._attached: dict[int, SharedArray] = {}  # ctx_id -> this connection's attachment
 
     @property
     @unlocked("a field fixed at creation")
     def size(self) -> int:
+        """The segment's size in bytes (the same as `nbytes`)."""
         return self.nbytes
 
     # -------------------------------------------------------------- attach / detach
@@ -161,10 +169,12 @@ class SharedArray(DeviceArray):
         self.readonly = readonly
 
     def detach(self) -> None:
+        """End this attachment (SHM_DETACH); the segment lives on. Twice does nothing."""
         if not self.freed:
             self.context.shm_detach(self.segment)
 
     def free(self) -> None:
+        """The same as `detach()`: an attachment owns no memory."""
         self.detach()
 
     def __enter__(self):

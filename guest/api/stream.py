@@ -11,6 +11,11 @@ from guest.api.commands import ring_command
 from guest.api.event import Event
 from guest.api.locking import ApiObject, unlocked
 from spec import wire
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from guest.api.context import Context
+    from guest.api.device import Device
 
 
 class Stream(ApiObject):
@@ -28,18 +33,20 @@ class Stream(ApiObject):
         self._conn_lock = ctx._conn_lock
         self._releases = ctx._releases
         self._driver = ctx._driver
-        self._async_error = None
-        self._inflight = []  # asynchronous copy requests not yet completed
+        self._async_error: BaseException | None = None
+        self._inflight: list = []  # asynchronous copy requests not yet completed
         self.destroyed = False
 
     @property
     @unlocked("a field fixed at creation")
     def device(self) -> "Device":
+        """The device of the stream's context."""
         return self.context.device
 
     @property
     @unlocked("a field fixed at creation")
     def is_default(self) -> bool:
+        """Whether this is the context's default stream (ring 0)."""
         return self.ring_idx == 0
 
     def launch(self, kernel, grid, block, args) -> None:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import collections
 import struct
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from spec import isa, wire
 from transport.errors import PvgpuError, VirtqError
@@ -176,20 +176,20 @@ class VirtioGpuDriver:
         self.base = base
         self.mem = session.mem
         self.features = 0
-        self.queue: DriverQueue | None = None
+        self.queue: DriverQueue = None  # type: ignore[assignment]  # set by initialize()
         self.needs_reset = False
         self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
-        self._by_head = {}
+        self._by_head: dict[int, Request] = {}
         self._unkicked = 0  # chains published since the last kick() (deferred)
         self.kick_batch = KICK_BATCH
         # the control queue's first avail and used index (set_vring `base`, CTL-VRING-5);
         # tests set it near 65535 before initialize() to cross the index wrap early
         self.queue_base = 0
-        self.config = None
+        self.config: tuple = None  # type: ignore[assignment]  # set by initialize()
         self.eventq: DriverQueue | None = None
-        self._event_bufs = {}  # head -> gpa of a posted event buffer
-        self.events = collections.deque(maxlen=256)  # the latest DeviceEvents
-        self.event_handler = None  # fn(DeviceEvent), called from reap()
+        self._event_bufs: dict[int, int] = {}  # head -> gpa of a posted event buffer
+        self.events: collections.deque[DeviceEvent] = collections.deque(maxlen=256)  # the latest
+        self.event_handler: Callable[[DeviceEvent], None] | None = None  # called from reap()
 
     @staticmethod
     def _layout_offsets() -> tuple:
@@ -360,7 +360,7 @@ class VirtioGpuDriver:
             self._bad_used_ring(e)
             done = None
         if self.eventq is not None:
-            self._reap_events()
+            self._reap_events(self.eventq)
         if done is None:
             return 0
         for head, length in done:
@@ -374,8 +374,7 @@ class VirtioGpuDriver:
                 req.on_done(req)
         return len(done)
 
-    def _reap_events(self) -> None:
-        q = self.eventq
+    def _reap_events(self, q: DriverQueue) -> None:
         try:
             used = q.pop_used()
         except VirtqError as e:

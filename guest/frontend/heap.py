@@ -21,7 +21,7 @@ class GuestHeap:
     def __init__(self, base: int, size: int, align: int = 64):
         self.base, self.size, self.align = base, size, align
         self._free = [(base, size)]  # sorted, coalesced (start, length)
-        self._live = {}  # start -> length
+        self._live: dict[int, int] = {}  # start -> length
 
     @property
     def free_bytes(self) -> int:

@@ -31,7 +31,7 @@ from transport.curve import guest_keys
 from transport.codec import encode
 from transport.errors import (AuthenticationFailed, ChannelError, ChannelTimeout, HostLost,
                               HostNotFound, PvgpuError)
-from transport.memory import InlineGuestMemory, SharedGuestMemory
+from transport.memory import GuestMemory, InlineGuestMemory, SharedGuestMemory
 
 
 __all__ = ["FrontendSession", "ControlRequestError", "HostLost", "HostNotFound",
@@ -77,11 +77,11 @@ class FrontendSession:
         self.name = name or f"guest-{os.getpid()}"
         self.requested_vgpu = vgpu
         self.vgpu = None  # the host's answer: {name, compute, copy, mem} or None
-        self.mem = None
+        self.mem: GuestMemory = None  # type: ignore[assignment]  # set by the hello below
         self.devices: list[VirtioGpuDriver] = []
         self.closed = False
         self._wait_ewma = 0.0  # seconds: how long recent waits took (shared model)
-        self._kicks = {}  # (dev, queue) -> the encoded kick
+        self._kicks: dict[tuple[int, int], list] = {}  # (dev, queue) -> the encoded kick
         self.host_lost = False
         heartbeat_ms = heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS
         server, client = guest_keys(self.endpoint, server_key, client_key)  # tcp: CURVE
@@ -131,10 +131,10 @@ class FrontendSession:
             if not isinstance(challenge, bytes) or len(challenge) != wire.MEM_CHALLENGE_SIZE:
                 raise ControlRequestError(wire.OP_HELLO, wire.CTL_ERR_MALFORMED,
                                           "the reply has no valid mem_challenge (CTL-MEMTABLE-5)")
-            self.mem = SharedGuestMemory.create(self.mem_size)
-            self.mem.write(wire.MEM_CHALLENGE_GPA, challenge)  # proves the memory is ours
+            self.mem = mem = SharedGuestMemory.create(self.mem_size)
+            mem.write(wire.MEM_CHALLENGE_GPA, challenge)  # proves the memory is ours
             self.control(wire.OP_SET_MEM_TABLE,
-                         regions=[{"gpa": 0, "size": self.mem_size, "name": self.mem.name}])
+                         regions=[{"gpa": 0, "size": self.mem_size, "name": mem.name}])
         area = VirtioGpuDriver.area_size()
         infos = hello["devices"]
         heap_base = area * len(infos)
@@ -179,7 +179,7 @@ class FrontendSession:
     def _on_notification(self, msg, frames) -> None:
         op = msg.get("op")
         if op == wire.OP_CALL:
-            if self.inline and msg.get("patches"):
+            if isinstance(self.mem, InlineGuestMemory) and msg.get("patches"):  # the inline model
                 self.mem.apply_patches(msg["patches"], frames)
         elif op == wire.OP_CONFIG_CHANGED:
             dev = msg.get("dev")

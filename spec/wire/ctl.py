@@ -50,7 +50,7 @@ CTL_ERR_LIMIT = "limit"  # a host limit (guest memory size, sessions) exceeded
 # Required fields of each message and their msgpack types (bool is not an int here).
 # Optional fields: hello `vgpu` (str); kick/call `patches` (list of [gpa, frame_index],
 # frame_index counting from 0 over the frames after frame 0).
-CTL_FIELDS = {
+CTL_FIELDS: dict[str, tuple[tuple[str, type], ...]] = {
     OP_HELLO: (("version", list), ("name", str), ("memory", str), ("mem_size", int)),
     OP_GET_FEATURES: (("dev", int),),
     OP_SET_FEATURES: (("dev", int), ("features", int)),
