@@ -34,11 +34,12 @@ import zmq
 from spec.wire import (ADMIN_DIR_SUFFIX, ADMIN_ENDPOINT_NAME, ADMIN_ERR_FAILED,
                        ADMIN_ERR_MALFORMED, ADMIN_ERR_UNKNOWN_OP, MAX_ADMIN_REQUEST_SIZE, OP_REPLY)
 from transport.channel import ChannelError, _clear_stale_ipc, _ipc_path, private_directory
+from transport.errors import PvgpuError
 
 log = logging.getLogger(__name__)
 
 
-class AdminError(Exception):
+class AdminError(PvgpuError):
     """An admin request failed: no admin socket, no answer, or an error reply (`error`)."""
 
     def __init__(self, message: str, error: str | None = None):
@@ -46,7 +47,7 @@ class AdminError(Exception):
         self.error = error
 
 
-class AdminRequestError(Exception):
+class AdminRequestError(PvgpuError):
     """Raised by a handler: the request is answered `failed` with this message."""
 
 
@@ -90,7 +91,7 @@ def _plain(obj):
     return str(obj)
 
 
-def _error(seq, error: str, message: str) -> dict:
+def _error(seq, error: str, message: object) -> dict:
     return {"op": OP_REPLY, "seq": seq, "ok": False, "error": error, "message": str(message)[:1024]}
 
 
@@ -134,7 +135,8 @@ class AdminServer:
         self.endpoint = endpoint
         self._path = path
         self._stop_r, self._stop_w = os.pipe()
-        self._thread = threading.Thread(target=self._serve, name="pvgpu-admin", daemon=True)
+        self._thread: threading.Thread | None = threading.Thread(
+            target=self._serve, name="pvgpu-admin", daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:

@@ -156,8 +156,8 @@ def _whole_param_access(st, name: str, bits: int) -> bool:
     if "param" not in st.mods or any(m in ("v2", "v4") for m in st.mods):
         return False
     types = [m for m in st.mods if m in isa.TYPES_BY_NAME]
-    if len(types) != 1 or ptx_bits(types[0]) != bits:
-        return False
+    if len(types) != 1 or ptx_bits(types[0]) != bits or len(st.operands) != 2:
+        return False  # a malformed access is left for the lowering to refuse
     addr = st.operands[1] if st.opcode == "ld" else st.operands[0]
     if not (isinstance(addr, ast.Addr) and isinstance(addr.base, ast.Sym)
             and addr.base.name == name and not addr.base.offset and not addr.offset):
