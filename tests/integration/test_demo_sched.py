@@ -18,7 +18,8 @@ from pvgpu.tenant import WORKLOADS
 
 
 RUN_KEYS = {"policy", "shares", "workloads", "host_exit", "guests", "window_s", "util", "copy_util",
-            "samples", "series", "turnaround_us", "jain", "mean_abs_error", "mean_abs_error_samples", "verified"}
+            "samples", "series", "turnaround_us", "jain", "mean_abs_error", "mean_abs_error_samples",
+            "verified"}
 
 
 def _pvgpu(*args, timeout):
