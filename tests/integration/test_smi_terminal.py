@@ -94,5 +94,6 @@ def test_smi_in_a_terminal_shows_both_guests_with_their_pids(two_guests, tmux):
     status = _wait(lambda: (lambda s: s if s.startswith("1 ") else None)(
         tmux("display-message", "-p", "-t", "smi", "#{pane_dead} #{pane_dead_status}").stdout),
         "smi to exit on Ctrl-C", timeout=30)
-    assert status.split() == ["1", "0"], status  # exited by itself, status 0
+    # exited: status 0, or (a Ctrl-C landing while the interpreter exits) ended by the signal
+    assert status.split() in (["1", "0"], ["1"]), status
     assert "Traceback" not in tmux("capture-pane", "-p", "-t", "smi").stdout
