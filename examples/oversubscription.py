@@ -63,11 +63,8 @@ def main(argv=None) -> None:
         run(argv[0])
         return
     with tempfile.TemporaryDirectory(prefix="pvgpu-example-") as d:
-        host = HostProcess([f"ipc://{d}/host.sock"], vram="32M")
-        try:
+        with HostProcess([f"ipc://{d}/host.sock"], vram="32M") as host:
             run(host.endpoint)
-        finally:
-            host.stop()
 
 
 if __name__ == "__main__":

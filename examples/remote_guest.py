@@ -61,14 +61,11 @@ def main(argv=None) -> None:
         keygen(keys, "guest")
         os.makedirs(guests)
         os.link(os.path.join(keys, "guest.key"), os.path.join(guests, "guest.key"))
-        host = HostProcess(["tcp://127.0.0.1:0"], vram="64M", extra_args=[
-            "--curve-secret-key", os.path.join(keys, "host.key_secret"),
-            "--authorized-keys", guests])
-        try:
+        with HostProcess(["tcp://127.0.0.1:0"], vram="64M", extra_args=[
+                 "--curve-secret-key", os.path.join(keys, "host.key_secret"),
+                 "--authorized-keys", guests]) as host:
             run(host.endpoint, os.path.join(keys, "host.key"),
                 os.path.join(keys, "guest.key_secret"))
-        finally:
-            host.stop()
 
 
 if __name__ == "__main__":

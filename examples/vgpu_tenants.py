@@ -59,12 +59,9 @@ def main(argv=None) -> None:
     with tempfile.TemporaryDirectory(prefix="pvgpu-example-") as d:
         vgpus = [a for name, share in VGPUS.items()
                  for a in ("--vgpu", f"{name}:compute={share},copy=50,mem=50")]
-        host = HostProcess([f"ipc://{d}/host.sock"], vram="64M",
-                           extra_args=["--sched", "band", *vgpus])
-        try:
+        with HostProcess([f"ipc://{d}/host.sock"], vram="64M",
+                         extra_args=["--sched", "band", *vgpus]) as host:
             run(host.endpoint)
-        finally:
-            host.stop()
 
 
 if __name__ == "__main__":
