@@ -33,7 +33,7 @@ import zmq
 
 from spec.wire import (ADMIN_DIR_SUFFIX, ADMIN_ENDPOINT_NAME, ADMIN_ERR_FAILED,
                        ADMIN_ERR_MALFORMED, ADMIN_ERR_UNKNOWN_OP, MAX_ADMIN_REQUEST_SIZE, OP_REPLY)
-from transport.channel import ChannelError, _clear_stale_ipc, _ipc_path, private_directory
+from transport.channel import ChannelError, clear_stale_ipc, ipc_path, private_directory
 from transport.errors import PvgpuError
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,7 @@ class AdminRequestError(PvgpuError):
 def admin_endpoint_for(endpoint: str) -> str:
     """The default admin endpoint of a host whose first ipc endpoint is `endpoint`
     ([CTL-ADMIN-2]): ``ipc://DIR/NAME`` -> ``ipc://DIR/NAME.admin/admin.sock``."""
-    path = _ipc_path(endpoint)
+    path = ipc_path(endpoint)
     if path is None:
         raise ValueError(f"{endpoint} is not an ipc:// endpoint with a file name; "
                          "name an admin endpoint (--admin-endpoint ipc://DIR/admin.sock)")
@@ -65,7 +65,7 @@ def default_admin_endpoint(endpoints) -> str | None:
     """The admin endpoint beside the first ipc endpoint of `endpoints` ([CTL-ADMIN-2]);
     None if the host serves none (tcp only: it has an admin endpoint only if named)."""
     for ep in endpoints:
-        if _ipc_path(ep) is not None:
+        if ipc_path(ep) is not None:
             return admin_endpoint_for(ep)
     return None
 
@@ -117,12 +117,12 @@ class AdminServer:
         self.handlers = handlers  # op -> fn(request) -> dict; may grow while serving
         self.requests = 0
         self.errors = 0
-        path = _ipc_path(endpoint)
+        path = ipc_path(endpoint)
         if path is None:
             raise ChannelError(f"admin endpoint {endpoint}: it must be ipc://PATH (a socket "
                                "in a directory only this user may enter)")
         admin_directory(os.path.dirname(os.path.abspath(path)))
-        _clear_stale_ipc(path, endpoint)
+        clear_stale_ipc(path, endpoint)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.linger = 0
@@ -220,7 +220,7 @@ class AdminClient:
     """Requests to a host's admin endpoint; raises AdminError with a one-line reason."""
 
     def __init__(self, endpoint: str, *, timeout: float = 5.0):
-        path = _ipc_path(endpoint)
+        path = ipc_path(endpoint)
         if path is None:
             raise AdminError(f"admin endpoint {endpoint}: it must be ipc://PATH")
         try:

@@ -211,7 +211,7 @@ def private_directory(path: str, *, create: bool = True, own: bool = False) -> s
     return path
 
 
-def _ipc_path(endpoint: str):
+def ipc_path(endpoint: str):
     """File-system path of an ipc:// endpoint (None for tcp, abstract or wildcard)."""
     if not endpoint.startswith("ipc://"):
         return None
@@ -221,7 +221,7 @@ def _ipc_path(endpoint: str):
     return path
 
 
-def _clear_stale_ipc(path: str, endpoint: str) -> None:
+def clear_stale_ipc(path: str, endpoint: str) -> None:
     """Remove a socket file left by a dead host; refuse if a live process answers on it
     or if the path is not a socket at all."""
     try:
@@ -381,17 +381,17 @@ class HostChannel:
                     s.curve_server = True
                     s.curve_secretkey = curve.pair.secret
                     s.curve_publickey = curve.pair.public
-                path = _ipc_path(ep)
+                path = ipc_path(ep)
                 if path is not None:
                     private_directory(os.path.dirname(os.path.abspath(path)))
-                    _clear_stale_ipc(path, ep)
+                    clear_stale_ipc(path, ep)
                 try:
                     s.bind(ep)
                 except zmq.ZMQError as e:
                     raise ChannelError(f"cannot bind {ep}: {e}") from None
                 actual = s.getsockopt_string(zmq.LAST_ENDPOINT)
                 self.endpoints.append(actual)
-                path = _ipc_path(actual)
+                path = ipc_path(actual)
                 if path is not None:
                     try:
                         self._ipc_files.append((path, os.stat(path).st_ino))
@@ -705,7 +705,7 @@ class GuestChannel:
         directory, not a handshake, keeps others out) it only checks that the socket file
         exists: HostNotFound at once if not, since no host serves it."""
         if not self._watch_handshake:
-            path = _ipc_path(self.endpoint)
+            path = ipc_path(self.endpoint)
             if path is not None and not os.path.exists(path):
                 raise HostNotFound(f"no host at {self.endpoint}; start one with `pvgpu host`")
             return
