@@ -168,11 +168,17 @@ class PrimeExporter:
 
     def release(self, dmabuf) -> None:
         self._released.append(dmabuf.priv)
-        if self.dev.lock.acquire(blocking=False):  # else the next reclaim reaps it
+        if self.dev.lock.acquire(blocking=False):
             try:
                 self.reap()
             finally:
                 self.dev.lock.release()
+        else:  # the submission context reaps it once the lock is free
+            self.dev.submit_wq.call(self._reap)
+
+    def _reap(self) -> None:
+        with self.dev.lock:
+            self.reap()
 
     def reap(self) -> None:
         """(lock held) Drop the references of released dma-bufs; the BO's memory goes once
