@@ -133,9 +133,21 @@ def _add_common_options(p: argparse.ArgumentParser, *, top: bool) -> None:
                    help="show the traceback of an error", **unset)
 
 
+class _Version(argparse.Action):
+    """--version, looked up only when asked: importlib.metadata takes tens of milliseconds to
+    import, which no other command needs to pay."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"pvgpu {version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="pvgpu", description="A paravirtualized GPU for compute.")
-    ap.add_argument("--version", action="version", version=f"pvgpu {version()}")
+    ap.add_argument("--version", action=_Version)
     _add_common_options(ap, top=True)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

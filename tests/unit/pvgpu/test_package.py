@@ -1,0 +1,87 @@
+"""The `pvgpu` package itself: one namespace for every layer, the guest API's names handed out
+on first use, the version, and the source-checkout search path."""
+
+import importlib.metadata
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pvgpu
+from pvgpu import cli
+
+ROOT = Path(__file__).resolve().parents[3]
+PYPROJECT_VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(),
+                              re.M).group(1)
+
+
+def _fresh(code: str, *flags: str) -> str:
+    """Run `code` in a fresh interpreter started in the checkout's top directory."""
+    r = subprocess.run([sys.executable, *flags, "-c", code], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_connect_and_the_whole_guest_api_are_names_of_pvgpu():
+    from pvgpu import guest
+    assert pvgpu.connect is guest.connect
+    assert pvgpu.PvgpuError is guest.PvgpuError
+    for name in guest.__all__:
+        assert getattr(pvgpu, name) is getattr(guest, name), name
+    assert {"connect", "PvgpuError", "__version__", "guest"} <= set(dir(pvgpu))
+
+
+def test_a_patched_guest_name_is_patched_in_pvgpu_too(monkeypatch):
+    """pvgpu.connect is looked up in pvgpu.guest at each use, never a copy taken once: a test
+    that patches pvgpu.guest.connect reaches code that calls pvgpu.connect, and leaves no
+    patched copy behind."""
+    from pvgpu import guest
+    real = guest.connect
+    with monkeypatch.context() as patch:
+        patch.setattr(guest, "connect", lambda *a, **kw: "patched")
+        assert pvgpu.connect() == "patched"
+    assert pvgpu.connect is real
+
+
+def test_an_unknown_name_is_an_attribute_error():
+    for name in ("no_such_name", "no.such.module", "_private"):
+        assert not hasattr(pvgpu, name), name
+
+
+def test_the_layers_load_without_the_guest_api():
+    """`import pvgpu.spec.wire` (a raw-protocol guest, the host) loads neither the guest API
+    nor ZeroMQ; `from pvgpu import cli` is the CLI, never a guest name."""
+    out = _fresh("import sys, pvgpu.spec.wire; from pvgpu import procs; "
+                 "print(sorted({m.split('.')[0] for m in sys.modules} & {'zmq', 'guest'}), "
+                 "'pvgpu.guest' in sys.modules, pvgpu.__version__)")
+    assert out.split() == ["[]", "False", PYPROJECT_VERSION]
+
+
+def test_the_version_is_the_distributions_else_pyprojects(monkeypatch):
+    assert pvgpu.__version__ == importlib.metadata.version("pvgpu") == PYPROJECT_VERSION
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert pvgpu._version() == PYPROJECT_VERSION  # a checkout that was never installed
+
+
+def test_pvgpu_version_prints_it(capsys):
+    try:
+        cli.main(["--version"])
+    except SystemExit as e:
+        assert e.code == 0
+    assert capsys.readouterr().out == f"pvgpu {PYPROJECT_VERSION}\n"
+
+
+def test_a_source_checkout_finds_its_subpackages_beside_pvgpu():
+    """In a checkout, guest/ ... sit beside pvgpu/: with nothing installed at all (-S: no
+    site-packages, so no installed or editable copy), pvgpu.spec is the checkout's spec/."""
+    out = _fresh("import sys; sys.path.insert(0, '.'); import pvgpu.spec.kernels as k; "
+                 "print(k.__file__)", "-S")
+    assert Path(out.strip()) == ROOT / "spec" / "kernels.py"
+
+
+def test_the_package_is_typed():
+    assert (Path(pvgpu.__file__).parent / "py.typed").is_file()
