@@ -40,8 +40,8 @@ def api_imports(name: str) -> set:
             continue
         for mod in mods:
             parts = mod.split(".")
-            if parts[:2] == ["guest", "api"] and len(parts) > 2 and parts[2] in MODULES:
-                out.add(parts[2])
+            if parts[:3] == ["pvgpu", "guest", "api"] and len(parts) > 3 and parts[3] in MODULES:
+                out.add(parts[3])
     out.discard(name)
     return out
 
