@@ -64,14 +64,16 @@ def __getattr__(name: str) -> Any:
     if name == "__version__":
         globals()[name] = _version()
         return globals()[name]
-    guest = sys.modules.get(f"{__name__}.guest")
-    if (guest is None and not name.startswith("_") and "." not in name
-            and importlib.util.find_spec(f"{__name__}.{name}") is None):
-        # not a submodule (`from pvgpu import cli` is the CLI): a name of the guest API
+    if (not name.startswith("_") and "." not in name
+            and (f"{__name__}.guest" in sys.modules
+                 or importlib.util.find_spec(f"{__name__}.{name}") is None)):
+        # not a submodule (`from pvgpu import cli` is the CLI): a name of the guest API.
+        # import_module, not sys.modules: while another thread imports pvgpu.guest, this
+        # waits for it to finish; in the importing thread itself it is the partial module.
         guest = importlib.import_module(f"{__name__}.guest")
-    if guest is not None and name in getattr(guest, "__all__", ()):  # () while it loads
-        # not cached: pvgpu.connect is pvgpu.guest.connect, also while a test patches that
-        return getattr(guest, name)
+        if name in getattr(guest, "__all__", ()):  # () while this thread imports it
+            # not cached: pvgpu.connect is pvgpu.guest.connect, also while a test patches that
+            return getattr(guest, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

@@ -49,6 +49,40 @@ def test_an_unknown_name_is_an_attribute_error():
         assert not hasattr(pvgpu, name), name
 
 
+RACE = """
+import importlib.abc, sys, threading
+import pvgpu
+gate, entered = threading.Event(), threading.Event()
+
+
+class Gate(importlib.abc.MetaPathFinder):  # holds thread A inside pvgpu.guest's import
+    def find_spec(self, name, path, target=None):
+        if name == "pvgpu.guest.api" and threading.current_thread().name == "A":
+            entered.set()
+            gate.wait(30)
+
+
+sys.meta_path.insert(0, Gate())
+a = threading.Thread(target=importlib.import_module, args=("pvgpu.guest",), name="A")
+a.start()
+assert entered.wait(30)
+got = []
+b = threading.Thread(target=lambda: got.append(getattr(pvgpu, "connect", None)))
+b.start()
+b.join(0.2)
+gate.set()
+a.join(30)
+b.join(30)
+print(got[0] is sys.modules["pvgpu.guest"].connect)
+"""
+
+
+def test_a_guest_name_asked_for_while_another_thread_imports_the_api_waits_for_it():
+    """Two threads of a program calling pvgpu.connect() at once: the second finds pvgpu.guest
+    in sys.modules before its __all__ exists, and must wait for the import, not fail."""
+    assert _fresh(RACE).split() == ["True"]
+
+
 def test_the_layers_load_without_the_guest_api():
     """`import pvgpu.spec.wire` (a raw-protocol guest, the host) loads neither the guest API
     nor ZeroMQ; `from pvgpu import cli` is the CLI, never a guest name."""
