@@ -41,11 +41,13 @@ log = logging.getLogger(__name__)
 
 
 class AdminError(PvgpuError):
-    """An admin request failed: no admin socket, no answer, or an error reply (`error`)."""
+    """An admin request failed: no admin socket, no answer, or an error reply (`error`,
+    and the host's own message as `detail`)."""
 
-    def __init__(self, message: str, error: str | None = None):
+    def __init__(self, message: str, error: str | None = None, detail: str | None = None):
         super().__init__(message)
         self.error = error
+        self.detail = message if detail is None else detail
 
 
 class AdminRequestError(PvgpuError):
@@ -259,7 +261,7 @@ class AdminClient:
                 break
         if not reply.get("ok"):
             raise AdminError(f"{op}: {reply.get('error')}: {reply.get('message')}",
-                             reply.get("error"))
+                             reply.get("error"), str(reply.get("message")))
         return {k: v for k, v in reply.items() if k not in ("op", "seq", "ok")}
 
     def close(self) -> None:
