@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1,
                    help="fuzz: the seed; a run is reproduced by its seed (default %(default)s)")
     p.add_argument("--seconds", type=float, default=None,
-                   help="sched: measured seconds per run (default 20, 2 with --quick)")
+                   help="sched: measured seconds per run (default 20, 1.5 with --quick)")
     p.add_argument("--short-us", type=int, default=1000,
                    help="sched: kernel length of the short tenant in µs (default %(default)s)")
     p.add_argument("--policies", default="fifo,credit,band",
