@@ -12,7 +12,7 @@ an operation with
 where ``handler(request: dict) -> dict`` gets the request map (its own fields beside
 `op` and `seq`) and returns the reply's fields; it runs on the admin thread, never on
 the guest I/O loop, so it must only read the loop's state or take the locks the engines
-take; it raises transport.admin.AdminRequestError(message) to answer `failed`.
+take; it raises pvgpu.transport.admin.AdminRequestError(message) to answer `failed`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from __future__ import annotations
 import os
 import time
 
-from spec import wire
-from host.backend.stats import session_usage
-from host.hw.regs import ENGINE_NAMES
-from host.kmd.trace import TraceError
-from transport.admin import AdminRequestError, AdminServer
+from pvgpu.spec import wire
+from pvgpu.host.backend.stats import session_usage
+from pvgpu.host.hw.regs import ENGINE_NAMES
+from pvgpu.host.kmd.trace import TraceError
+from pvgpu.transport.admin import AdminRequestError, AdminServer
 
 
 class AdminService:

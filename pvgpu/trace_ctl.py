@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from spec import wire
+from pvgpu.spec import wire
 
 STOP_TIMEOUT_S = 120.0  # writing takes about 45 µs a job: seconds for a full trace
 
@@ -34,7 +34,7 @@ def run(action: str, path: str | None = None, endpoint: str | None = None,
         admin_endpoint: str | None = None, out=None) -> int:
     """`pvgpu trace ACTION [FILE]`: -> exit status (0; 2 with one line and a hint)."""
     from pvgpu.smi import SmiError, connect
-    from transport.admin import AdminError
+    from pvgpu.transport.admin import AdminError
     out = out or sys.stdout
     try:
         client = connect(endpoint, admin_endpoint,

@@ -11,9 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-import guest
-from spec import wire
-from transport.admin import AdminClient, AdminError, admin_endpoint_for
+from pvgpu import guest
+from pvgpu.spec import wire
+from pvgpu.transport.admin import AdminClient, AdminError, admin_endpoint_for
 
 MiB = 1 << 20
 N = 64 * 1024

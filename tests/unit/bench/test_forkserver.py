@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from bench import forkserver, sched
+from pvgpu.bench import forkserver, sched
 from pvgpu.procs import HostStartError
-from transport.admin import AdminClient, admin_endpoint_for
+from pvgpu.transport.admin import AdminClient, admin_endpoint_for
 
 
 def test_a_forked_command_writes_its_output_and_exit_status(tmp_path):

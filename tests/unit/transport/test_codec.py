@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spec.wire import (
+from pvgpu.spec.wire import (
     CTL_ERR_MALFORMED,
     CTL_ERR_MISSING_FIELD,
     CTL_ERR_UNKNOWN_OP,
@@ -22,8 +22,8 @@ from spec.wire import (
     OP_SET_VRING,
     REQUEST_OPS,
 )
-from transport import codec
-from transport.codec import CodecError, decode, encode, reply_error, reply_ok
+from pvgpu.transport import codec
+from pvgpu.transport.codec import CodecError, decode, encode, reply_error, reply_ok
 
 ALL_CTL_ERRORS = {CTL_ERR_MALFORMED, CTL_ERR_MISSING_FIELD, CTL_ERR_UNKNOWN_OP}
 SEQ_OPS = sorted(REQUEST_OPS | {OP_REPLY})
@@ -417,7 +417,7 @@ def test_msgpack_plain_packs_what_the_host_builds_from_its_state():
 
 def test_statistics_and_admin_replies_share_the_codec_default():
     # one msgpack default for GET_STATS payloads (host/backend) and admin replies (transport)
-    from host.backend import commands
-    from transport import admin
+    from pvgpu.host.backend import commands
+    from pvgpu.transport import admin
     assert commands.msgpack_plain is codec.msgpack_plain
     assert admin.msgpack_plain is codec.msgpack_plain
