@@ -18,14 +18,17 @@
 Figures (pvgpu/fairness.py: Jain's index and Gdev's mean error): utilisation U per
 vGPU, Jain's index over U/share, mean |U - share| in percentage points (of the run's
 means; also over one-second samples). Gdev's published means are printed beside ours.
-The guests are `pvgpu tenant` processes; `burn` kernels occupy the compute engine
+The hosts and guests are `pvgpu host` and `pvgpu tenant` processes, forked from a server
+that has imported them (bench/forkserver.py); `burn` kernels occupy the compute engine
 without host CPU, so even a 2-core machine measures the scheduler, not the CPU.
 
 While a run is measured the bench polls the statistics every SERIES_PERIOD_S and keeps
 the series (device time and each vGPU's cumulative busy time): `--plot DIR` draws it as
-utilisation per vGPU over time (pvgpu.plots), and a progress line comes every PROGRESS_S.
-`--quick` measures QUICK_SECONDS per run; each run's host is started while the previous
-run shuts down (HostPrefetch), since a quick run is mostly processes starting.
+utilisation per vGPU over time (pvgpu.plots), and a progress line comes every PROGRESS_S
+(twice in a shorter run). `plan()` lists the shared runs with their warm-up and measured
+seconds; `--quick` measures QUICK_SECONDS per run (QUICK_ALONE_S alone), and each run's
+host is started while the previous run shuts down (HostPrefetch), since a quick run is
+mostly processes starting.
 
 Targets: FIFO shows the skew (the short-kernel vGPU starved); BAND Jain >= 0.98 and
 mean |U - share| <= 7 pp; four fair vGPUs each within 25 +- 3 %. Overlap: concurrent /
@@ -40,15 +43,17 @@ import platform
 import shutil
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
+from pvgpu.bench import forkserver
 from pvgpu.bench.common import write_json
 from pvgpu import guest
 from pvgpu.bench.hotpaths import _median_time
 from pvgpu import fairness
-from pvgpu.demo import parse_tenant_output, stop_guests, tenant_args, vgpu_arg
-from pvgpu.procs import HostProcess, private_endpoint, spawn_guest
+from pvgpu.demo import parse_tenant_output, tenant_args, vgpu_arg
+from pvgpu.procs import HostStartError, private_endpoint
 from pvgpu.smi import DeviceStats
 from pvgpu.transport.admin import admin_endpoint_for
 from pvgpu.spec import wire
@@ -69,37 +74,100 @@ FAIR_N = 4
 FAIR_TOLERANCE = 0.03
 SERIES_PERIOD_S = 0.25  # the utilisation series (--plot) and the polling period
 SAMPLE_NS = 1_000_000_000  # the samples of the per-sample mean error: one second each
-SECONDS, QUICK_SECONDS = 20.0, 2.0  # measured per run
-ALONE_S, QUICK_ALONE_S = 5.0, 1.0  # at most, per tenant alone
+SECONDS, QUICK_SECONDS = 20.0, 1.5  # measured per run
+ALONE_S, QUICK_ALONE_S = 5.0, 0.5  # at most, per tenant alone
 WARMUP_S, QUICK_WARMUP_S = 1.0, 0.25
 VRAM = "512M"  # per device, of every shared run's host
 OVERLAP_HOST = ("fifo", (), (), "1G")  # the overlap run's host: no vGPUs
 PROGRESS_S = 1.5  # a progress line this often while a run is measured
 
 
-class SchedHost:
-    """A private `pvgpu host` with a scheduling policy and vGPUs on device 0: `key` is
-    (policy, tenants, host_args, vram) as run_shared takes them."""
+@dataclass(frozen=True)
+class Run:
+    """One shared-device run: a host with `policy` and one vGPU per tenant (name, workload,
+    shares) on device 0, `warmup` seconds once every tenant runs, then `seconds` measured.
+    `tenant_extra`: (name, extra `pvgpu tenant` args) pairs."""
 
-    def __init__(self, key):
+    part: str
+    policy: str
+    tenants: tuple
+    seconds: float
+    warmup: float
+    host_args: tuple = ()
+    tenant_extra: tuple = ()
+    vram: str = VRAM
+
+    @property
+    def host_key(self) -> tuple:
+        """What SchedHost starts for this run (runs with the same key need the same host)."""
+        return (self.policy, self.tenants, self.host_args, self.vram)
+
+
+FAIR_TENANTS = tuple((f"v{i + 1}", "long", {"compute": 100 // FAIR_N, "copy": 100 // FAIR_N,
+                                            "mem": 100 // FAIR_N}) for i in range(FAIR_N))
+
+
+def plan(parts=PARTS, policies=tuple(GDEV), seconds: float | None = None, quick: bool = False,
+         host_args=(), short_us: int = 1000) -> list:
+    """The shared runs of `parts` in the order they run (overlap, which has no measured
+    seconds, is not one): pure, so that the quick plan's length is checked by a test."""
+    if seconds is None:
+        seconds = QUICK_SECONDS if quick else SECONDS
+    warmup = QUICK_WARMUP_S if quick else WARMUP_S
+    alone_s = min(seconds, QUICK_ALONE_S if quick else ALONE_S)
+    short_extra = (("B", ("--kernel-us", str(short_us))),)
+    host_args = tuple(host_args)
+    runs = []
+    if "alone" in parts:
+        runs += [Run("alone", "fifo", (t,), alone_s, warmup, (), short_extra) for t in UNFAIR]
+    if "unfair" in parts:
+        runs += [Run("unfair", p, UNFAIR, seconds, warmup, host_args, short_extra) for p in policies]
+    if "fair" in parts:
+        runs.append(Run("fair", "band", FAIR_TENANTS, seconds, warmup, host_args))
+    return runs
+
+
+def scheduled_seconds(runs) -> float:
+    """The warm-up and measured seconds of `runs`: the part of a bench's time that does
+    not depend on how fast processes start."""
+    return sum(r.warmup + r.seconds for r in runs)
+
+
+class SchedHost:
+    """A private `pvgpu host` (forked, bench/forkserver.py) with a scheduling policy and
+    vGPUs on device 0: `key` is Run.host_key, (policy, tenants, host_args, vram)."""
+
+    def __init__(self, key, ready_timeout: float = 30.0):
         policy, tenants, host_args, vram = key
         self.key = key
         self.endpoint, self.tmpdir = private_endpoint("pvgpu-bench-sched")
-        extra = ["--sched", policy, *host_args]
+        ready = os.path.join(self.tmpdir, "ready")
+        args = ["host", "--no-default", "--listen", self.endpoint, "--vram", vram,
+                "--ready-file", ready, "--sched", policy, *host_args]
         for n, _w, s in tenants:
-            extra += ["--vgpu", vgpu_arg(n, s)]
-        try:
-            self.proc = HostProcess([self.endpoint], vram=vram, extra_args=extra,
-                                    log_path=os.path.join(self.tmpdir, "host.log"))
-        except BaseException:
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
-            raise
+            args += ["--vgpu", vgpu_arg(n, s)]
+        self.proc = forkserver.Forked(args, os.path.join(self.tmpdir, "host.log"))
+        deadline = time.monotonic() + ready_timeout
+        while not os.path.exists(ready):
+            exited = self.proc.poll()
+            if exited is not None or time.monotonic() > deadline:
+                text = self.stop_with_output()[1].strip()
+                why = (f"exited with {exited} before it was ready" if exited is not None
+                       else f"was not ready after {ready_timeout:g} s")
+                raise HostStartError(f"the bench's host {why}: "
+                                     f"{text.splitlines()[-1] if text else '(it wrote nothing)'}")
+            time.sleep(0.02)
 
-    def stop(self) -> int:
+    def stop_with_output(self) -> tuple:
+        """SIGTERM, SIGKILL after 10 s; -> (exit status, what the host wrote)."""
         try:
-            return self.proc.stop()
+            self.proc.terminate()
+            return self.proc.reap(timeout=10.0)
         finally:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
+
+    def stop(self) -> int:
+        return self.stop_with_output()[0]
 
 
 class HostPrefetch:
@@ -143,14 +211,13 @@ class HostPrefetch:
             self._thread = self._key = None
 
 
-def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = "512M",
-               host_args=(), tenant_extra=None, out=None, hosts: HostPrefetch | None = None,
-               then=None) -> dict:
-    """A fresh host with `policy` and one vGPU per tenant (name, workload, shares) on
-    device 0, a `pvgpu tenant` bound to each; -> utilisation and fairness of the run,
-    with the utilisation series sampled every SERIES_PERIOD_S. `out`: progress lines;
-    `hosts`: where the host comes from, and where the host of the next run, `then` =
-    (policy, tenants, host_args, vram), is started once this one's measurement ended."""
+def run_shared(spec: Run, out=None, hosts: HostPrefetch | None = None, then=None) -> dict:
+    """Run `spec` on a fresh host, a `pvgpu tenant` bound to each vGPU; -> utilisation and
+    fairness of the run, with the utilisation series sampled every SERIES_PERIOD_S.
+    `out`: progress lines; `hosts`: where the host comes from, and where the host of the
+    next run (`then`: its host_key) is started once this one's measurement ended."""
+    policy, tenants, seconds, warmup = spec.policy, spec.tenants, spec.seconds, spec.warmup
+    tenant_extra = dict(spec.tenant_extra)
     label = f"  {policy} {'+'.join(n for n, _w, _s in tenants)}:"
 
     def progress(text):
@@ -163,13 +230,14 @@ def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = 
     procs = []
     run = {"policy": policy, "shares": share, "workloads": {n: w for n, w, _s in tenants}}
     try:
-        host = hosts.take((policy, tuple(tenants), tuple(host_args), vram))
+        host = hosts.take(spec.host_key)
         endpoint = host.endpoint
         mon = dev = DeviceStats(admin_endpoint_for(endpoint), 0)  # every vGPU: admin only
         progress("host up, starting the guests")
         for i, (n, w, _s) in enumerate(tenants):
-            procs.append(spawn_guest(tenant_args(endpoint, n, w, warmup + seconds + TENANT_SLACK_S,
-                                                 seed=i) + list((tenant_extra or {}).get(n, ()))))
+            args = tenant_args(endpoint, n, w, warmup + seconds + TENANT_SLACK_S, seed=i)
+            procs.append(forkserver.Forked(args + list(tenant_extra.get(n, ())),
+                                           os.path.join(host.tmpdir, f"tenant-{n}.log")))
         deadline = time.monotonic() + STARTUP_S
         snap = dev.stats()
         while not fairness.all_active(snap, names):
@@ -187,7 +255,9 @@ def run_shared(policy: str, tenants, seconds: float, warmup: float, vram: str = 
         if then is not None:
             hosts.prefetch(then)
     finally:
-        reaped = stop_guests(procs, timeout=15.0)
+        for p in procs:
+            p.terminate()
+        reaped = [p.reap(timeout=15.0) for p in procs]
         if mon is not None:
             try:
                 mon.close()
@@ -213,9 +283,10 @@ def _measure(dev, start: dict, names, seconds: float, progress) -> tuple:
     `start`. -> (samples: {name: U} over about one second each, series: {t_s, busy_s:
     {name: [s]}}: at each poll the device time since `start`, and the device time each
     vGPU used since then: the utilisation over any window is d busy_s / d t_s); a
-    progress line every PROGRESS_S."""
+    progress line every PROGRESS_S, or twice in a shorter run."""
     samples, t_s, busy_s = [], [], {n: [] for n in names}
     prev_sample = prev_line = start
+    every_ns = min(PROGRESS_S, seconds / 2) * 1e9
     t_end = time.monotonic() + seconds
     while (left := t_end - time.monotonic()) > 0:
         time.sleep(min(SERIES_PERIOD_S, left))
@@ -226,7 +297,7 @@ def _measure(dev, start: dict, names, seconds: float, progress) -> tuple:
         if cur["now_ns"] - prev_sample["now_ns"] >= SAMPLE_NS:
             samples.append(fairness.utilisation(prev_sample, cur, names))
             prev_sample = cur
-        if cur["now_ns"] - prev_line["now_ns"] >= PROGRESS_S * 1e9:
+        if cur["now_ns"] - prev_line["now_ns"] >= every_ns:
             u = fairness.utilisation(prev_line, cur, names)
             progress(f"{t_s[-1]:4.1f}s of {seconds:g}s  "
                      + "  ".join(f"{n} {_pct(x)}" for n, x in u.items()))
@@ -381,33 +452,18 @@ def run_bench(seconds: float | None = None, policies=("fifo", "credit", "band"),
         out(f"pvgpu bench sched: unknown part or policy {bad[0]!r} (parts: {', '.join(PARTS)}; "
             f"policies: {', '.join(GDEV)})")
         return 2
-    warmup = QUICK_WARMUP_S if quick else WARMUP_S
     host_args = [] if time_buffer_us is None else ["--time-buffer-us", str(time_buffer_us)]
-    short_extra = {"B": ["--kernel-us", str(short_us)]}
+    runs = plan(parts, policies, seconds, quick, host_args, short_us)
     result = {"machine": {"python": platform.python_version(), "numpy": np.__version__,
                           "cpus": os.cpu_count()},
-              "seconds": seconds, "warmup_s": warmup, "time_buffer_us": time_buffer_us,
-              "short_us": short_us,
+              "seconds": seconds, "warmup_s": QUICK_WARMUP_S if quick else WARMUP_S,
+              "time_buffer_us": time_buffer_us, "short_us": short_us,
               "gdev": GDEV}
-    fair_tenants = tuple((f"v{i + 1}", "long", {"compute": 100 // FAIR_N, "copy": 100 // FAIR_N,
-                                                "mem": 100 // FAIR_N}) for i in range(FAIR_N))
-    # the shared runs in order, (policy, tenants, host_args, vram), so that each run's host
-    # starts while the previous run shuts down
-    plan = [("fifo", (t,), (), VRAM) for t in UNFAIR] if "alone" in parts else []
-    plan += [(p, UNFAIR, tuple(host_args), VRAM) for p in policies] if "unfair" in parts else []
-    plan += [("band", fair_tenants, tuple(host_args), VRAM)] if "fair" in parts else []
-    plan += [OVERLAP_HOST] if "overlap" in parts else []
+    if runs:
+        forkserver.start()  # it imports the tenants' modules while the first host starts
     hosts = HostPrefetch()
-
-    def shared(policy, tenants, secs, host_args=(), tenant_extra=None):
-        k = len(runs_done)
-        runs_done.append(policy)
-        return run_shared(policy, tenants, secs, warmup, VRAM, host_args, tenant_extra, out=out,
-                          hosts=hosts, then=plan[k + 1] if k + 1 < len(plan) else None)
-    runs_done = []
     try:
-        ok = _run_parts(result, parts, policies, seconds, quick, shared, fair_tenants,
-                        host_args, short_extra, short_us, out, hosts)
+        ok = _run_parts(result, runs, "overlap" in parts, quick, short_us, out, hosts)
     finally:
         hosts.close()
     t = targets(result)
@@ -423,41 +479,42 @@ def run_bench(seconds: float | None = None, policies=("fifo", "credit", "band"),
     return 0 if ok else 1
 
 
-def _run_parts(result, parts, policies, seconds, quick, shared, fair_tenants, host_args,
-               short_extra, short_us, out, hosts) -> bool:
-    """Run `parts` into `result`; `shared` runs one shared-device run. -> all verified."""
+def _run_parts(result, runs, overlap: bool, quick: bool, short_us: int, out, hosts) -> bool:
+    """Run the shared `runs` (plan()) part by part into `result`, then the overlap part if
+    `overlap`; each run's host starts while the run before it shuts down. -> all verified."""
     ok = True
-    if "alone" in parts:
-        alone_s = min(seconds, QUICK_ALONE_S if quick else ALONE_S)
-        result["alone"] = {}
+    keys = [r.host_key for r in runs] + ([OVERLAP_HOST] if overlap else [])
+
+    def shared(k: int) -> dict:
+        nonlocal ok
+        r = run_shared(runs[k], out=out, hosts=hosts, then=keys[k + 1] if k + 1 < len(keys) else None)
+        ok &= r["verified"] and r["host_exit"] == 0
+        return r
+    index = {part: [k for k, r in enumerate(runs) if r.part == part] for part in PARTS}
+    if index["alone"]:
+        alone_s = runs[index["alone"][0]].seconds
         out(f"alone: each tenant by itself on the device, {alone_s:g}s measured ...")
-        for name, workload, shares in UNFAIR:
-            r = shared("fifo", ((name, workload, shares),), alone_s, tenant_extra=short_extra)
-            result["alone"][name] = r
-            ok &= r["verified"] and r["host_exit"] == 0
+        result["alone"] = {runs[k].tenants[0][0]: shared(k) for k in index["alone"]}
         out(f"alone ({alone_s:g}s each, nothing else on the device): A `long` uses "
             f"{_pct(result['alone']['A']['util']['A'])} of the compute engine, B `short` "
             f"{_pct(result['alone']['B']['util']['B'])}")
-    if "unfair" in parts and policies:
+    if index["unfair"]:
         result["unfair"] = {}
-        for policy in policies:
+        for k in index["unfair"]:
+            policy, seconds = runs[k].policy, runs[k].seconds
             out(f"{policy}: A long, B short, {seconds:g}s measured ...")
-            r = shared(policy, UNFAIR, seconds, host_args, short_extra)
-            result["unfair"][policy] = r
-            ok &= r["verified"] and r["host_exit"] == 0
+            r = result["unfair"][policy] = shared(k)
             out(f"{policy}: A {_pct(r['util']['A'])}  B {_pct(r['util']['B'])}  Jain {r['jain']:.3f}  "
                 f"mean |U-share| {r['mean_abs_error'] * 100:.1f} pp")
         print_unfair(result["unfair"], result.get("alone"), out, short_us)
-    if "fair" in parts:
+    for k in index["fair"]:
         out(f"\nfair load under band: {FAIR_N} vGPUs of {100 // FAIR_N} %, every guest `long`, "
-            f"{seconds:g}s measured ...")
-        r = shared("band", fair_tenants, seconds, host_args)
-        result["fair"] = r
-        ok &= r["verified"] and r["host_exit"] == 0
+            f"{runs[k].seconds:g}s measured ...")
+        r = result["fair"] = shared(k)
         out("  " + "   ".join(f"{n} {_pct(u)}" for n, u in r["util"].items())
             + f"   Jain {r['jain']:.3f}   mean |U-share| {r['mean_abs_error'] * 100:.1f} pp"
             f"   (Gdev: about 24 % each)")
-    if "overlap" in parts:
+    if overlap:
         out("\ncopy/compute overlap ...")
         o = bench_overlap(reps=3 if quick else 7, out=out, hosts=hosts)
         result["overlap"] = o

@@ -2,9 +2,12 @@
 
 `AdminService` serves the admin endpoint (transport/admin.py: a socket in a 0700
 directory, its own thread) with a registry of operations. Built in: `stats`
-([CTL-ADMIN-4]). Another part of the host adds one with
+([CTL-ADMIN-4]) and the engine traces' `trace_start`, `trace_stop` and `trace_status`
+([CTL-ADMIN-6]: HostServer.start_trace/stop_trace; the host writes the file, as the
+host's user, and trace_stop answers once it is complete). Another part of the host adds
+an operation with
 
-    server.admin.register("trace-start", handler)
+    server.admin.register("op_name", handler)
 
 where ``handler(request: dict) -> dict`` gets the request map (its own fields beside
 `op` and `seq`) and returns the reply's fields; it runs on the admin thread, never on
@@ -20,7 +23,8 @@ import time
 from pvgpu.spec import wire
 from pvgpu.host.backend.stats import session_usage
 from pvgpu.host.hw.regs import ENGINE_NAMES
-from pvgpu.transport.admin import AdminServer
+from pvgpu.host.kmd.trace import TraceError
+from pvgpu.transport.admin import AdminRequestError, AdminServer
 
 
 class AdminService:
@@ -29,7 +33,10 @@ class AdminService:
     def __init__(self, server, endpoint: str):
         self.server = server
         self.started = time.monotonic()
-        self.handlers = {wire.ADMIN_OP_STATS: self.stats}
+        self.handlers = {wire.ADMIN_OP_STATS: self.stats,
+                         wire.ADMIN_OP_TRACE_START: self.trace_start,
+                         wire.ADMIN_OP_TRACE_STOP: self.trace_stop,
+                         wire.ADMIN_OP_TRACE_STATUS: self.trace_status}
         self._admin = AdminServer(endpoint, self.handlers)
         self.endpoint = endpoint
 
@@ -74,6 +81,34 @@ class AdminService:
         return {"host": {"pid": os.getpid(), "endpoints": list(server.endpoints),
                          "uptime_s": round(time.monotonic() - self.started, 3)},
                 "devices": devices, "sessions": sessions}
+
+    def trace_start(self, request: dict) -> dict:
+        """`trace_start {path}` ([CTL-ADMIN-6]): record the engines of every device until
+        trace_stop; `path` is absolute (the client's cwd means nothing to the host)."""
+        path = request.get("path")
+        if type(path) is not str or not os.path.isabs(path):
+            raise AdminRequestError(f"trace_start needs an absolute str path, not {path!r:.200}")
+        if os.path.isdir(path):
+            raise AdminRequestError(f"the trace file {path} is a directory")
+        try:
+            self.server.start_trace(path)
+        except TraceError as e:  # one is being recorded already, or path is not writable
+            raise AdminRequestError(str(e)) from None
+        return {"path": path}
+
+    def trace_stop(self, _request=None) -> dict:
+        """`trace_stop` ([CTL-ADMIN-6]): stop recording and write the file; the reply
+        comes once it is complete: its `path` and `size` in bytes."""
+        try:
+            path = self.server.stop_trace()
+        except (TraceError, OSError) as e:  # none is being recorded, or the write failed
+            raise AdminRequestError(str(e)) from None
+        return {"path": path, "size": os.path.getsize(path)}
+
+    def trace_status(self, _request=None) -> dict:
+        """`trace_status` ([CTL-ADMIN-6]): `tracing`, and the file's `path` (nil if not)."""
+        path = self.server.trace_path
+        return {"tracing": path is not None, "path": path}
 
     def close(self) -> None:
         self._admin.close()

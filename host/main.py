@@ -10,9 +10,10 @@ With CURVE keys (spec §2.13) SIGHUP re-reads the authorized-keys directory on t
 next turn and closes the sessions of keys no longer listed. The admin endpoint (spec §13,
 host/admin.py) is served by a thread of its own, beside the loop, never in it.
 
-Engine traces (`pvgpu host --trace FILE`, or start_trace/stop_trace at run time): the
-devices record what their engines ran in memory (host/kmd/trace.py), and stop_trace(), or
-the shutdown after SIGINT/SIGTERM, writes the Chrome/Perfetto trace file. A host killed
+Engine traces (`pvgpu host --trace FILE`, or start_trace/stop_trace at run time, which the
+admin endpoint's trace_start/trace_stop call from its thread): the devices record what
+their engines ran in memory (host/kmd/trace.py), and stop_trace(), or the shutdown after
+SIGINT/SIGTERM, writes the Chrome/Perfetto trace file. A host killed
 with SIGKILL writes nothing: the records die with the process.
 """
 
@@ -75,6 +76,7 @@ class HostServer:
         self._stop = False
         self._reload_keys = False
         self._trace = None  # (TraceRecorder, path) while a trace is recorded
+        self._trace_lock = threading.Lock()
         self._trace_writers = []  # threads of stop_trace(background=True)
         self.stop_reason = "stopped"  # the `shutdown` notices' reason
 
@@ -104,18 +106,19 @@ class HostServer:
         """Record the engines of every device (host/kmd/trace.py) until stop_trace(), which
         writes the trace to `path`. Raises TraceError if a trace is already being
         recorded or `path` cannot be written (checked now, not at the end)."""
-        if self._trace is not None:
-            raise TraceError(f"a trace is already being recorded to {self._trace[1]}")
-        path = os.path.abspath(path)
-        try:
-            with open(f"{path}.tmp", "w"):
-                pass
-            os.remove(f"{path}.tmp")
-        except OSError as e:
-            raise TraceError(f"cannot write the trace file {path}: {e.strerror}") from None
-        recorder = TraceRecorder(self.kmds)
-        recorder.attach()
-        self._trace = (recorder, path)
+        with self._trace_lock:  # the admin thread starts and stops traces too
+            if self._trace is not None:
+                raise TraceError(f"a trace is already being recorded to {self._trace[1]}")
+            path = os.path.abspath(path)
+            try:
+                with open(f"{path}.tmp", "w"):
+                    pass
+                os.remove(f"{path}.tmp")
+            except OSError as e:
+                raise TraceError(f"cannot write the trace file {path}: {e.strerror}") from None
+            recorder = TraceRecorder(self.kmds)
+            recorder.attach()
+            self._trace = (recorder, path)
 
     def stop_trace(self, *, background: bool = False) -> str:
         """Stop recording and write the trace file; -> its path. Raises TraceError if
@@ -125,9 +128,10 @@ class HostServer:
         loop, pass background=True, and a thread writes it while the loop goes on
         serving; the file appears (renamed into place) once complete, and close() waits
         for it."""
-        if self._trace is None:
-            raise TraceError("no trace is being recorded")
-        (recorder, path), self._trace = self._trace, None
+        with self._trace_lock:
+            if self._trace is None:
+                raise TraceError("no trace is being recorded")
+            (recorder, path), self._trace = self._trace, None
         recorder.detach()
         if not background:
             self._write_trace(recorder, path)
@@ -223,6 +227,8 @@ class HostServer:
         if self._trace is not None:
             try:
                 print(f"pvgpu host: trace written to {self.stop_trace()}", flush=True)
+            except TraceError:  # an admin trace_stop took it meanwhile
+                pass
             except OSError as e:
                 log.error("the trace could not be written: %s", e)
         for writer in self._trace_writers:  # stop_trace(background=True)'s files

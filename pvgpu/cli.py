@@ -7,6 +7,7 @@
   pvgpu keygen DIR [--name NAME]                  write a CURVE key pair (NAME.key, NAME.key_secret)
   pvgpu info [--connect EP]                       list the devices as a guest sees them
   pvgpu smi [--endpoint EP] [-l S] [--json]       devices, utilisation and every session (admin)
+  pvgpu trace start FILE | stop | status          an engine trace of a running host (admin)
   pvgpu run WORKLOAD... [--connect EP] [--memory shared|inline] [--size N]
   pvgpu tenant WORKLOAD --seconds S [--vgpu NAME] one guest of a shared-GPU run (long, short, copy, mixed)
   pvgpu demo                                      host + two guests, every result verified
@@ -234,6 +235,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="redraw every SECONDS until Ctrl-C")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
+    p = sub.add_parser("trace", help="start or stop an engine trace of a running host, from "
+                                     "its admin endpoint (for the host's user)")
+    p.add_argument("--endpoint", metavar="ENDPOINT", default=None,
+                   help="the host's ipc endpoint; its admin endpoint is beside it "
+                        "(default: the local endpoint)")
+    p.add_argument("--admin-endpoint", metavar="ipc://PATH", default=None,
+                   help="the host's admin endpoint, if not the one beside --endpoint")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = actions.add_parser("start", help="record what the engines run until "
+                                              "`pvgpu trace stop`")
+    start.add_argument("file", metavar="FILE",
+                       help="where the host writes the trace (relative to this directory)")
+    actions.add_parser("stop", help="stop recording; the host writes the file (Chrome/Perfetto "
+                                    "trace-event JSON: open it in https://ui.perfetto.dev)")
+    actions.add_parser("status", help="whether a trace is recorded, and to which file")
+
     p = sub.add_parser("info", help="connect as a guest and list the devices")
     _add_guest_options(p)
     p.add_argument("--vgpu", metavar="NAME", default=None,
@@ -335,7 +352,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1,
                    help="fuzz: the seed; a run is reproduced by its seed (default %(default)s)")
     p.add_argument("--seconds", type=float, default=None,
-                   help="sched: measured seconds per run (default 20, 2 with --quick)")
+                   help="sched: measured seconds per run (default 20, 1.5 with --quick)")
     p.add_argument("--short-us", type=int, default=1000,
                    help="sched: kernel length of the short tenant in µs (default %(default)s)")
     p.add_argument("--policies", default="fifo,credit,band",
@@ -390,7 +407,8 @@ def main(argv=None) -> int:
                                 format="%(asctime)s %(name)s %(levelname)s %(message)s")
         code = {"host": cmd_host, "info": cmd_info, "run": cmd_run, "demo": cmd_demo,
                 "bench": cmd_bench, "tenant": cmd_tenant, "keygen": cmd_keygen,
-                "conformance": cmd_conformance, "smi": cmd_smi}[args.command](args)
+                "conformance": cmd_conformance, "smi": cmd_smi,
+                "trace": cmd_trace}[args.command](args)
         sys.stdout.flush()  # a reader gone away (`| head`) shows here, not at exit
         return code
     except KeyboardInterrupt:
@@ -446,6 +464,12 @@ def cmd_smi(args) -> int:
         print("pvgpu smi: --loop needs a positive number of seconds", file=sys.stderr)
         return 2
     return smi.run(args.endpoint, args.admin_endpoint, loop=args.loop, as_json=args.json)
+
+
+def cmd_trace(args) -> int:
+    from pvgpu import trace_ctl
+    return trace_ctl.run(args.action, getattr(args, "file", None), args.endpoint,
+                         args.admin_endpoint)
 
 
 def cmd_host(args) -> int:

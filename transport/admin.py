@@ -34,17 +34,20 @@ import zmq
 from pvgpu.spec.wire import (ADMIN_DIR_SUFFIX, ADMIN_ENDPOINT_NAME, ADMIN_ERR_FAILED,
                        ADMIN_ERR_MALFORMED, ADMIN_ERR_UNKNOWN_OP, MAX_ADMIN_REQUEST_SIZE, OP_REPLY)
 from pvgpu.transport.channel import ChannelError, clear_stale_ipc, ipc_path, private_directory
+from pvgpu.transport.codec import msgpack_plain
 from pvgpu.transport.errors import PvgpuError
 
 log = logging.getLogger(__name__)
 
 
 class AdminError(PvgpuError):
-    """An admin request failed: no admin socket, no answer, or an error reply (`error`)."""
+    """An admin request failed: no admin socket, no answer, or an error reply (`error`,
+    and the host's own message as `detail`)."""
 
-    def __init__(self, message: str, error: str | None = None):
+    def __init__(self, message: str, error: str | None = None, detail: str | None = None):
         super().__init__(message)
         self.error = error
+        self.detail = message if detail is None else detail
 
 
 class AdminRequestError(PvgpuError):
@@ -80,15 +83,6 @@ def admin_directory(path: str) -> str:
         raise ChannelError(f"refusing the admin directory {path}: mode {mode:04o} lets other "
                            f"users reach the admin socket (chmod 700 {path})")
     return path
-
-
-def _plain(obj):
-    """msgpack `default`: numpy scalars, sets and tuples-as-keys in a handler's reply."""
-    if hasattr(obj, "item"):
-        return obj.item()
-    if isinstance(obj, (set, frozenset)):
-        return sorted(obj)
-    return str(obj)
 
 
 def _error(seq, error: str, message: object) -> dict:
@@ -154,7 +148,7 @@ class AdminServer:
                     break
                 reply = self.handle(parts[1:])
                 try:
-                    frame = msgpack.packb(reply, use_bin_type=True, default=_plain)
+                    frame = msgpack.packb(reply, use_bin_type=True, default=msgpack_plain)
                 except Exception as e:  # a handler's reply that does not pack
                     log.exception("admin reply does not pack")
                     frame = msgpack.packb(_error(reply.get("seq"), ADMIN_ERR_FAILED,
@@ -267,7 +261,7 @@ class AdminClient:
                 break
         if not reply.get("ok"):
             raise AdminError(f"{op}: {reply.get('error')}: {reply.get('message')}",
-                             reply.get("error"))
+                             reply.get("error"), str(reply.get("message")))
         return {k: v for k, v in reply.items() if k not in ("op", "seq", "ok")}
 
     def close(self) -> None:

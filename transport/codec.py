@@ -202,6 +202,17 @@ def _check_patches(op: str, patches, nframes: int, seq) -> None:
                              f"({nframes} extra frames)", seq)
 
 
+def msgpack_plain(obj):
+    """msgpack `default` for maps the host builds from its own state (statistics, admin
+    replies): numpy scalars -> their Python value, sets -> sorted lists, anything else
+    msgpack cannot pack -> its str."""
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    return str(obj)
+
+
 def reply_ok(seq: int, **fields) -> dict:
     """{op: reply, seq, ok: true, **fields}"""
     msg = dict(fields)

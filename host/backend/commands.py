@@ -67,6 +67,7 @@ from pvgpu.host.kmd.context import DEFAULT_VGPU
 from pvgpu.host.kmd.errors import KmdError, LimitReached, OutOfMemory
 from pvgpu.host.kmd.prime import PrimeImport
 from pvgpu.spec import isa
+from pvgpu.transport.codec import msgpack_plain
 
 _MAX_COPY = wire.VA_USER_LIMIT  # no copy is larger than the user VA space
 handles = p.Handlers()
@@ -278,7 +279,7 @@ class ComputeDevice:
                 stats["session"] = {"id": self.owner.sid, "name": self.owner.name,  # (CTL-AUTH-5)
                                     "peer": getattr(self.owner, "peer_credentials", None),
                                     "key": getattr(self.owner, "key", None)}
-            payload = msgpack.packb(stats, use_bin_type=True, default=_msgpack_plain)
+            payload = msgpack.packb(stats, use_bin_type=True, default=msgpack_plain)
         except Exception as e:  # the KMD's statistics are informative: never fatal
             raise CommandError(wire.RESP_ERR_UNSPEC, f"statistics unavailable: {e}") from None
         need = wire.CTRL_HDR_SIZE + wire.RESP_STATS_SIZE + len(payload)
@@ -811,15 +812,6 @@ def _event_status(snapshot: EventSnapshot) -> p.OkEvent:
     e = fault_to_error(err)
     return p.OkEvent(wire.EVENT_STATUS_ERROR, e.resp, ts, e.info0 & (2**64 - 1),
                      e.info1 & 0xFFFFFFFF)
-
-
-def _msgpack_plain(obj):
-    """msgpack `default`: numpy scalars and other odd values in the KMD's statistics."""
-    if hasattr(obj, "item"):
-        return obj.item()
-    if isinstance(obj, (set, frozenset)):
-        return sorted(obj)
-    return str(obj)
 
 
 _PRIORITIES = {wire.CTX_PRIORITY_NORMAL: sched.PRIORITY_NORMAL,

@@ -90,9 +90,38 @@ def test_a_prefetched_host_that_failed_raises_on_take(monkeypatch):
 
 def test_quick_measures_seconds_not_twenty(monkeypatch):
     seen = []
-    monkeypatch.setattr(sched, "_run_parts", lambda result, parts, policies, seconds, *a:
-                        seen.append(seconds) or True)
+    monkeypatch.setattr(sched, "_run_parts", lambda result, runs, *a: seen.append(runs) or True)
     for quick, want in ((True, sched.QUICK_SECONDS), (False, sched.SECONDS)):
         assert sched.run_bench(quick=quick, out=lambda *a: None) == 0
-        assert seen[-1] == want
-    assert sched.run_bench(seconds=7, quick=True, out=lambda *a: None) == 0 and seen[-1] == 7
+        assert {r.seconds for r in seen[-1] if r.part != "alone"} == {want}
+    assert sched.run_bench(seconds=7, quick=True, out=lambda *a: None) == 0
+    assert {r.seconds for r in seen[-1] if r.part != "alone"} == {7}
+
+
+def test_the_quick_plan_fits_its_budget():
+    # what `bench sched --quick` waits for whatever the machine: warm-ups and measurements
+    # (the rest is processes starting); a longer plan would not fit 30 s on a loaded machine
+    runs = sched.plan(quick=True)
+    assert [r.part for r in runs] == ["alone"] * 2 + ["unfair"] * 3 + ["fair"]
+    assert [r.policy for r in runs if r.part == "unfair"] == ["fifo", "credit", "band"]
+    assert sched.scheduled_seconds(runs) <= 9.0
+    assert sched.scheduled_seconds(sched.plan()) == 2 * (5 + 1) + 4 * (20 + 1)  # the full run
+
+
+def test_the_plan_runs_only_the_parts_and_policies_asked_for():
+    runs = sched.plan(["unfair"], ["fifo", "band"], seconds=3, quick=True, host_args=["-x"])
+    assert [(r.policy, r.seconds, r.host_args) for r in runs] == [("fifo", 3, ("-x",)),
+                                                                ("band", 3, ("-x",))]
+    assert dict(runs[0].tenant_extra) == {"B": ("--kernel-us", "1000")}
+    assert sched.plan(["overlap"]) == []  # overlap measures repetitions, not seconds
+
+
+def test_a_short_run_still_prints_progress(monkeypatch):
+    # a quick run measures less than PROGRESS_S: a line halfway and one at the end
+    clock = Clock()
+    monkeypatch.setattr(sched, "time", types.SimpleNamespace(monotonic=clock.monotonic,
+                                                             sleep=clock.sleep))
+    dev = FakeDevice(clock, {"A": 0.5})
+    lines = []
+    sched._measure(dev, dev.stats(), ["A"], 1.0, lines.append)
+    assert len(lines) == 2 and "0.5s of 1s  A 50.0%" in lines[0] and "1.0s of 1s" in lines[1]

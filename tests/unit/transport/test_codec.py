@@ -402,3 +402,22 @@ def test_mutated_messages_only_raise_codec_error(case, data):
         decode([bytes(raw), *frames])
     except CodecError as e:
         assert e.error in ALL_CTL_ERRORS
+
+
+def test_msgpack_plain_packs_what_the_host_builds_from_its_state():
+    # numpy scalars (the KMD's statistics), sets, and any other object as its str
+    obj = {"busy": np.int64(7), "ratio": np.float32(0.5), "on": np.bool_(True),
+           "vgpus": {"b", "a"}, "frozen": frozenset({3, 1}), "other": complex(1, 2)}
+    back = msgpack.unpackb(msgpack.packb(obj, default=codec.msgpack_plain), raw=False)
+    assert back["busy"] == 7 and type(back["busy"]) is int
+    assert back["ratio"] == 0.5 and back["on"] is True
+    assert back["vgpus"] == ["a", "b"] and back["frozen"] == [1, 3]
+    assert back["other"] == "(1+2j)"
+
+
+def test_statistics_and_admin_replies_share_the_codec_default():
+    # one msgpack default for GET_STATS payloads (host/backend) and admin replies (transport)
+    from pvgpu.host.backend import commands
+    from pvgpu.transport import admin
+    assert commands.msgpack_plain is codec.msgpack_plain
+    assert admin.msgpack_plain is codec.msgpack_plain
