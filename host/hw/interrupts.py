@@ -102,10 +102,19 @@ class InterruptController:
                     self.dropped += 1
                 self._latched.append(irq)
                 return
-        self._deliver(irq)
+            handler = self._handler
+            if handler is not None:
+                self.delivered += 1  # taken back if the handler fails
+        self._call(handler, irq)
 
     def _deliver(self, irq: Interrupt) -> None:
-        handler = self._handler
+        with self._lock:
+            handler = self._handler
+            if handler is not None:
+                self.delivered += 1
+        self._call(handler, irq)
+
+    def _call(self, handler, irq: Interrupt) -> None:
         if handler is None:
             with self._lock:
                 self.unhandled += 1
@@ -116,7 +125,5 @@ class InterruptController:
         except Exception:  # noqa: BLE001 - the handler must never kill an engine thread
             with self._lock:
                 self.handler_errors += 1
+                self.delivered -= 1
             log.exception("%s: interrupt handler failed on %s", self.name, irq)
-        else:
-            with self._lock:
-                self.delivered += 1

@@ -78,16 +78,23 @@ _U32 = (1 << 32) - 1
 class _Job:
     """A job on the hardware: what its hardware fence's retirement gives back."""
 
-    __slots__ = ("sched_job", "context", "kind", "ib", "ib_block", "timeline", "kernarg")
+    __slots__ = ("sched_job", "context", "ib", "ib_block", "kernarg")
 
-    def __init__(self, sched_job, context, kind, ib, ib_block, timeline: int = 0, kernarg=None):
+    def __init__(self, sched_job, context, ib, ib_block, kernarg=None):
         self.sched_job = sched_job  # the scheduler's job, handed back on retirement
         self.context = context
-        self.kind = kind  # the engine
         self.ib = ib
         self.ib_block = ib_block
-        self.timeline = timeline
         self.kernarg = kernarg  # the parameter-buffer slot of a code launch (kernarg.py)
+
+    @property
+    def kind(self) -> int:
+        """The engine."""
+        return self.sched_job.entity.sched.engine
+
+    @property
+    def timeline(self) -> int:
+        return self.context._timeline_of.get(self.sched_job.entity, 0)
 
 
 def _ring_idle(sched: GpuScheduler) -> bool:
@@ -253,31 +260,37 @@ class JobMixin:
         self.vram.write(phys, ib)
         ring = self.rings[engine]
         fd = self.fences[engine]
-        ndw = 5 + fd.packet_dw  # never waits: hw_limit jobs fit many times over
         batch = self._batch
         if batch is not None and batch.owner != threading.get_ident():
             batch.flush(engine)  # not the batch's thread: not held back behind it
             batch = None
+        if batch is None:  # one ring transaction: INDIRECT_BUFFER and FENCE (never waits:
+            # hw_limit jobs fit many times over)
+            inline = job is self._inline_job and not sched.in_flight
+            fence = fd.emit_with(ring, packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid),
+                                 doorbell=not inline)
+            self._jobs[fence] = _Job(job, ctx, phys, ib_blocks, slot)
+            if inline:
+                self._inline_kick = engine
+                self.stats["jobs_inline"] += 1
+            return fence
         short = job.short
-        if batch is None:
+        ndw = 5 + fd.packet_dw
+        # inside a batch: stage it in the batch's transaction on this ring
+        staged = batch.engines.get(engine)
+        if staged is not None and not ring.in_transaction:  # an engine reset dropped it
+            staged = None
+        if staged is not None and not ring.extend(ndw):
+            batch.flush(engine)  # the ring is too full to hold more: publish them
+            staged = None
+        if staged is None:
             ring.alloc(ndw)
-        else:  # stage it in the batch's transaction on this ring
-            staged = batch.engines.get(engine)
-            if staged is not None and not ring.in_transaction:  # an engine reset dropped it
-                staged = None
-            if staged is not None and not ring.extend(ndw):
-                batch.flush(engine)  # the ring is too full to hold more: publish them
-                staged = None
-            if staged is None:
-                ring.alloc(ndw)
-                staged = batch.engines[engine] = EngineBatch(short and _ring_idle(sched))
-            else:
-                staged.inline = staged.inline and short
-            staged.jobs.append(job)
+            staged = batch.engines[engine] = EngineBatch(short and _ring_idle(sched))
+        else:
+            staged.inline = staged.inline and short
+        staged.jobs.append(job)
         ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
-        if batch is None:
-            fence = fd.emit(ring)
-        elif short:  # its interrupt waits for the last of a run of short jobs (batch.py)
+        if short:  # its interrupt waits for the last of a run of short jobs (batch.py)
             fence = fd.emit(ring, flags=0)
             staged.quiet = True
         else:  # a long job's fence interrupts, and so does the short one before it
@@ -285,14 +298,7 @@ class JobMixin:
                 fd.irq_on_last(ring)
             fence = fd.emit(ring)
             staged.quiet = False
-        self._jobs[fence] = _Job(job, ctx, engine, phys, ib_blocks,
-                                 ctx._timeline_of.get(ent, 0), slot)
-        if batch is None:
-            inline = job is self._inline_job and not sched.in_flight
-            ring.commit(doorbell=not inline)
-            if inline:
-                self._inline_kick = engine
-                self.stats["jobs_inline"] += 1
+        self._jobs[fence] = _Job(job, ctx, phys, ib_blocks, slot)
         return fence
 
     def _jobs_done_locked(self, finished, now: int) -> list:
