@@ -86,8 +86,18 @@ def copy(src: int, dst: int, size: int) -> bytes:
 
 def launch(kernel_id: int, grid, block, args) -> bytes:
     n = len(args)
-    return struct.pack(f"<9I{n}Q", header(PKT_LAUNCH, LAUNCH_FIXED_DW + 2 * n), kernel_id,
-                       *grid, *block, n, *[a & 0xFFFFFFFFFFFFFFFF for a in args])
+    fmt = _LAUNCHES[n] if n < len(_LAUNCHES) else _launch_struct(n)
+    if args and min(args) < 0:
+        args = [a & 0xFFFFFFFFFFFFFFFF for a in args]
+    return fmt.pack(header(PKT_LAUNCH, LAUNCH_FIXED_DW + 2 * n), kernel_id, *grid, *block, n,
+                    *args)
+
+
+def _launch_struct(nargs: int) -> struct.Struct:
+    return struct.Struct(f"<9I{nargs}Q")
+
+
+_LAUNCHES = [_launch_struct(n) for n in range(17)]  # the common argument counts: built once
 
 
 def fence(addr: int, seq: int, flags: int = FENCE_IRQ, stamp: int | None = None) -> bytes:

@@ -341,16 +341,18 @@ class JobMixin:
             self.submit_wq.queue(sched)
 
     def _take_signals(self) -> list:
+        """The schedulers' queued (fence, error) signals (their take_signals())."""
         out = []
         for sched in self.schedulers:
             if sched.signals:
-                out += sched.take_signals()
+                out += sched.signals
+                sched.signals = []
         return out
 
     @staticmethod
     def _signal(signals) -> None:
-        for fence, error in signals:
-            fence.signal(error)
+        if signals:
+            fence_mod.signal_all((), None, signals)
 
     # ------------------------------------------------------------------ completion
     def _retire(self, fd: FenceDriver, done: list, error=None, timestamp=None) -> None:
@@ -372,10 +374,12 @@ class JobMixin:
             finished = self._retire_locked(fd, done, None, now if timestamp is None else timestamp)
             resume = self._jobs_done_locked(finished, now)
             signals = self._take_signals()
-        fence_mod.signal_all(done)
         if resume:
+            fence_mod.signal_all(done)
             self._resume(resume)
-        self._signal(signals)
+            self._signal(signals)
+        else:  # the hardware fences, then the jobs', in one go
+            fence_mod.signal_all(done, None, signals)
 
     def _retire_locked(self, fd: FenceDriver, done: list, error, timestamp) -> list:
         """Give back the jobs' IB space and parameter slots, count them; -> [(SchedJob,
@@ -473,8 +477,10 @@ class ContextSubmitMixin:
     def submit_launch(self, kernel_id: int, grid, block, args, wait=(), *,
                       timeline: int = 0) -> Fence:
         """Run built-in kernel `kernel_id` on the compute engine; pointer args are VAs."""
-        grid = self._dim3(grid, "grid")
-        block = self._dim3(block, "block")
+        grid = (grid, 1, 1) if type(grid) is int and 0 <= grid <= _U32 \
+            else self._dim3(grid, "grid")  # (its common case, without the call)
+        block = (block, 1, 1) if type(block) is int and 0 <= block <= _U32 \
+            else self._dim3(block, "block")
         args = list(args)
         if len(args) > self.limits.max_kernel_args:
             raise InvalidArgument(f"{len(args)} kernel arguments "
@@ -485,7 +491,7 @@ class ContextSubmitMixin:
             if not isinstance(a, (int, np.integer)) or not -(1 << 63) <= a <= _U64:
                 raise InvalidArgument(f"bad kernel argument {a!r}")
         kernel_id = int(kernel_id)
-        args = [int(a) for a in args]
+        args = list(map(int, args))
         ib = packets.launch(kernel_id, grid, block, args)
         touches = ()
         if self.shared:

@@ -98,7 +98,11 @@ class SchedFence(Fence):
     __slots__ = ("job",)
 
     def __init__(self, job: "SchedJob", engine: int, seq: int):
-        super().__init__(engine, seq)
+        # Fence.__init__'s fields, set here: two of these per job
+        self.engine = engine
+        self.seq = seq
+        self.driver = self.error = self.timestamp = self._callbacks = self._event = None
+        self._signaled = False
         self.job = job
 
     @property
@@ -287,9 +291,9 @@ class GpuScheduler:
         ent = job.entity
         if ent.sched is not self or ent.closed:
             raise InvalidArgument(f"{ent!r} is not an open entity of {self.name}")
-        job.seq = next(self._seq)
-        job.scheduled = SchedFence(job, self.engine, job.seq)
-        job.finished = SchedFence(job, self.engine, job.seq)
+        seq = job.seq = next(self._seq)
+        job.scheduled = SchedFence(job, self.engine, seq)
+        job.finished = SchedFence(job, self.engine, seq)
         job.arrival_ns = now
         if ent.guilty:
             self._finish(job, ContextLost(f"{ent.name} is guilty of a GPU hang"), now)
@@ -301,10 +305,14 @@ class GpuScheduler:
                 # is released, not here (host/kmd/lock.py)
                 dep.add_done_callback(self._dependency_signalled)
         ent.jobs.append(job)
-        self._count_queued(ent, 1)
         v = self.vgpus[ent.vgpu]
+        self.n_queued += 1  # (_count_queued)
+        v.queued += 1
+        queued = self._queued
+        queued[ent.owner] = queued.get(ent.owner, 0) + 1
         v.last_active = now
-        v.turnaround.pushed(now)
+        if v.turnaround.idle_since is not None:  # it was idle: the gap is a sample
+            v.turnaround.pushed(now)
         self.stats["jobs_pushed"] += 1
         return job
 
@@ -321,21 +329,19 @@ class GpuScheduler:
         return (job is not None and job.entity.sched is self and dep is job.finished
                 and job.hw_fence is not None)
 
-    def _ready(self, ent: SchedEntity) -> bool:
-        if not ent.jobs:
-            return False
-        deps = ent.jobs[0].deps
-        return not deps or all(self._dep_ok(d) for d in deps)
-
     # ------------------------------------------------------------------ selection
     def _pick_fifo(self, entities):
-        best = None
+        best = best_key = None
         for ent in entities:
-            if ent.jobs and self._ready(ent):
-                key = (ent.priority, ent.jobs[0].seq)
-                if best is None or key < best[0]:
-                    best = (key, ent)
-        return best[1] if best else None
+            jobs = ent.jobs
+            if jobs:
+                deps = jobs[0].deps
+                if deps and not all(self._dep_ok(d) for d in deps):  # not ready
+                    continue
+                key = (ent.priority, jobs[0].seq)
+                if best is None or key < best_key:
+                    best, best_key = ent, key
+        return best
 
     def _vgpu_has_ready(self, name: str):
         return self._pick_fifo([e for e in self.entities if e.vgpu == name])
@@ -432,7 +438,8 @@ class GpuScheduler:
             else:
                 self._run(job, now)
                 ran += 1
-            self._drop_if_drained(ent)
+            if ent.closed:
+                self._drop_if_drained(ent)
         return ran
 
     def _run(self, job: SchedJob, now: int) -> None:
@@ -452,14 +459,20 @@ class GpuScheduler:
     def job_done(self, job: SchedJob, hw_fence, end_ns: int, now: int | None = None) -> bool:
         """The hardware fence of `job` signalled at device time end_ns; -> False if that
         fence is stale (the job was resubmitted or recovered since)."""
-        if job.hw_fence is not hw_fence or job not in self.in_flight:
+        in_flight = self.in_flight
+        if job.hw_fence is not hw_fence:
+            return False
+        if in_flight and in_flight[0] is job:  # the ring completes in order
+            in_flight.popleft()
+        elif job in in_flight:
+            in_flight.remove(job)
+        else:
             return False
         now = end_ns if now is None else now
-        self.in_flight.remove(job)
         job.start_ns = max(job.run_ns, self._last_end)
         job.end_ns = max(end_ns, job.start_ns)
         self._last_end = job.end_ns
-        self._head_since = max(job.end_ns, self.in_flight[0].run_ns) if self.in_flight else None
+        self._head_since = max(job.end_ns, in_flight[0].run_ns) if in_flight else None
         busy = job.end_ns - job.start_ns
         self.busy_ns += busy
         ent = job.entity
@@ -476,13 +489,14 @@ class GpuScheduler:
                 v.turnaround.idle(job.end_ns)
             if self.policy != "fifo":
                 self._complete_owner(ent.vgpu, now)
-        self._drop_if_drained(ent)
+        if ent.closed:
+            self._drop_if_drained(ent)
         self._finish(job, getattr(hw_fence, "error", None), job.end_ns)
         return True
 
     def _finish(self, job: SchedJob, error, timestamp: int) -> None:
         job.finished.timestamp = timestamp
-        if job.scheduled is not None and not job.scheduled.signaled:
+        if job.run_ns is None and job.scheduled is not None:  # never run: not scheduled yet
             self.signals.append((job.scheduled, None))
         self.signals.append((job.finished, error))
         self.stats["jobs_failed" if error is not None else "jobs_completed"] += 1
