@@ -270,7 +270,8 @@ class CommandProcessor:
         if addr & 3 or addr + 4 * length > self.vram.size:
             raise _Illegal(f"VRAM address {addr:#x} (+{4 * length}) misaligned or out of range")
         self.ibs += 1
-        dws = _dwords(self.vram.buf, addr, length)
+        dws = (_DWORDS[length] if length < len(_DWORDS) else struct.Struct(f"<{length}I")) \
+            .unpack_from(self.vram.buf, addr)
         i = 0
         while i < length and not ctl.stopped():
             hdr = dws[i]

@@ -89,8 +89,8 @@ def launch(kernel_id: int, grid, block, args) -> bytes:
     fmt = _LAUNCHES[n] if n < len(_LAUNCHES) else _launch_struct(n)
     if args and min(args) < 0:
         args = [a & 0xFFFFFFFFFFFFFFFF for a in args]
-    return fmt.pack(header(PKT_LAUNCH, LAUNCH_FIXED_DW + 2 * n), kernel_id, *grid, *block, n,
-                    *args)
+    return fmt.pack(PKT_LAUNCH | (LAUNCH_FIXED_DW + 2 * n) << 8, kernel_id, *grid, *block, n,
+                    *args)  # (the header: n <= MAX_LAUNCH_ARGS, checked by the struct)
 
 
 def _launch_struct(nargs: int) -> struct.Struct:

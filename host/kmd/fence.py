@@ -216,8 +216,10 @@ class FenceDriver:
         fence = Fence(self.engine, seq, self)
         self.pending.append(fence)
         self.next_seq = seq + 1
+        stamps = self.stamps  # (_packet, inline)
+        stamp = None if stamps is None else stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
         try:
-            ring.emit(data + self._packet(seq, packets.FENCE_IRQ), doorbell)
+            ring.emit(data + packets.fence(self.wb_addr, seq, packets.FENCE_IRQ, stamp), doorbell)
         except BaseException:
             self.cancel(fence)
             raise
@@ -249,7 +251,7 @@ class FenceDriver:
 
     def retire_locked(self, seq: int | None = None) -> list:
         """retire(), for a caller that holds the lock."""
-        value = self.read_wb()
+        value = _SEQ.unpack_from(self.vram.buf, self.wb_addr)[0]  # (read_wb)
         if seq is not None and value < seq < self.next_seq:  # seq <= emitted_seq
             value = seq
         if value > self.last_seq:

@@ -41,6 +41,7 @@ from host.kmd.errors import InvalidArgument, RingFull
 ALIGN_DW = 8  # fetch alignment: commit() pads wptr to a multiple of 8 dwords
 DEFAULT_RING_SIZE = 64 << 10
 DEFAULT_TIMEOUT = 5.0
+_PADS = [b""] + [packets.nop(n) for n in range(1, ALIGN_DW)]  # emit()'s padding NOPs
 
 
 class Ring:
@@ -214,7 +215,7 @@ class Ring:
             self.alloc(ndw)  # the general path: it may wrap, wait for room or refuse
             self.write(data)
             return self.commit(doorbell)
-        self.vram.write(self.base + wptr, data + packets.nop(pad) if pad else data)
+        self.vram.write(self.base + wptr, data + _PADS[pad] if pad else data)
         self.wptr = end if end < size else 0
         self.packets_committed += 1
         self.mmio.write(self._doorbell if doorbell else self._wptr_reg, self.wptr)

@@ -183,7 +183,8 @@ class VgpuSchedState:
             self._bucket_start += n * self._period
 
     def charge(self, busy: int, now: int) -> None:
-        self._roll(now)
+        if now - self._bucket_start >= self._period:
+            self._roll(now)
         self._buckets[-1] += busy
         self.busy_ns += busy
         self.jobs += 1
@@ -427,12 +428,19 @@ class GpuScheduler:
         if self.stopped:
             return 0
         ran = 0
+        fifo = self.policy == "fifo"
         while len(self.in_flight) < self.hw_limit and self.n_queued:
-            ent = self._pick(now)
+            ent = self._pick_fifo(self.entities) if fifo else self._pick(now)
             if ent is None:
                 break
             job = ent.jobs.popleft()
-            self._count_queued(ent, -1)
+            self.n_queued -= 1  # (_count_queued)
+            self.vgpus[ent.vgpu].queued -= 1
+            left = self._queued[ent.owner] - 1
+            if left:
+                self._queued[ent.owner] = left
+            else:
+                del self._queued[ent.owner]
             if ent.guilty:
                 self._finish(job, ContextLost(f"{ent.name} is guilty of a GPU hang"), now)
             else:
