@@ -5,6 +5,8 @@ SchedEntity — a submission timeline's FIFO on that ring, with a priority, a `g
 and the vGPU it belongs to. A job carries dependency fences and two fences of its own:
 `scheduled` (signalled when the job is handed to the hardware) and `finished` (signalled
 when the hardware fence of the job signals, with its error and completion timestamp).
+Nothing in the driver waits for `scheduled`, so it is made when first asked for (already
+signalled if the job was handed over or finished by then).
 
 Readiness (drm_sched_entity_pop_job): the head job of an entity is ready when every
 dependency has signalled. A dependency that is the finished fence of a job on this same
@@ -114,7 +116,7 @@ class SchedFence(Fence):
 class SchedJob:
     """One unit of hardware work: `payload` is opaque to the scheduler (the driver's IB)."""
 
-    __slots__ = ("entity", "deps", "payload", "scheduled", "finished", "hw_fence", "seq",
+    __slots__ = ("entity", "deps", "payload", "_scheduled", "finished", "hw_fence", "seq",
                  "arrival_ns", "run_ns", "start_ns", "end_ns", "karma", "resubmits", "short")
 
     def __init__(self, entity: "SchedEntity", payload, deps=(), short: bool = False):
@@ -122,13 +124,23 @@ class SchedJob:
         self.payload = payload
         self.deps = [d for d in deps if d is not None] if deps else []
         self.seq = 0
-        self.scheduled = None
+        self._scheduled = None
         self.finished = None
         self.hw_fence = None
         self.arrival_ns = self.run_ns = self.start_ns = self.end_ns = None
         self.karma = 0
         self.resubmits = 0
         self.short = short  # bounded: may run on a submitting thread (the driver's call)
+
+    @property
+    def scheduled(self) -> "SchedFence | None":
+        """The scheduled fence (None before the job is pushed)."""
+        f = self._scheduled
+        if f is None and self.finished is not None:
+            f = self._scheduled = SchedFence(self, self.finished.engine, self.seq)
+            # handed to the hardware, or finished (_finish stamps it) without that
+            f._signaled = self.run_ns is not None or self.finished.timestamp is not None
+        return f
 
     def __repr__(self) -> str:
         return f"SchedJob({self.entity.name}#{self.seq})"
@@ -293,7 +305,6 @@ class GpuScheduler:
         if ent.sched is not self or ent.closed:
             raise InvalidArgument(f"{ent!r} is not an open entity of {self.name}")
         seq = job.seq = next(self._seq)
-        job.scheduled = SchedFence(job, self.engine, seq)
         job.finished = SchedFence(job, self.engine, seq)
         job.arrival_ns = now
         if ent.guilty:
@@ -462,7 +473,8 @@ class GpuScheduler:
         v.in_flight += 1
         v.last_active = now
         self.stats["jobs_run"] += 1
-        self.signals.append((job.scheduled, None))
+        if job._scheduled is not None:
+            self.signals.append((job._scheduled, None))
 
     def job_done(self, job: SchedJob, hw_fence, end_ns: int, now: int | None = None) -> bool:
         """The hardware fence of `job` signalled at device time end_ns; -> False if that
@@ -504,8 +516,8 @@ class GpuScheduler:
 
     def _finish(self, job: SchedJob, error, timestamp: int) -> None:
         job.finished.timestamp = timestamp
-        if job.run_ns is None and job.scheduled is not None:  # never run: not scheduled yet
-            self.signals.append((job.scheduled, None))
+        if job.run_ns is None and job._scheduled is not None:  # never run: not scheduled yet
+            self.signals.append((job._scheduled, None))
         self.signals.append((job.finished, error))
         self.stats["jobs_failed" if error is not None else "jobs_completed"] += 1
 
