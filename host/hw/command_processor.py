@@ -179,7 +179,10 @@ class CommandProcessor:
         wptr), stopping early on a stop; -> the new rptr."""
         avail = ((wptr - rptr) % size) // 4
         n = avail if avail < RING_FETCH_DW else RING_FETCH_DW
-        head = self._ring_dwords(base, size, rptr, n)
+        if rptr + 4 * n <= size:  # (_ring_dwords without a wrap)
+            head = _DWORDS[n].unpack_from(self.vram.buf, base + rptr)
+        else:
+            head = self._ring_dwords(base, size, rptr, n)
         hdr = head[0]
         ndw = (hdr >> 8) & 0xFFFF  # split_header
         if ndw >= avail:
@@ -195,10 +198,12 @@ class CommandProcessor:
             hdr = head[i]
             ndw = (hdr >> 8) & 0xFFFF
             end = i + 1 + ndw
-            if end > n or ctl.stopped():
+            if end > n:
                 break
             if hdr & 0xFF == PKT_NOP:
                 self.packets += 1
+            elif ctl.stopped():
+                break
             else:
                 self._execute(hdr & 0xFF, head[i + 1:end], 0, False, ctl, (rptr + 4 * i) % size,
                               hdr)

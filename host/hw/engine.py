@@ -170,9 +170,8 @@ class Engine:
                 self._cond.notify_all()
                 return
             self.sync_kicks += 1
-            gen = self._claim()
-            stop_at = self._wptr
-        self._drain(gen, stop_at)
+            start = self._claim()
+        self._drain(start, self._wptr)
 
     def status(self) -> int:
         busy = self._exec_gen is not None or self._rptr != self._wptr
@@ -248,11 +247,12 @@ class Engine:
                     self._cond.wait()
                 if self._shutdown:
                     return
-                gen = self._claim()
-            self._drain(gen)
+                start = self._claim()
+            self._drain(start)
 
-    def _claim(self) -> int:
-        """Make the calling thread the executor (under _cond); -> the generation it runs."""
+    def _claim(self) -> tuple:
+        """Make the calling thread the executor (under _cond); -> where it starts: (the
+        generation it runs, RB_BASE, RB_SIZE, RPTR, WPTR, whether the ring is usable)."""
         gen = self._gen
         if self._stop_token._gen != gen:  # a reset or shutdown set _wake since
             self._wake.clear()
@@ -260,16 +260,15 @@ class Engine:
         self._exec_gen = gen
         self._executor = threading.get_ident()
         self._busy_since = self.clock()
-        return gen
+        size, rptr = self._size, self._rptr
+        return gen, self._base, size, rptr, self._wptr, self._ring_valid and rptr < size
 
-    def _drain(self, gen: int, stop_at: int | None = None) -> None:
+    def _drain(self, start: tuple, stop_at: int | None = None) -> None:
         """Execute ring packets from RPTR until RPTR == WPTR (or `stop_at`: then the
-        packets up to it only), a reset or a shutdown."""
+        packets up to it only), a reset or a shutdown; `start` is what _claim() saw."""
         ctl = self._stop_token
         run_fetch = self.cp.run_ring_fetch
-        with self._regs:
-            base, size, rptr, wptr = self._base, self._size, self._rptr, self._wptr
-            ring_ok = self._ring_valid and rptr < size
+        gen, base, size, rptr, wptr, ring_ok = start
         while True:
             new_rptr = wptr if stop_at is None else stop_at
             try:

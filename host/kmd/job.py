@@ -386,9 +386,6 @@ class JobMixin:
         hardware fence)] for the scheduler."""
         if timestamp is None:
             timestamp = self.clock_ns()
-        for f in done:
-            if f.timestamp is None:
-                f.timestamp = timestamp
         if error is not None:
             for f in done:
                 if fd.pending and fd.pending[0] is f:
@@ -396,8 +393,11 @@ class JobMixin:
                 elif f in fd.pending:
                     fd.pending.remove(f)
         finished = []
+        jobs = self._jobs
         for f in done:
-            job = self._jobs.pop(f, None)
+            if f.timestamp is None:
+                f.timestamp = timestamp
+            job = jobs.pop(f, None)
             if job is None:
                 continue
             self._ib_free(job.ib, job.ib_block)

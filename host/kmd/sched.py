@@ -488,12 +488,14 @@ class GpuScheduler:
             in_flight.remove(job)
         else:
             return False
-        now = end_ns if now is None else now
-        job.start_ns = max(job.run_ns, self._last_end)
-        job.end_ns = max(end_ns, job.start_ns)
-        self._last_end = job.end_ns
-        self._head_since = max(job.end_ns, in_flight[0].run_ns) if in_flight else None
-        busy = job.end_ns - job.start_ns
+        if now is None:
+            now = end_ns
+        start = job.run_ns if job.run_ns > self._last_end else self._last_end
+        end = end_ns if end_ns > start else start
+        job.start_ns, job.end_ns = start, end
+        self._last_end = end
+        self._head_since = max(end, in_flight[0].run_ns) if in_flight else None
+        busy = end - start
         self.busy_ns += busy
         ent = job.entity
         ent.in_flight -= 1
@@ -506,12 +508,12 @@ class GpuScheduler:
         v.last_active = now
         if v.in_flight == 0:
             if not v.queued:
-                v.turnaround.idle(job.end_ns)
+                v.turnaround.idle(end)
             if self.policy != "fifo":
                 self._complete_owner(ent.vgpu, now)
         if ent.closed:
             self._drop_if_drained(ent)
-        self._finish(job, getattr(hw_fence, "error", None), job.end_ns)
+        self._finish(job, getattr(hw_fence, "error", None), end)
         return True
 
     def _finish(self, job: SchedJob, error, timestamp: int) -> None:
