@@ -106,6 +106,8 @@ class Fence:
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until signalled; False on timeout."""
+        if self._signaled:  # never goes back
+            return True
         with _lock:
             if self._signaled:
                 return True
