@@ -233,7 +233,8 @@ class JobMixin:
                 kick, self._inline_kick = self._inline_kick, None
             signals = self._take_signals()
             self._arm_timer(sched)
-        self._signal(signals)
+        if signals:
+            fence_mod.signal_all((), None, signals)
         if kick is not None:  # the engine was idle: run the job here (RB_KICK_SYNC)
             self.mmio.write(self.rings[kick].kick_sync_reg, 1)
         return job.finished
