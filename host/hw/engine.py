@@ -171,7 +171,7 @@ class Engine:
                 return
             self.sync_kicks += 1
             start = self._claim()
-        self._drain(start, self._wptr)
+        self._drain(start, start[4])  # up to the WPTR it claimed the ring with
 
     def status(self) -> int:
         busy = self._exec_gen is not None or self._rptr != self._wptr

@@ -86,11 +86,15 @@ def copy(src: int, dst: int, size: int) -> bytes:
 
 def launch(kernel_id: int, grid, block, args) -> bytes:
     n = len(args)
-    fmt = _LAUNCHES[n] if n < len(_LAUNCHES) else _launch_struct(n)
+    if n < len(_LAUNCHES):
+        fmt = _LAUNCHES[n]
+    else:
+        assert n <= MAX_LAUNCH_ARGS
+        fmt = _launch_struct(n)
     if args and min(args) < 0:
         args = [a & 0xFFFFFFFFFFFFFFFF for a in args]
     return fmt.pack(PKT_LAUNCH | (LAUNCH_FIXED_DW + 2 * n) << 8, kernel_id, *grid, *block, n,
-                    *args)  # (the header: n <= MAX_LAUNCH_ARGS, checked by the struct)
+                    *args)  # (header(PKT_LAUNCH, ...), without the call)
 
 
 def _launch_struct(nargs: int) -> struct.Struct:
