@@ -1,4 +1,4 @@
-"""host.kmd.ring: alloc/commit/undo, padding, wraparound and a full ring (fake registers)."""
+"""pvgpu.host.kmd.ring: alloc/commit/undo, padding, wraparound and a full ring (fake registers)."""
 
 import struct
 
@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.hw import packets, regs
-from host.hw.vram import Vram
-from host.kmd.errors import InvalidArgument, RingFull
-from host.kmd.ring import Ring
+from pvgpu.host.hw import packets, regs
+from pvgpu.host.hw.vram import Vram
+from pvgpu.host.kmd.errors import InvalidArgument, RingFull
+from pvgpu.host.kmd.ring import Ring
 
 E = regs.ENGINE_COPY
 BASE = 0x4000
@@ -229,7 +229,7 @@ def test_emit_is_one_transaction_of_one_write_wrapping_and_waiting_as_alloc_does
 
 
 def test_a_fence_emitted_with_a_transaction_that_fails_is_not_left_pending():
-    from host.kmd.fence import FenceDriver
+    from pvgpu.host.kmd.fence import FenceDriver
     ring, mmio, vram = make_ring(timeout=0.01, sleep=lambda _s: None)
     fd = FenceDriver(E, vram, 0x100)
     f = fd.emit_with(ring, packets.nop(2))
