@@ -97,6 +97,7 @@ def _u64(lo: int, hi: int) -> int:
 
 _DWORDS = [struct.Struct(f"<{n}I") for n in range(2 * RING_FETCH_DW + 1)]
 _SEQ = struct.Struct("<Q")
+_new_tuple = tuple.__new__  # an Interrupt without namedtuple's Python-level __new__
 _SEQ_STAMP = struct.Struct("<QQ")
 
 
@@ -107,6 +108,9 @@ class FenceCondition(threading.Condition):
         self.lock = threading.RLock()  # held as `with cond.lock`: no Python-level __enter__
         super().__init__(self.lock)
         self.waiting = 0  # WAIT packets waiting now (changed with the condition held)
+
+
+_QWORDS = [struct.Struct(f"<{n}Q") for n in range(RING_FETCH_DW + 1)]  # launch arguments
 
 
 def _dwords(buf, addr: int, ndw: int) -> tuple:
@@ -136,6 +140,7 @@ class CommandProcessor:
             PKT_TLB_FLUSH: self._tlb_flush,
             PKT_LAUNCH_CODE: self._launch_code,
         }
+        self._kernel_mem = {}  # vmid -> its KernelMemory (stateless: made once)
         self.sm = StreamingMultiprocessors(mmu, clock) if engine == ENGINE_COMPUTE else None
         self.packets = 0
         self.ibs = 0
@@ -167,30 +172,43 @@ class CommandProcessor:
         first = (size - off) // 4
         return _dwords(buf, base + off, first) + _dwords(buf, base, ndw - first)
 
-    def run_ring_packet(self, base: int, size: int, rptr: int, wptr: int,
-                        ctl: kernels.StopToken) -> int:
-        """Execute the packet at rptr (rptr != wptr), and a NOP right behind it if it was
-        fetched with it; -> the new rptr."""
+    def run_ring_fetch(self, base: int, size: int, rptr: int, wptr: int,
+                       ctl: kernels.StopToken) -> int:
+        """Execute the packets of one fetch at rptr (rptr != wptr): the packet there, then
+        each packet behind it that was fetched with it (RING_FETCH_DW dwords, never past
+        wptr), stopping early on a stop; -> the new rptr."""
         avail = ((wptr - rptr) % size) // 4
-        head = self._ring_dwords(base, size, rptr, min(avail, RING_FETCH_DW))
+        n = avail if avail < RING_FETCH_DW else RING_FETCH_DW
+        if rptr + 4 * n <= size:  # (_ring_dwords without a wrap)
+            head = _DWORDS[n].unpack_from(self.vram.buf, base + rptr)
+        else:
+            head = self._ring_dwords(base, size, rptr, n)
         hdr = head[0]
-        opcode, ndw = hdr & 0xFF, (hdr >> 8) & 0xFFFF  # split_header
-        if 1 + ndw > avail:
+        ndw = (hdr >> 8) & 0xFFFF  # split_header
+        if ndw >= avail:
             self._illegal(ctl, 0, rptr, hdr, f"packet of {1 + ndw} dwords runs past WPTR")
             return wptr
-        if 1 + ndw <= len(head):
+        if ndw < n:
             body = head[1:1 + ndw]
         else:
             body = self._ring_dwords(base, size, (rptr + 4) % size, ndw)
-        self._execute(opcode, body, 0, False, ctl, rptr, hdr)
-        end = 1 + ndw
-        if end < len(head):  # a NOP fetched with the packet (the ring's padding) is done too
-            nop = head[end]
-            pad = (nop >> 8) & 0xFFFF
-            if nop & 0xFF == PKT_NOP and end + 1 + pad <= avail:
+        self._execute(hdr & 0xFF, body, 0, False, ctl, rptr, hdr)
+        i = 1 + ndw
+        while i < n:  # the packets fetched with it (a job's FENCE, the ring's padding)
+            hdr = head[i]
+            ndw = (hdr >> 8) & 0xFFFF
+            end = i + 1 + ndw
+            if end > n:
+                break
+            if hdr & 0xFF == PKT_NOP:
                 self.packets += 1
-                end += 1 + pad
-        return (rptr + 4 * end) % size
+            elif ctl.stopped():
+                break
+            else:
+                self._execute(hdr & 0xFF, head[i + 1:end], 0, False, ctl, (rptr + 4 * i) % size,
+                              hdr)
+            i = end
+        return (rptr + 4 * i) % size
 
     def ring_error(self, ctl, base: int, size: int) -> None:
         self._illegal(ctl, 0, base, 0, f"bad ring configuration base={base:#x} size={size:#x}")
@@ -257,7 +275,8 @@ class CommandProcessor:
         if addr & 3 or addr + 4 * length > self.vram.size:
             raise _Illegal(f"VRAM address {addr:#x} (+{4 * length}) misaligned or out of range")
         self.ibs += 1
-        dws = _dwords(self.vram.buf, addr, length)
+        dws = (_DWORDS[length] if length < len(_DWORDS) else struct.Struct(f"<{length}I")) \
+            .unpack_from(self.vram.buf, addr)
         i = 0
         while i < length and not ctl.stopped():
             hdr = dws[i]
@@ -307,11 +326,17 @@ class CommandProcessor:
         grid, block, nargs = body[1:4], body[4:7], body[7]
         if len(body) != LAUNCH_FIXED_DW + 2 * nargs:
             raise _Illegal(f"LAUNCH body of {len(body)} dwords for {nargs} arguments")
-        args = [body[j] | body[j + 1] << 32 for j in range(LAUNCH_FIXED_DW, len(body), 2)]
+        if nargs < len(_QWORDS):  # the argument dwords, read again as u64s
+            dw, qw = _DWORDS[2 * nargs], _QWORDS[nargs]
+        else:
+            dw, qw = struct.Struct(f"<{2 * nargs}I"), struct.Struct(f"<{nargs}Q")
+        args = list(qw.unpack(dw.pack(*body[LAUNCH_FIXED_DW:])))
         self.launches += 1
+        mem = self._kernel_mem.get(vmid)
+        if mem is None:
+            mem = self._kernel_mem[vmid] = kernels.KernelMemory(self.mmu, vmid, self.cus)
         try:
-            kernels.launch(kernel_id, grid, block, args,
-                           kernels.KernelMemory(self.mmu, vmid, self.cus), ctl)
+            kernels.launch(kernel_id, grid, block, args, mem, ctl)
         except kernels.InvalidLaunch as e:
             raise _Illegal(str(e)) from None
 
@@ -349,8 +374,9 @@ class CommandProcessor:
             if cond.waiting:
                 cond.notify_all()
         self.fences += 1
-        if body[4] & FENCE_IRQ:
-            self._raise(ctl, Interrupt(IRQ_FENCE, self.engine, 0, addr, 0, seq, stamp))
+        if body[4] & FENCE_IRQ and not ctl.stopped():  # (Interrupt's fields, in order)
+            self.irq.raise_irq(_new_tuple(Interrupt, (IRQ_FENCE, self.engine, 0, addr, 0, seq,
+                                                      stamp)))
 
     def _wait(self, body, vmid, ctl):
         addr = self._vram_addr(_u64(body[0], body[1]), 8, 8)

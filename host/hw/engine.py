@@ -29,8 +29,11 @@ doorbell without a new WPTR. The driver publishes WPTR first (RB_WPTR): a short 
 completes without two thread handoffs. Busy time, resets and stop checks are as for the
 engine's own thread.
 
-Whichever thread executes, it drains the ring: after each packet it publishes RPTR and
-goes on with the next one without waiting, taking the register lock once per packet.
+Whichever thread executes, it drains the ring a fetch at a time: the command processor
+fetches up to RING_FETCH_DW dwords at RPTR and executes the packets wholly inside them
+(a job's IB, its FENCE and the padding NOP are one fetch), checking for a stop between
+them; then the engine publishes RPTR past them and goes on with the next fetch without
+waiting, taking the register lock once per fetch.
 
 RB_RESET (write 1): the current packet is abandoned at its next stop check, pending
 packets are dropped and RPTR = WPTR = 0; RB_BASE/RB_SIZE are kept. Stop checks: burn at
@@ -98,6 +101,7 @@ class Engine:
         self._rptr = 0
         self._wptr = 0
         self._gen = 0  # bumped by reset and shutdown: work of an older gen is abandoned
+        self._stop_token = _EngineStop(self, 0)  # of the current gen (made by _claim)
         self._exec_gen = None  # gen of the packet executing now, None when idle
         self._shutdown = False
         self._busy_total = 0  # ns spent in finished ring packets
@@ -166,9 +170,8 @@ class Engine:
                 self._cond.notify_all()
                 return
             self.sync_kicks += 1
-            gen = self._claim()
-            stop_at = self._wptr
-        self._drain(gen, stop_at)
+            start = self._claim()
+        self._drain(start, start[4])  # up to the WPTR it claimed the ring with
 
     def status(self) -> int:
         busy = self._exec_gen is not None or self._rptr != self._wptr
@@ -244,32 +247,33 @@ class Engine:
                     self._cond.wait()
                 if self._shutdown:
                     return
-                gen = self._claim()
-            self._drain(gen)
+                start = self._claim()
+            self._drain(start)
 
-    def _claim(self) -> int:
-        """Make the calling thread the executor (under _cond); -> the generation it runs."""
+    def _claim(self) -> tuple:
+        """Make the calling thread the executor (under _cond); -> where it starts: (the
+        generation it runs, RB_BASE, RB_SIZE, RPTR, WPTR, whether the ring is usable)."""
         gen = self._gen
-        if self._wake.is_set():
+        if self._stop_token._gen != gen:  # a reset or shutdown set _wake since
             self._wake.clear()
+            self._stop_token = _EngineStop(self, gen)
         self._exec_gen = gen
         self._executor = threading.get_ident()
         self._busy_since = self.clock()
-        return gen
+        size, rptr = self._size, self._rptr
+        return gen, self._base, size, rptr, self._wptr, self._ring_valid and rptr < size
 
-    def _drain(self, gen: int, stop_at: int | None = None) -> None:
-        """Execute ring packets from RPTR until RPTR == WPTR (or `stop_at`), a reset or
-        a shutdown."""
-        ctl = _EngineStop(self, gen)
-        run_packet = self.cp.run_ring_packet
-        with self._regs:
-            base, size, rptr, wptr = self._base, self._size, self._rptr, self._wptr
-            ring_ok = self._ring_valid and rptr < size
+    def _drain(self, start: tuple, stop_at: int | None = None) -> None:
+        """Execute ring packets from RPTR until RPTR == WPTR (or `stop_at`: then the
+        packets up to it only), a reset or a shutdown; `start` is what _claim() saw."""
+        ctl = self._stop_token
+        run_fetch = self.cp.run_ring_fetch
+        gen, base, size, rptr, wptr, ring_ok = start
         while True:
-            new_rptr = wptr
+            new_rptr = wptr if stop_at is None else stop_at
             try:
                 if ring_ok:
-                    new_rptr = run_packet(base, size, rptr, wptr, ctl)
+                    new_rptr = run_fetch(base, size, rptr, new_rptr, ctl)
                 else:
                     self.cp.ring_error(ctl, base, size)
             except Exception:  # noqa: BLE001 - the engine must survive anything

@@ -102,21 +102,37 @@ class InterruptController:
                     self.dropped += 1
                 self._latched.append(irq)
                 return
-        self._deliver(irq)
-
-    def _deliver(self, irq: Interrupt) -> None:
-        handler = self._handler
-        if handler is None:
-            with self._lock:
+            handler = self._handler
+            if handler is not None:
+                self.delivered += 1  # taken back if the handler fails
+            else:
                 self.unhandled += 1
+        if handler is None:
             log.debug("%s: no handler for %s", self.name, irq)
             return
         try:
             handler(irq)
         except Exception:  # noqa: BLE001 - the handler must never kill an engine thread
-            with self._lock:
-                self.handler_errors += 1
-            log.exception("%s: interrupt handler failed on %s", self.name, irq)
-        else:
-            with self._lock:
+            self._failed(irq)
+
+    def _deliver(self, irq: Interrupt) -> None:
+        """A latched interrupt, once enabled."""
+        with self._lock:
+            handler = self._handler
+            if handler is not None:
                 self.delivered += 1
+            else:
+                self.unhandled += 1
+        if handler is None:
+            log.debug("%s: no handler for %s", self.name, irq)
+            return
+        try:
+            handler(irq)
+        except Exception:  # noqa: BLE001 - the handler must never kill an engine thread
+            self._failed(irq)
+
+    def _failed(self, irq: Interrupt) -> None:
+        with self._lock:
+            self.handler_errors += 1
+            self.delivered -= 1
+        log.exception("%s: interrupt handler failed on %s", self.name, irq)

@@ -86,8 +86,22 @@ def copy(src: int, dst: int, size: int) -> bytes:
 
 def launch(kernel_id: int, grid, block, args) -> bytes:
     n = len(args)
-    return struct.pack(f"<9I{n}Q", header(PKT_LAUNCH, LAUNCH_FIXED_DW + 2 * n), kernel_id,
-                       *grid, *block, n, *[a & 0xFFFFFFFFFFFFFFFF for a in args])
+    if n < len(_LAUNCHES):
+        fmt = _LAUNCHES[n]
+    else:
+        assert n <= MAX_LAUNCH_ARGS
+        fmt = _launch_struct(n)
+    if args and min(args) < 0:
+        args = [a & 0xFFFFFFFFFFFFFFFF for a in args]
+    return fmt.pack(PKT_LAUNCH | (LAUNCH_FIXED_DW + 2 * n) << 8, kernel_id, *grid, *block, n,
+                    *args)  # (header(PKT_LAUNCH, ...), without the call)
+
+
+def _launch_struct(nargs: int) -> struct.Struct:
+    return struct.Struct(f"<9I{nargs}Q")
+
+
+_LAUNCHES = [_launch_struct(n) for n in range(17)]  # the common argument counts: built once
 
 
 def fence(addr: int, seq: int, flags: int = FENCE_IRQ, stamp: int | None = None) -> bytes:

@@ -60,7 +60,7 @@ class Fence:
         self.error = None
         self.timestamp = None  # device clock (ns) when the work completed, once known
         self._signaled = False
-        self._callbacks = []
+        self._callbacks = None  # a list once a callback is added
         self._event = None
 
     @classmethod
@@ -97,12 +97,17 @@ class Fence:
     def add_done_callback(self, fn) -> None:
         with _lock:
             if not self._signaled:
-                self._callbacks.append(fn)
+                if self._callbacks is None:
+                    self._callbacks = [fn]
+                else:
+                    self._callbacks.append(fn)
                 return
         _run(self, (fn,))
 
     def wait(self, timeout: float | None = None) -> bool:
         """Block until signalled; False on timeout."""
+        if self._signaled:  # never goes back
+            return True
         with _lock:
             if self._signaled:
                 return True
@@ -112,13 +117,14 @@ class Fence:
         return event.wait(timeout)
 
     def _mark(self, error=None):
-        """Mark signalled (under _lock); -> the callbacks to run, or None if it already was."""
+        """Mark signalled (under _lock); -> the callbacks to run (None if there are none),
+        or False if it already was."""
         if self._signaled:
-            return None
+            return False
         if error is not None and self.error is None:
             self.error = error
         self._signaled = True
-        callbacks, self._callbacks = self._callbacks, []
+        callbacks, self._callbacks = self._callbacks, None
         if self._event is not None:
             self._event.set()
         return callbacks
@@ -127,7 +133,7 @@ class Fence:
         """Signal now (software signalling, e.g. on device stop); False if already done."""
         with _lock:
             callbacks = self._mark(error)
-        if callbacks is None:
+        if callbacks is False:
             return False
         if callbacks:
             _run(self, callbacks)
@@ -151,12 +157,17 @@ def _call(fence: Fence, callbacks) -> None:
             log.exception("fence callback %r failed for %r", fn, fence)
 
 
-def signal_all(fences, error=None) -> None:
-    """Signal fences in order: all are marked first, then callbacks run in the same order."""
+def signal_all(fences, error=None, pairs=()) -> None:
+    """Signal `fences` (with `error`), then the (fence, error) `pairs`, in order: all are
+    marked first, in one hold of the fence lock, then callbacks run in the same order."""
     marked = []
     with _lock:
         for f in fences:
             callbacks = f._mark(error)
+            if callbacks:
+                marked.append((f, callbacks))
+        for f, err in pairs:
+            callbacks = f._mark(err)
             if callbacks:
                 marked.append((f, callbacks))
     for f, callbacks in marked:
@@ -200,6 +211,22 @@ class FenceDriver:
         self.pending.append(fence)
         return fence
 
+    def emit_with(self, ring, data: bytes, doorbell: bool = True) -> Fence:
+        """One whole ring transaction (ring.emit): `data` (the job's packets), then a
+        FENCE with FENCE_IRQ; -> the new pending fence. Call with the lock held."""
+        seq = self.next_seq
+        fence = Fence(self.engine, seq, self)
+        self.pending.append(fence)
+        self.next_seq = seq + 1
+        stamps = self.stamps  # (_packet, inline)
+        stamp = None if stamps is None else stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
+        try:
+            ring.emit(data + packets.fence(self.wb_addr, seq, packets.FENCE_IRQ, stamp), doorbell)
+        except BaseException:
+            self.cancel(fence)
+            raise
+        return fence
+
     def irq_on_last(self, ring) -> None:
         """Make the last fence emitted into the ring's open transaction raise IRQ_FENCE."""
         ring.rewrite(self._last_packet, self._packet(self.next_seq - 1, packets.FENCE_IRQ))
@@ -226,7 +253,7 @@ class FenceDriver:
 
     def retire_locked(self, seq: int | None = None) -> list:
         """retire(), for a caller that holds the lock."""
-        value = self.read_wb()
+        value = _SEQ.unpack_from(self.vram.buf, self.wb_addr)[0]  # (read_wb)
         if seq is not None and value < seq < self.next_seq:  # seq <= emitted_seq
             value = seq
         if value > self.last_seq:

@@ -26,22 +26,23 @@ class IrqMixin:
 
     def _irq(self, irq) -> None:
         """Top half, on the engine thread that raised the interrupt."""
-        if not 0 <= irq.engine < len(self.fences):
+        source, engine = irq.source, irq.engine
+        if not 0 <= engine < len(self.fences):
             log.warning("gpu%d: interrupt from unknown engine: %s", self.index, irq)
             return
-        fd = self.fences[irq.engine]
-        if irq.source == regs.IRQ_FENCE:
+        fd = self.fences[engine]
+        if source == regs.IRQ_FENCE:
             self.stats["irq_fence"] += 1
             self._retire_fence_irq(fd, irq.data, irq.timestamp or None)
-        elif irq.source == regs.IRQ_PAGE_FAULT:
+        elif source == regs.IRQ_PAGE_FAULT:
             self.stats["irq_page_fault"] += 1
             self._job_error(fd, irq.vmid, GpuFault(irq.vmid, irq.address, irq.access, irq.engine))
-        elif irq.source == regs.IRQ_ILLEGAL_PACKET:
+        elif source == regs.IRQ_ILLEGAL_PACKET:
             self.stats["irq_illegal_packet"] += 1
             self._job_error(fd, irq.vmid,
                             f"illegal packet {irq.data:#010x} at offset {irq.address:#x} "
                             f"(vmid {irq.vmid}, engine {regs.ENGINE_NAMES.get(irq.engine)})")
-        elif irq.source == regs.IRQ_CODE_FAULT:  # the SMs refused a code object, or a trap
+        elif source == regs.IRQ_CODE_FAULT:  # the SMs refused a code object, or a trap
             self.stats["irq_code_fault"] += 1
             self._job_error(fd, irq.vmid, CodeFault(irq.vmid, irq.address, irq.data, irq.engine))
         else:

@@ -78,16 +78,23 @@ _U32 = (1 << 32) - 1
 class _Job:
     """A job on the hardware: what its hardware fence's retirement gives back."""
 
-    __slots__ = ("sched_job", "context", "kind", "ib", "ib_block", "timeline", "kernarg")
+    __slots__ = ("sched_job", "context", "ib", "ib_block", "kernarg")
 
-    def __init__(self, sched_job, context, kind, ib, ib_block, timeline: int = 0, kernarg=None):
+    def __init__(self, sched_job, context, ib, ib_block, kernarg=None):
         self.sched_job = sched_job  # the scheduler's job, handed back on retirement
         self.context = context
-        self.kind = kind  # the engine
         self.ib = ib
         self.ib_block = ib_block
-        self.timeline = timeline
         self.kernarg = kernarg  # the parameter-buffer slot of a code launch (kernarg.py)
+
+    @property
+    def kind(self) -> int:
+        """The engine."""
+        return self.sched_job.entity.sched.engine
+
+    @property
+    def timeline(self) -> int:
+        return self.context._timeline_of.get(self.sched_job.entity, 0)
 
 
 def _ring_idle(sched: GpuScheduler) -> bool:
@@ -226,7 +233,8 @@ class JobMixin:
                 kick, self._inline_kick = self._inline_kick, None
             signals = self._take_signals()
             self._arm_timer(sched)
-        self._signal(signals)
+        if signals:
+            fence_mod.signal_all((), None, signals)
         if kick is not None:  # the engine was idle: run the job here (RB_KICK_SYNC)
             self.mmio.write(self.rings[kick].kick_sync_reg, 1)
         return job.finished
@@ -253,31 +261,37 @@ class JobMixin:
         self.vram.write(phys, ib)
         ring = self.rings[engine]
         fd = self.fences[engine]
-        ndw = 5 + fd.packet_dw  # never waits: hw_limit jobs fit many times over
         batch = self._batch
         if batch is not None and batch.owner != threading.get_ident():
             batch.flush(engine)  # not the batch's thread: not held back behind it
             batch = None
+        if batch is None:  # one ring transaction: INDIRECT_BUFFER and FENCE (never waits:
+            # hw_limit jobs fit many times over)
+            inline = job is self._inline_job and not sched.in_flight
+            fence = fd.emit_with(ring, packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid),
+                                 doorbell=not inline)
+            self._jobs[fence] = _Job(job, ctx, phys, ib_blocks, slot)
+            if inline:
+                self._inline_kick = engine
+                self.stats["jobs_inline"] += 1
+            return fence
         short = job.short
-        if batch is None:
+        ndw = 5 + fd.packet_dw
+        # inside a batch: stage it in the batch's transaction on this ring
+        staged = batch.engines.get(engine)
+        if staged is not None and not ring.in_transaction:  # an engine reset dropped it
+            staged = None
+        if staged is not None and not ring.extend(ndw):
+            batch.flush(engine)  # the ring is too full to hold more: publish them
+            staged = None
+        if staged is None:
             ring.alloc(ndw)
-        else:  # stage it in the batch's transaction on this ring
-            staged = batch.engines.get(engine)
-            if staged is not None and not ring.in_transaction:  # an engine reset dropped it
-                staged = None
-            if staged is not None and not ring.extend(ndw):
-                batch.flush(engine)  # the ring is too full to hold more: publish them
-                staged = None
-            if staged is None:
-                ring.alloc(ndw)
-                staged = batch.engines[engine] = EngineBatch(short and _ring_idle(sched))
-            else:
-                staged.inline = staged.inline and short
-            staged.jobs.append(job)
+            staged = batch.engines[engine] = EngineBatch(short and _ring_idle(sched))
+        else:
+            staged.inline = staged.inline and short
+        staged.jobs.append(job)
         ring.write(packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid))
-        if batch is None:
-            fence = fd.emit(ring)
-        elif short:  # its interrupt waits for the last of a run of short jobs (batch.py)
+        if short:  # its interrupt waits for the last of a run of short jobs (batch.py)
             fence = fd.emit(ring, flags=0)
             staged.quiet = True
         else:  # a long job's fence interrupts, and so does the short one before it
@@ -285,14 +299,7 @@ class JobMixin:
                 fd.irq_on_last(ring)
             fence = fd.emit(ring)
             staged.quiet = False
-        self._jobs[fence] = _Job(job, ctx, engine, phys, ib_blocks,
-                                 ctx._timeline_of.get(ent, 0), slot)
-        if batch is None:
-            inline = job is self._inline_job and not sched.in_flight
-            ring.commit(doorbell=not inline)
-            if inline:
-                self._inline_kick = engine
-                self.stats["jobs_inline"] += 1
+        self._jobs[fence] = _Job(job, ctx, phys, ib_blocks, slot)
         return fence
 
     def _jobs_done_locked(self, finished, now: int) -> list:
@@ -335,16 +342,18 @@ class JobMixin:
             self.submit_wq.queue(sched)
 
     def _take_signals(self) -> list:
+        """The schedulers' queued (fence, error) signals (their take_signals())."""
         out = []
         for sched in self.schedulers:
             if sched.signals:
-                out += sched.take_signals()
+                out += sched.signals
+                sched.signals = []
         return out
 
     @staticmethod
     def _signal(signals) -> None:
-        for fence, error in signals:
-            fence.signal(error)
+        if signals:
+            fence_mod.signal_all((), None, signals)
 
     # ------------------------------------------------------------------ completion
     def _retire(self, fd: FenceDriver, done: list, error=None, timestamp=None) -> None:
@@ -366,19 +375,18 @@ class JobMixin:
             finished = self._retire_locked(fd, done, None, now if timestamp is None else timestamp)
             resume = self._jobs_done_locked(finished, now)
             signals = self._take_signals()
-        fence_mod.signal_all(done)
         if resume:
+            fence_mod.signal_all(done)
             self._resume(resume)
-        self._signal(signals)
+            self._signal(signals)
+        else:  # the hardware fences, then the jobs', in one go
+            fence_mod.signal_all(done, None, signals)
 
     def _retire_locked(self, fd: FenceDriver, done: list, error, timestamp) -> list:
         """Give back the jobs' IB space and parameter slots, count them; -> [(SchedJob,
         hardware fence)] for the scheduler."""
         if timestamp is None:
             timestamp = self.clock_ns()
-        for f in done:
-            if f.timestamp is None:
-                f.timestamp = timestamp
         if error is not None:
             for f in done:
                 if fd.pending and fd.pending[0] is f:
@@ -386,8 +394,11 @@ class JobMixin:
                 elif f in fd.pending:
                     fd.pending.remove(f)
         finished = []
+        jobs = self._jobs
         for f in done:
-            job = self._jobs.pop(f, None)
+            if f.timestamp is None:
+                f.timestamp = timestamp
+            job = jobs.pop(f, None)
             if job is None:
                 continue
             self._ib_free(job.ib, job.ib_block)
@@ -467,8 +478,10 @@ class ContextSubmitMixin:
     def submit_launch(self, kernel_id: int, grid, block, args, wait=(), *,
                       timeline: int = 0) -> Fence:
         """Run built-in kernel `kernel_id` on the compute engine; pointer args are VAs."""
-        grid = self._dim3(grid, "grid")
-        block = self._dim3(block, "block")
+        grid = (grid, 1, 1) if type(grid) is int and 0 <= grid <= _U32 \
+            else self._dim3(grid, "grid")  # (its common case, without the call)
+        block = (block, 1, 1) if type(block) is int and 0 <= block <= _U32 \
+            else self._dim3(block, "block")
         args = list(args)
         if len(args) > self.limits.max_kernel_args:
             raise InvalidArgument(f"{len(args)} kernel arguments "
@@ -479,7 +492,7 @@ class ContextSubmitMixin:
             if not isinstance(a, (int, np.integer)) or not -(1 << 63) <= a <= _U64:
                 raise InvalidArgument(f"bad kernel argument {a!r}")
         kernel_id = int(kernel_id)
-        args = [int(a) for a in args]
+        args = list(map(int, args))
         ib = packets.launch(kernel_id, grid, block, args)
         touches = ()
         if self.shared:

@@ -25,6 +25,7 @@ The API is transactional, as in amdgpu:
               the ring in one VRAM write and ring the doorbell (or, with
               commit(doorbell=False), only publish wptr through RB_WPTR).
   undo()      drop everything written since alloc(): wptr goes back.
+  emit(data)  a whole transaction of one write: alloc(), write(data), commit().
 A packet never straddles the end of the ring: when the reservation would cross it,
 alloc() first fills the rest of the ring with one NOP and starts again at offset 0, so
 the command processor never has to reassemble a packet.
@@ -40,6 +41,7 @@ from pvgpu.host.kmd.errors import InvalidArgument, RingFull
 ALIGN_DW = 8  # fetch alignment: commit() pads wptr to a multiple of 8 dwords
 DEFAULT_RING_SIZE = 64 << 10
 DEFAULT_TIMEOUT = 5.0
+_PADS = [b""] + [packets.nop(n) for n in range(1, ALIGN_DW)]  # emit()'s padding NOPs
 
 
 class Ring:
@@ -195,6 +197,26 @@ class Ring:
         self._flush()
         self.wptr = self._pos
         self._wptr_old = None
+        self.packets_committed += 1
+        self.mmio.write(self._doorbell if doorbell else self._wptr_reg, self.wptr)
+        return self.wptr
+
+    def emit(self, data: bytes, doorbell: bool = True) -> int:
+        """alloc(), write(data) and commit(doorbell) as one transaction; -> the new wptr.
+        When the padded data fits before the end of the ring and the last RB_RPTR read
+        shows room for it, it goes into VRAM with its padding in one write."""
+        assert self._wptr_old is None, "ring emit() while a transaction is open"
+        ndw = len(data) >> 2
+        pad = -ndw % ALIGN_DW
+        wptr, size = self.wptr, self.size
+        end = wptr + 4 * (ndw + pad)
+        if (end > size or end - wptr >= ((self._rptr - wptr) % size or size)
+                or not 0 < ndw <= self.max_dw):
+            self.alloc(ndw)  # the general path: it may wrap, wait for room or refuse
+            self.write(data)
+            return self.commit(doorbell)
+        self.vram.write(self.base + wptr, data + _PADS[pad] if pad else data)
+        self.wptr = end if end < size else 0
         self.packets_committed += 1
         self.mmio.write(self._doorbell if doorbell else self._wptr_reg, self.wptr)
         return self.wptr

@@ -5,6 +5,8 @@ SchedEntity — a submission timeline's FIFO on that ring, with a priority, a `g
 and the vGPU it belongs to. A job carries dependency fences and two fences of its own:
 `scheduled` (signalled when the job is handed to the hardware) and `finished` (signalled
 when the hardware fence of the job signals, with its error and completion timestamp).
+Nothing in the driver waits for `scheduled`, so it is made when first asked for (already
+signalled if the job was handed over or finished by then).
 
 Readiness (drm_sched_entity_pop_job): the head job of an entity is ready when every
 dependency has signalled. A dependency that is the finished fence of a job on this same
@@ -98,7 +100,11 @@ class SchedFence(Fence):
     __slots__ = ("job",)
 
     def __init__(self, job: "SchedJob", engine: int, seq: int):
-        super().__init__(engine, seq)
+        # Fence.__init__'s fields, set here: two of these per job
+        self.engine = engine
+        self.seq = seq
+        self.driver = self.error = self.timestamp = self._callbacks = self._event = None
+        self._signaled = False
         self.job = job
 
     @property
@@ -110,7 +116,7 @@ class SchedFence(Fence):
 class SchedJob:
     """One unit of hardware work: `payload` is opaque to the scheduler (the driver's IB)."""
 
-    __slots__ = ("entity", "deps", "payload", "scheduled", "finished", "hw_fence", "seq",
+    __slots__ = ("entity", "deps", "payload", "_scheduled", "finished", "hw_fence", "seq",
                  "arrival_ns", "run_ns", "start_ns", "end_ns", "karma", "resubmits", "short")
 
     def __init__(self, entity: "SchedEntity", payload, deps=(), short: bool = False):
@@ -118,13 +124,23 @@ class SchedJob:
         self.payload = payload
         self.deps = [d for d in deps if d is not None] if deps else []
         self.seq = 0
-        self.scheduled = None
+        self._scheduled = None
         self.finished = None
         self.hw_fence = None
         self.arrival_ns = self.run_ns = self.start_ns = self.end_ns = None
         self.karma = 0
         self.resubmits = 0
         self.short = short  # bounded: may run on a submitting thread (the driver's call)
+
+    @property
+    def scheduled(self) -> "SchedFence | None":
+        """The scheduled fence (None before the job is pushed)."""
+        f = self._scheduled
+        if f is None and self.finished is not None:
+            f = self._scheduled = SchedFence(self, self.finished.engine, self.seq)
+            # handed to the hardware, or finished (_finish stamps it) without that
+            f._signaled = self.run_ns is not None or self.finished.timestamp is not None
+        return f
 
     def __repr__(self) -> str:
         return f"SchedJob({self.entity.name}#{self.seq})"
@@ -179,7 +195,8 @@ class VgpuSchedState:
             self._bucket_start += n * self._period
 
     def charge(self, busy: int, now: int) -> None:
-        self._roll(now)
+        if now - self._bucket_start >= self._period:
+            self._roll(now)
         self._buckets[-1] += busy
         self.busy_ns += busy
         self.jobs += 1
@@ -287,9 +304,8 @@ class GpuScheduler:
         ent = job.entity
         if ent.sched is not self or ent.closed:
             raise InvalidArgument(f"{ent!r} is not an open entity of {self.name}")
-        job.seq = next(self._seq)
-        job.scheduled = SchedFence(job, self.engine, job.seq)
-        job.finished = SchedFence(job, self.engine, job.seq)
+        seq = job.seq = next(self._seq)
+        job.finished = SchedFence(job, self.engine, seq)
         job.arrival_ns = now
         if ent.guilty:
             self._finish(job, ContextLost(f"{ent.name} is guilty of a GPU hang"), now)
@@ -301,10 +317,14 @@ class GpuScheduler:
                 # is released, not here (host/kmd/lock.py)
                 dep.add_done_callback(self._dependency_signalled)
         ent.jobs.append(job)
-        self._count_queued(ent, 1)
         v = self.vgpus[ent.vgpu]
+        self.n_queued += 1  # (_count_queued)
+        v.queued += 1
+        queued = self._queued
+        queued[ent.owner] = queued.get(ent.owner, 0) + 1
         v.last_active = now
-        v.turnaround.pushed(now)
+        if v.turnaround.idle_since is not None:  # it was idle: the gap is a sample
+            v.turnaround.pushed(now)
         self.stats["jobs_pushed"] += 1
         return job
 
@@ -321,21 +341,19 @@ class GpuScheduler:
         return (job is not None and job.entity.sched is self and dep is job.finished
                 and job.hw_fence is not None)
 
-    def _ready(self, ent: SchedEntity) -> bool:
-        if not ent.jobs:
-            return False
-        deps = ent.jobs[0].deps
-        return not deps or all(self._dep_ok(d) for d in deps)
-
     # ------------------------------------------------------------------ selection
     def _pick_fifo(self, entities):
-        best = None
+        best = best_key = None
         for ent in entities:
-            if ent.jobs and self._ready(ent):
-                key = (ent.priority, ent.jobs[0].seq)
-                if best is None or key < best[0]:
-                    best = (key, ent)
-        return best[1] if best else None
+            jobs = ent.jobs
+            if jobs:
+                deps = jobs[0].deps
+                if deps and not all(self._dep_ok(d) for d in deps):  # not ready
+                    continue
+                key = (ent.priority, jobs[0].seq)
+                if best is None or key < best_key:
+                    best, best_key = ent, key
+        return best
 
     def _vgpu_has_ready(self, name: str):
         return self._pick_fifo([e for e in self.entities if e.vgpu == name])
@@ -421,18 +439,26 @@ class GpuScheduler:
         if self.stopped:
             return 0
         ran = 0
+        fifo = self.policy == "fifo"
         while len(self.in_flight) < self.hw_limit and self.n_queued:
-            ent = self._pick(now)
+            ent = self._pick_fifo(self.entities) if fifo else self._pick(now)
             if ent is None:
                 break
             job = ent.jobs.popleft()
-            self._count_queued(ent, -1)
+            self.n_queued -= 1  # (_count_queued)
+            self.vgpus[ent.vgpu].queued -= 1
+            left = self._queued[ent.owner] - 1
+            if left:
+                self._queued[ent.owner] = left
+            else:
+                del self._queued[ent.owner]
             if ent.guilty:
                 self._finish(job, ContextLost(f"{ent.name} is guilty of a GPU hang"), now)
             else:
                 self._run(job, now)
                 ran += 1
-            self._drop_if_drained(ent)
+            if ent.closed:
+                self._drop_if_drained(ent)
         return ran
 
     def _run(self, job: SchedJob, now: int) -> None:
@@ -447,20 +473,29 @@ class GpuScheduler:
         v.in_flight += 1
         v.last_active = now
         self.stats["jobs_run"] += 1
-        self.signals.append((job.scheduled, None))
+        if job._scheduled is not None:
+            self.signals.append((job._scheduled, None))
 
     def job_done(self, job: SchedJob, hw_fence, end_ns: int, now: int | None = None) -> bool:
         """The hardware fence of `job` signalled at device time end_ns; -> False if that
         fence is stale (the job was resubmitted or recovered since)."""
-        if job.hw_fence is not hw_fence or job not in self.in_flight:
+        in_flight = self.in_flight
+        if job.hw_fence is not hw_fence:
             return False
-        now = end_ns if now is None else now
-        self.in_flight.remove(job)
-        job.start_ns = max(job.run_ns, self._last_end)
-        job.end_ns = max(end_ns, job.start_ns)
-        self._last_end = job.end_ns
-        self._head_since = max(job.end_ns, self.in_flight[0].run_ns) if self.in_flight else None
-        busy = job.end_ns - job.start_ns
+        if in_flight and in_flight[0] is job:  # the ring completes in order
+            in_flight.popleft()
+        elif job in in_flight:
+            in_flight.remove(job)
+        else:
+            return False
+        if now is None:
+            now = end_ns
+        start = job.run_ns if job.run_ns > self._last_end else self._last_end
+        end = end_ns if end_ns > start else start
+        job.start_ns, job.end_ns = start, end
+        self._last_end = end
+        self._head_since = max(end, in_flight[0].run_ns) if in_flight else None
+        busy = end - start
         self.busy_ns += busy
         ent = job.entity
         ent.in_flight -= 1
@@ -473,17 +508,18 @@ class GpuScheduler:
         v.last_active = now
         if v.in_flight == 0:
             if not v.queued:
-                v.turnaround.idle(job.end_ns)
+                v.turnaround.idle(end)
             if self.policy != "fifo":
                 self._complete_owner(ent.vgpu, now)
-        self._drop_if_drained(ent)
-        self._finish(job, getattr(hw_fence, "error", None), job.end_ns)
+        if ent.closed:
+            self._drop_if_drained(ent)
+        self._finish(job, getattr(hw_fence, "error", None), end)
         return True
 
     def _finish(self, job: SchedJob, error, timestamp: int) -> None:
         job.finished.timestamp = timestamp
-        if job.scheduled is not None and not job.scheduled.signaled:
-            self.signals.append((job.scheduled, None))
+        if job.run_ns is None and job._scheduled is not None:  # never run: not scheduled yet
+            self.signals.append((job._scheduled, None))
         self.signals.append((job.finished, error))
         self.stats["jobs_failed" if error is not None else "jobs_completed"] += 1
 

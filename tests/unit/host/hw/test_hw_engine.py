@@ -804,15 +804,38 @@ def test_a_kick_runs_only_the_work_it_kicked(dev):
 
 
 def test_a_nop_behind_a_ring_packet_is_consumed_with_it(dev):
-    """The padding NOP fetched with a packet is executed with it: one step of the engine
-    moves RPTR past both. A NOP running past WPTR is left to a step of its own."""
+    """The padding NOP fetched with a packet is executed with it: one fetch of the engine
+    moves RPTR past both. A NOP running past WPTR is left to a fetch of its own."""
     cp = dev.gpu.engines[ENGINE_COPY].cp
     base, size = RING_D, PAGE_SIZE
     fence, pad = P.fence(fence_addr(0), 1), P.nop(5)
     dev.gpu.vram.write(base, fence + pad)
     ctl = kernels.NEVER_STOP
-    assert cp.run_ring_packet(base, size, 0, len(fence + pad), ctl) == len(fence + pad)
+    assert cp.run_ring_fetch(base, size, 0, len(fence + pad), ctl) == len(fence + pad)
     assert cp.packets == 2 and dev.gpu.vram.read_u64(fence_addr(0)) == 1
     # WPTR inside the NOP: only the fence runs
-    assert cp.run_ring_packet(base, size, 0, len(fence) + 8, ctl) == len(fence)
+    assert cp.run_ring_fetch(base, size, 0, len(fence) + 8, ctl) == len(fence)
     assert cp.packets == 3
+
+
+def test_the_packets_of_one_fetch_run_together_and_a_stop_ends_the_fetch(dev):
+    """A fetch executes every packet wholly inside it, so one step of the engine moves RPTR
+    past all of them; a packet only partly inside is left to the next fetch, and a stop
+    (reset) between two packets leaves the rest undone."""
+    cp = dev.gpu.engines[ENGINE_COPY].cp
+    base, size = RING_D, PAGE_SIZE
+    f1, f2, f3 = (P.fence(fence_addr(i), 1) for i in range(3))  # 6 dwords each
+    dev.gpu.vram.write(base, f1 + f2 + f3)
+    wptr = len(f1 + f2 + f3)
+    ctl = kernels.NEVER_STOP
+    # 16 dwords fetched: the first two fences run, the third straddles the fetch
+    assert cp.run_ring_fetch(base, size, 0, wptr, ctl) == len(f1 + f2)
+    assert cp.packets == 2 and [dev.gpu.vram.read_u64(fence_addr(i)) for i in range(3)] == [1, 1, 0]
+    assert cp.run_ring_fetch(base, size, len(f1 + f2), wptr, ctl) == wptr
+    assert dev.gpu.vram.read_u64(fence_addr(2)) == 1
+
+    for i in range(3):
+        dev.gpu.vram.write_u64(fence_addr(i), 0)
+    stop = kernels.StopToken(stopped=lambda: cp.fences >= 4)  # stopped once f1 has run
+    assert cp.run_ring_fetch(base, size, 0, wptr, stop) == len(f1)
+    assert [dev.gpu.vram.read_u64(fence_addr(i)) for i in range(3)] == [1, 0, 0]

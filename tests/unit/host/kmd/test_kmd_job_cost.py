@@ -13,11 +13,15 @@ from pvgpu.spec import kernels
 # scheduling, run_job, the ring, the doorbell, the command processor, the interrupt,
 # retirement and signalling. 210 before issue 12's per-job cuts, 148 after them, 137 after
 # submission batches, 118 after the second pass (one lock hold for retirement and
-# completion, no notify without a waiter, fewer helper calls in the ring and the CP).
-CALLS_PER_JOB = 128
+# completion, no notify without a waiter, fewer helper calls in the ring and the CP), 78
+# after the third (a ring fetch runs the job's IB, FENCE and padding in one engine step,
+# IB + FENCE in one ring write, no scheduled fence unless asked for, the scheduler's
+# common path without helpers, fences signalled in one lock hold).
+CALLS_PER_JOB = 84
 # ... of a fill of 256 elements: the MMU translation and the kernel on top (158 before the
-# second pass, 133 after it: PTE permissions looked up, no floating-point state for fill)
-CALLS_PER_FILL = 142
+# second pass, 133 after it: PTE permissions looked up, no floating-point state for fill;
+# 93 after the third)
+CALLS_PER_FILL = 100
 
 
 @pytest.fixture

@@ -203,3 +203,40 @@ def test_a_transaction_reaches_vram_in_one_write_at_commit():
     ring.write(packets.wait(0x1000, 8))
     ring.undo()
     assert len(writes) == 1 and ring.wptr == 64
+
+
+def test_emit_is_one_transaction_of_one_write_wrapping_and_waiting_as_alloc_does():
+    """emit(data): what alloc(), write(data) and commit() publish, padding included, also
+    at the end of the ring (a wrap) and when only a fresh RB_RPTR read shows room."""
+    ring, mmio, vram = make_ring()
+    pkt = packets.fence(0x100, 7)  # 6 dwords: padded to 8
+    sent = []
+    for _ in range(3 * ring.size // 32):  # round the ring three times
+        ring.emit(pkt)
+        sent.append(pkt)
+        assert ring.wptr % 32 == 0 and mmio.doorbells[-1] == ring.wptr
+        if len(sent) % 50 == 0:
+            assert consume(ring, mmio, vram) == sent
+            sent = []
+    assert consume(ring, mmio, vram) == sent
+    big = packets.copy(1, 2, 3) * 9  # 63 dwords, padded to 64
+    ring.emit(big, doorbell=False)  # without a doorbell: RB_WPTR only
+    assert mmio.regs[regs.REG_ENGINE(E, regs.RB_WPTR)] == ring.wptr
+    assert consume(ring, mmio, vram) == [packets.copy(1, 2, 3)] * 9
+    with pytest.raises(InvalidArgument):
+        ring.emit(b"")
+    assert not ring.in_transaction
+
+
+def test_a_fence_emitted_with_a_transaction_that_fails_is_not_left_pending():
+    from pvgpu.host.kmd.fence import FenceDriver
+    ring, mmio, vram = make_ring(timeout=0.01, sleep=lambda _s: None)
+    fd = FenceDriver(E, vram, 0x100)
+    f = fd.emit_with(ring, packets.nop(2))
+    assert list(fd.pending) == [f] and f.seq == 1
+    consume(ring, mmio, vram)
+    while ring.free_bytes() > 64:  # fill the ring (RB_RPTR does not move)
+        ring.emit(packets.nop(8))
+    with pytest.raises(RingFull):
+        fd.emit_with(ring, packets.nop(16))
+    assert list(fd.pending) == [f] and fd.next_seq == 2 and not ring.in_transaction

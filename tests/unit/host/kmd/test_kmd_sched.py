@@ -443,3 +443,26 @@ def test_queued_jobs_are_counted_per_owner():
     s.close_entity(eb, cancel=ContextLost("gone"))
     assert (s.queued(), s.queued(a), s.queued(b)) == (1, 1, 0)
     assert s.queued(a) == sum(len(e.jobs) for e in s.entities if e.owner is a)
+
+
+def test_the_scheduled_fence_is_made_when_asked_for_and_signals_as_drm_sched_s():
+    """A job's scheduled fence exists only once asked for (none per job otherwise); asked
+    for before the job runs, it signals with the run (once the signals are taken); asked
+    for later, it has signalled already; so has that of a job cancelled before it ran."""
+    ring, s = make(hw_limit=1)
+    e1, e2 = s.entity("e1", A), s.entity("e2", B)
+    j1, j2, j3 = push(s, e1), push(s, e1), push(s, e2)
+    early = j2.scheduled
+    assert not early.signaled and j2.scheduled is early
+    s.schedule(0)
+    assert j1._scheduled is None  # nobody asked: never made
+    assert [f for f, _e in s.take_signals()] == []
+    assert j1.scheduled.signaled  # handed to the hardware already
+    complete(s, j1, 5)
+    s.schedule(5)
+    assert not early.signaled  # queued, not signalled under the scheduler's lock
+    flush(s)
+    assert early.signaled and not j2.finished.signaled
+    s.close_entity(e2, cancel=ContextLost("gone"))
+    flush(s)
+    assert j3.finished.signaled and j3.scheduled.signaled and j3.run_ns is None
