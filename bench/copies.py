@@ -32,12 +32,12 @@ import time
 
 import numpy as np
 
-from bench.common import rounds, write_json
-from bench.memcpy import ParallelMemcpy, best_parallel, thread_counts
-import guest
-from guest.api.commands import ring_command
+from pvgpu.bench.common import rounds, write_json
+from pvgpu.bench.memcpy import ParallelMemcpy, best_parallel, thread_counts
+from pvgpu import guest
+from pvgpu.guest.api.commands import ring_command
 from pvgpu.procs import HostProcess, private_endpoint
-from spec import wire
+from pvgpu.spec import wire
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [KiB << (2 * k) for k in range(10)]  # 1 KiB ... 256 MiB

@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.common import write_json
-import guest
+from pvgpu.bench.common import write_json
+from pvgpu import guest
 from pvgpu.procs import HostProcess, private_endpoint
-from spec import wire
+from pvgpu.spec import wire
 
 MiB = 1 << 20
 TARGET = 1.4
@@ -236,7 +236,7 @@ def _worker(endpoint: str, stage: int, stages: int, n: int, memory: str) -> int:
 class _Stage:
     def __init__(self, endpoint, stage, stages, n, memory):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.dataflow", "--worker", endpoint, str(stage), str(stages),
+            [sys.executable, "-m", "pvgpu.bench.dataflow", "--worker", endpoint, str(stage), str(stages),
              str(n), memory], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
             cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -378,7 +378,7 @@ def main(argv=None) -> int:
     if argv[:1] == ["--worker"]:
         endpoint, stage, stages, n, memory = argv[1:6]
         return _worker(endpoint, int(stage), int(stages), int(n), memory)
-    ap = argparse.ArgumentParser(prog="python -m bench.dataflow", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m pvgpu.bench.dataflow", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mib", type=int, default=64, help="MiB per edge (default %(default)s)")
     ap.add_argument("--stages", type=int, default=4, help="chain length (default %(default)s)")

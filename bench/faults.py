@@ -30,7 +30,7 @@ import sys
 import threading
 import time
 
-from bench.common import write_json
+from pvgpu.bench.common import write_json
 from pvgpu.procs import HostProcess, private_endpoint
 
 REPS = 10
@@ -82,7 +82,7 @@ def _host_view(dev) -> tuple:
 
 def guest_kill(endpoint: str, mode: str, reps: int) -> list:
     """-> seconds from each SIGKILL of a busy guest until the host holds nothing of it."""
-    import guest
+    from pvgpu import guest
 
     times = []
     with guest.connect(endpoint, mem_size=8 << 20) as observer:
@@ -116,8 +116,8 @@ def guest_kill(endpoint: str, mode: str, reps: int) -> list:
 def host_stop(memory: str, sig: int, reps: int) -> list:
     """-> seconds from each signal to a host until a guest blocked in synchronize raises
     HostLost (checked: "host shut down" after SIGTERM)."""
-    import guest
-    from spec import wire
+    from pvgpu import guest
+    from pvgpu.spec import wire
 
     times = []
     for _ in range(reps):

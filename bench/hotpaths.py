@@ -26,10 +26,10 @@ import msgpack
 import numpy as np
 import zmq
 
-from bench.common import write_json
-import guest
+from pvgpu.bench.common import write_json
+from pvgpu import guest
 from pvgpu.procs import HostProcess, private_endpoint
-from spec import wire
+from pvgpu.spec import wire
 
 MiB = 1 << 20
 
@@ -54,7 +54,7 @@ def bench_memcpy(nbytes: int, reps: int) -> float:
 
 def bench_memcpy_contended(nbytes: int, reps: int) -> float:
     """memcpy while another process runs memcpy: half the two-copy (bounce) path's cost."""
-    other = subprocess.Popen([sys.executable, "-m", "bench.membw", str(nbytes), "30"],
+    other = subprocess.Popen([sys.executable, "-m", "pvgpu.bench.membw", str(nbytes), "30"],
                              stdout=subprocess.PIPE, text=True)
     try:
         if other.stdout.readline().strip() != "ready":
@@ -67,7 +67,7 @@ def bench_memcpy_contended(nbytes: int, reps: int) -> float:
 
 
 def bench_raw_zmq(endpoint: str, msg_size: int, reps: int) -> float:
-    proc = subprocess.Popen([sys.executable, "-m", "bench.echo", endpoint])
+    proc = subprocess.Popen([sys.executable, "-m", "pvgpu.bench.echo", endpoint])
     ctx = zmq.Context()
     s = ctx.socket(zmq.DEALER)
     s.linger = 0

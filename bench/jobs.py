@@ -40,7 +40,7 @@ import time
 import numpy as np
 import zmq
 
-from bench.common import rounds, write_json
+from pvgpu.bench.common import rounds, write_json
 
 TINY = 256  # floats a tiny kernel writes
 COPY_BYTES = 4096
@@ -69,7 +69,7 @@ class EchoPeer:
     """A DEALER connected to a bare echo process (bench/echo.py) on `endpoint`."""
 
     def __init__(self, endpoint: str, msg_size: int):
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.echo", endpoint])
+        self.proc = subprocess.Popen([sys.executable, "-m", "pvgpu.bench.echo", endpoint])
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.linger = 0
@@ -113,7 +113,7 @@ class EchoPeer:
 
 
 def kick_size() -> int:
-    from bench.hotpaths import _kick_size
+    from pvgpu.bench.hotpaths import _kick_size
     return _kick_size()
 
 
@@ -176,10 +176,10 @@ def guest_figures(conn, endpoint_dir: str, *, launches: int = 2000, batch: int =
 
 # ---------------------------------------------------------------- many guests at once
 def _children(args_list: list, timeout: float) -> tuple:
-    """Start one `python -m bench.jobs ...` child per args; once all say `ready`, release
+    """Start one `python -m pvgpu.bench.jobs ...` child per args; once all say `ready`, release
     them together; -> (their JSON results, seconds from the first one's start to the last
     one's end: each reports both on time.monotonic(), a clock shared by processes)."""
-    procs = [subprocess.Popen([sys.executable, "-m", "bench.jobs", *a], stdin=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-m", "pvgpu.bench.jobs", *a], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True) for a in args_list]
     try:
         for p in procs:
@@ -218,7 +218,7 @@ def mixed_figures(endpoint: str, endpoint_dir: str, *, guests: int = 8, ops: int
     if bad:
         raise AssertionError(f"a mixed guest's arrays differ from its model: {bad[0]}")
     echo_ep = f"ipc://{endpoint_dir}/echo-mixed.sock"
-    echo = subprocess.Popen([sys.executable, "-m", "bench.echo", echo_ep])
+    echo = subprocess.Popen([sys.executable, "-m", "pvgpu.bench.echo", echo_ep])
     try:
         _zres, zwall = _children([("zmq", echo_ep, str(ops), str(kick_size()))] * guests, timeout)
     finally:
@@ -236,7 +236,7 @@ def mixed_figures(endpoint: str, endpoint_dir: str, *, guests: int = 8, ops: int
 def run_mixed_guest(endpoint: str, ops: int, seed: int, ready=lambda: None) -> dict:
     """One guest of the mixed run: `ops` operations on 4 KiB arrays of device 0, chosen by
     `seed`, timed after `ready()` returns; every array is checked against a numpy model."""
-    import guest
+    from pvgpu import guest
     n = COPY_BYTES // 4
     rng = np.random.default_rng(seed)
     counts = dict.fromkeys(MIXED_OPS, 0)
@@ -305,9 +305,9 @@ def _zmq_client(endpoint: str, ops: int, msg_size: int, ready) -> dict:
 def kmd_figures(*, jobs: int = 64, reps: int = 15, out=print) -> dict:
     """Per-job host cost of an in-process KMD: `burn(0)` submitted and waited for, one job
     at a time and `jobs` in flight, against a bare thread handoff round trip."""
-    from host.hw.gpu import Platform
-    from host.kmd import KmdDevice
-    from spec import wire
+    from pvgpu.host.hw.gpu import Platform
+    from pvgpu.host.kmd import KmdDevice
+    from pvgpu.spec import wire
 
     platform = Platform(1, 64 << 20)
     dev = KmdDevice(platform.gpus[0])
@@ -375,7 +375,7 @@ def summary(results: dict) -> dict:
 def run_bench(json_path: str | None = None, quick: bool = False, out=print, *,
               launches: int | None = None, guests: int = 8, ops: int | None = None,
               reps: int | None = None) -> dict:
-    import guest
+    from pvgpu import guest
     from pvgpu.procs import HostProcess, private_endpoint
 
     launches = launches or (500 if quick else 2000)
@@ -416,7 +416,7 @@ def _loadavg():
 
 
 def _child(argv: list) -> int:
-    """`python -m bench.jobs guest EP OPS SEED` / `zmq EP OPS MSG_SIZE`: one process of the
+    """`python -m pvgpu.bench.jobs guest EP OPS SEED` / `zmq EP OPS MSG_SIZE`: one process of the
     mixed run; says `ready`, waits for a line on stdin, runs, prints its JSON result."""
     def ready():
         print("ready", flush=True)
@@ -427,7 +427,7 @@ def _child(argv: list) -> int:
     elif role == "zmq":
         r = _zmq_client(endpoint, int(ops), int(arg), ready)
     else:
-        raise SystemExit(f"bench.jobs: unknown role {role!r}")
+        raise SystemExit(f"pvgpu.bench.jobs: unknown role {role!r}")
     print(json.dumps(r), flush=True)
     return 0
 

@@ -35,11 +35,11 @@ import sys
 
 import numpy as np
 
-from bench.common import rounds, write_json
-from bench.memcpy import ParallelMemcpy, best_parallel, thread_counts
-import guest
+from pvgpu.bench.common import rounds, write_json
+from pvgpu.bench.memcpy import ParallelMemcpy, best_parallel, thread_counts
+from pvgpu import guest
 from pvgpu.procs import HostProcess, private_endpoint
-from spec import wire
+from pvgpu.spec import wire
 
 MiB = 1 << 20
 SIZES_MIB = (16, 64, 256)
@@ -235,7 +235,7 @@ def run_bench(json_path: str | None = None, quick: bool = False, *, sizes_mib=No
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m bench.p2p", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m pvgpu.bench.p2p", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", default=None, help="MiB, comma-separated (default 16,64,256)")
     ap.add_argument("--reps", type=int, default=None, help="default 7 (3 with --quick)")

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import rounds, write_json
+from pvgpu.bench.common import rounds, write_json
 
 KERNELS = Path(__file__).with_name("kernels") / "ptx_bench.ptx"
 MiB = 1 << 20
@@ -178,8 +178,8 @@ def end_to_end(conn, quick: bool = False, out=print, *, n: int | None = None,
 
 def run_bench(json_path: str | None = None, quick: bool = False, out=None) -> dict:
     out = out or (lambda *a: print(*a, flush=True))
-    from bench import sm
-    import guest
+    from pvgpu.bench import sm
+    from pvgpu import guest
     from pvgpu.procs import HostProcess, private_endpoint
 
     out("The SMs alone (no host, no driver):")

@@ -43,15 +43,15 @@ import time
 
 import numpy as np
 
-from bench.common import write_json
-import guest
-from bench.hotpaths import _median_time
+from pvgpu.bench.common import write_json
+from pvgpu import guest
+from pvgpu.bench.hotpaths import _median_time
 from pvgpu import fairness
 from pvgpu.demo import parse_tenant_output, stop_guests, tenant_args, vgpu_arg
 from pvgpu.procs import HostProcess, private_endpoint, spawn_guest
 from pvgpu.smi import DeviceStats
-from transport.admin import admin_endpoint_for
-from spec import wire
+from pvgpu.transport.admin import admin_endpoint_for
+from pvgpu.spec import wire
 
 MiB = 1 << 20
 STARTUP_S = 30.0  # every guest must have a context by then

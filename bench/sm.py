@@ -11,7 +11,7 @@ StreamingMultiprocessors, as the command processor uses them. Kernels are writte
 spec/isa.py's encoder. Every figure is a ratio to numpy or a rate; run_bench returns
 them (for `pvgpu bench ptx` and the README) and prints them; times are medians.
 
-Usage: python -m bench.sm [--quick] [--json FILE]
+Usage: python -m pvgpu.bench.sm [--quick] [--json FILE]
 """
 
 from __future__ import annotations
@@ -23,15 +23,15 @@ import sys
 
 import numpy as np
 
-from bench.common import rounds, write_json
-from host.hw.kernels import NEVER_STOP
-from host.hw.mmu import Mmu
-from host.hw.regs import PAGE_SIZE, PDE_VALID, PT_ENTRIES, PTE_EXEC, PTE_READ, PTE_VALID, PTE_WRITE
-from host.hw.sm import CodeLaunch, StreamingMultiprocessors
-from host.hw.sysmem import SystemMemory
-from host.hw.vram import Vram
-from spec import isa
-from spec.isa import OPND_PRED, OPND_R32, OPND_R64, OPND_SIMM, OPND_SREG, operand
+from pvgpu.bench.common import rounds, write_json
+from pvgpu.host.hw.kernels import NEVER_STOP
+from pvgpu.host.hw.mmu import Mmu
+from pvgpu.host.hw.regs import PAGE_SIZE, PDE_VALID, PT_ENTRIES, PTE_EXEC, PTE_READ, PTE_VALID, PTE_WRITE
+from pvgpu.host.hw.sm import CodeLaunch, StreamingMultiprocessors
+from pvgpu.host.hw.sysmem import SystemMemory
+from pvgpu.host.hw.vram import Vram
+from pvgpu.spec import isa
+from pvgpu.spec.isa import OPND_PRED, OPND_R32, OPND_R64, OPND_SIMM, OPND_SREG, operand
 
 VMID = 1
 RW = PTE_VALID | PTE_READ | PTE_WRITE

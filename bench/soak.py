@@ -16,8 +16,8 @@ import subprocess
 import sys
 import time
 
-from bench.common import write_json
-from bench.jobs import _children
+from pvgpu.bench.common import write_json
+from pvgpu.bench.jobs import _children
 from pvgpu.procs import HostProcess, private_endpoint
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-import guest
+import pvgpu
 
 HERE = Path(__file__).resolve().parent
 
@@ -25,7 +25,7 @@ def load(ctx):
     try:
         mod = ctx.load_module(HERE / "cuda_kernels.cu")  # CUDA C: NVRTC -> PTX -> code object
         print("compiled cuda_kernels.cu with NVRTC")
-    except guest.CudaCompileError as e:
+    except pvgpu.CudaCompileError as e:
         print(f"{e}\n-> using the PTX nvcc made (cuda_kernels.ptx)")
         mod = ctx.load_module(HERE / "cuda_kernels.ptx")
     return mod
@@ -36,7 +36,7 @@ def main(argv=None) -> None:
     memory = "inline" if "--memory" in argv and argv[argv.index("--memory") + 1] == "inline" \
         else "shared"
     endpoint = next((a for a in argv if "://" in a), None)
-    with guest.connect(endpoint, memory=memory) as conn:
+    with pvgpu.connect(endpoint, memory=memory) as conn:
         with conn.devices[0].create_context() as ctx:
             mod = load(ctx)
             poly = mod.get_function("poly_affine")

@@ -10,7 +10,7 @@ import argparse
 
 import numpy as np
 
-import guest
+import pvgpu
 
 BATCH, FEATURES, HIDDEN, CLASSES = 64, 256, 128, 10
 
@@ -30,7 +30,7 @@ def main(argv=None) -> None:
     w1 = (rng.standard_normal((FEATURES, HIDDEN)) / np.sqrt(FEATURES)).astype(np.float32)
     w2 = (rng.standard_normal((HIDDEN, CLASSES)) / np.sqrt(HIDDEN)).astype(np.float32)
 
-    with guest.connect(args.endpoint, memory=args.memory) as conn:
+    with pvgpu.connect(args.endpoint, memory=args.memory) as conn:
         with conn.devices[0].create_context("mlp") as ctx:
             dx, dw1, dw2 = ctx.to_device(x), ctx.to_device(w1), ctx.to_device(w2)
             h = ctx.empty((BATCH, HIDDEN))

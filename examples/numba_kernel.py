@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-import guest
+import pvgpu
 
 
 def numba_array(arr) -> tuple:
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ptx, _ = cuda.compile_ptx(damped_wave, "float32[:], float32[:], float32", cc=(8, 0))
     n = 1 << 16
     x = np.linspace(-4, 4, n, dtype=np.float32)
-    with guest.connect(args.endpoint, memory=args.memory) as conn:
+    with pvgpu.connect(args.endpoint, memory=args.memory) as conn:
         with conn.devices[0].create_context() as ctx:
             mod = ctx.load_module(ptx)
             (name,) = mod.function_names  # numba mangles the Python name

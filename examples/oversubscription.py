@@ -12,7 +12,7 @@ import tempfile
 
 import numpy as np
 
-import guest
+import pvgpu
 from pvgpu.procs import HostProcess
 
 CHUNK = 1 << 20  # float32 elements per buffer: 4 MiB
@@ -30,7 +30,7 @@ def show(when: str, dev) -> None:
 
 def run(endpoint: str) -> None:
     rng = np.random.default_rng(3)
-    with guest.connect(endpoint) as conn:
+    with pvgpu.connect(endpoint) as conn:
         dev = conn.devices[0]
         vram = dev.stats()["mem"]["vram_size"]
         count = max(2, int(0.75 * vram) // (4 * CHUNK))  # each context: 3/4 of VRAM

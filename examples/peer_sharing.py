@@ -12,13 +12,13 @@ import sys
 
 import numpy as np
 
-import guest
+import pvgpu
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     n = 1 << 20
-    with guest.connect(argv[0] if argv else None) as conn:
+    with pvgpu.connect(argv[0] if argv else None) as conn:
         gpu0, gpu1 = conn.devices
         print(f"GPU 1 -> GPU 0: {gpu1.peer_info(gpu0)}")
         with gpu0.create_context("producer") as c0, gpu1.create_context("consumer") as c1:

@@ -1,4 +1,4 @@
-"""A guest driver written from the spec alone: no guest/, no transport/, only spec.wire's
+"""A guest driver written from the spec alone: no guest/, no transport/, only pvgpu.spec.wire's
 constants, zmq and msgpack. It opens a session, offers its memory, sets up one split
 virtqueue and sends three commands: MEM_ALLOC, COPY_H2D and COPY_D2H, then checks that the
 bytes came back.
@@ -16,7 +16,7 @@ import sys
 import msgpack
 import zmq
 
-from spec import wire
+from pvgpu.spec import wire
 
 MEM = 1 << 20  # guest memory: one sealed memfd the host maps (shared model, spec §3.2)
 Q = 16  # queue size; the rings sit at fixed guest-physical addresses
@@ -102,7 +102,7 @@ def call(command: bytes, readable=(), writable=()) -> bytes:
 
 
 def cmd(kind: int, *body, fence: int = 0) -> bytes:
-    """A command: the control header, then the body in its spec.wire format."""
+    """A command: the control header, then the body in its pvgpu.spec.wire format."""
     return (wire.pack_ctrl_hdr(kind, wire.FLAG_FENCE if fence else 0, fence, CTX)
             + struct.pack(wire.CMD_BODY_FORMATS[kind], *body))
 

@@ -22,7 +22,7 @@ import tempfile
 
 import numpy as np
 
-import guest
+from pvgpu import guest
 from pvgpu.procs import HostProcess
 
 

@@ -8,13 +8,13 @@ import sys
 
 import numpy as np
 
-import guest
+import pvgpu
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     n = 1 << 16
-    with guest.connect(argv[0] if argv else None, mem_size=64 << 20) as conn:
+    with pvgpu.connect(argv[0] if argv else None, mem_size=64 << 20) as conn:
         dev = conn.devices[0]
         with dev.create_context("producer") as producer, dev.create_context("consumer") as consumer:
             seg = producer.shm_get("example-buffer", 4 * n)  # the first call allocates

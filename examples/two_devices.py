@@ -7,14 +7,14 @@ import sys
 
 import numpy as np
 
-import guest
+import pvgpu
 
 
 def main(argv=None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     rng = np.random.default_rng(1)
     m = 128
-    with guest.connect(argv[0] if argv else None) as conn:
+    with pvgpu.connect(argv[0] if argv else None) as conn:
         contexts = [dev.create_context(f"gemm-{dev.index}") for dev in conn.devices]
         jobs = []
         for ctx in contexts:  # launch on every device first: the GPUs work in parallel

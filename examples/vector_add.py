@@ -8,7 +8,7 @@ import argparse
 
 import numpy as np
 
-import guest
+import pvgpu
 
 
 def main(argv=None) -> None:
@@ -19,7 +19,7 @@ def main(argv=None) -> None:
     n = 1 << 20
     a = np.random.default_rng(0).standard_normal(n).astype(np.float32)
     b = np.ones(n, np.float32)
-    with guest.connect(args.endpoint, memory=args.memory) as conn:
+    with pvgpu.connect(args.endpoint, memory=args.memory) as conn:
         dev = conn.devices[0]
         print(f"{dev}: features {', '.join(dev.features)}")
         with dev.create_context() as ctx:

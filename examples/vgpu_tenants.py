@@ -12,7 +12,7 @@ import tempfile
 import threading
 import time
 
-import guest
+import pvgpu
 from pvgpu.procs import HostProcess
 
 VGPUS = {"A": 75, "B": 25}  # compute share of each vGPU, in percent
@@ -22,7 +22,7 @@ SECONDS = 1.5
 def tenant(endpoint: str, vgpu: str, started: threading.Barrier, stop: threading.Event,
            report: dict) -> None:
     """One guest on `vgpu`: 5 ms jobs back to back until `stop`; then its view of the GPU."""
-    with guest.connect(endpoint, vgpu=vgpu, name=f"tenant-{vgpu}") as conn:
+    with pvgpu.connect(endpoint, vgpu=vgpu, name=f"tenant-{vgpu}") as conn:
         dev = conn.devices[0]
         with dev.create_context(f"work-{vgpu}") as ctx:
             started.wait()

@@ -1,18 +1,18 @@
-"""pvgpu guest: the compute API (guest.api) over the virtio frontend (guest.frontend).
+"""pvgpu guest: the compute API (pvgpu.guest.api) over the virtio frontend (pvgpu.guest.frontend).
 
-    import guest
+    from pvgpu import guest
     with guest.connect() as conn:
         ctx = conn.devices[0].create_context()
         ...
 """
 
-from guest.api.array import DeviceArray, MappedArray, VaRange
-from guest.api.connection import Connection, connect
-from guest.api.context import Context
-from guest.api.device import Device
-from guest.api.event import Event, EventHandle
-from guest.api.stream import Stream
-from guest.api.errors import (AuthenticationError, ChannelError, ChannelTimeout,
+from pvgpu.guest.api.array import DeviceArray, MappedArray, VaRange
+from pvgpu.guest.api.connection import Connection, connect
+from pvgpu.guest.api.context import Context
+from pvgpu.guest.api.device import Device
+from pvgpu.guest.api.event import Event, EventHandle
+from pvgpu.guest.api.stream import Stream
+from pvgpu.guest.api.errors import (AuthenticationError, ChannelError, ChannelTimeout,
                               ConnectionClosedError, ContextLostError, ControlError,
                               DeviceError, DeviceNeedsReset, HostLost, HostNotFound,
                               InvalidAddressError, InvalidContextError, InvalidEventError,
@@ -21,9 +21,9 @@ from guest.api.errors import (AuthenticationError, ChannelError, ChannelTimeout,
                               OutOfGuestMemory, OutOfMemoryError, OutOfRangeError,
                               PageFaultError, PermissionDeniedError, PvgpuError,
                               ShortCommandError, UnknownCommandError)
-from guest.api.prime import BufferHandle, ImportedArray
-from guest.api.shm import SharedArray, SharedSegment, ShmHandle
-from spec.wire import KERNELS_BY_NAME as _K
+from pvgpu.guest.api.prime import BufferHandle, ImportedArray
+from pvgpu.guest.api.shm import SharedArray, SharedSegment, ShmHandle
+from pvgpu.spec.wire import KERNELS_BY_NAME as _K
 
 KERNELS = sorted(_K)
 
@@ -40,12 +40,12 @@ __all__ = [
     "ChannelTimeout",
 ]
 
-from guest.api.pinned import PinnedArray, PinnedMemoryError  # noqa: E402  (pinned host memory)
+from pvgpu.guest.api.pinned import PinnedArray, PinnedMemoryError  # noqa: E402  (pinned host memory)
 
 __all__ += ["PinnedArray", "PinnedMemoryError"]
-from guest.api.errors import (CudaCompileError, IllegalCodeError,  # noqa: E402  (modules)
+from pvgpu.guest.api.errors import (CudaCompileError, IllegalCodeError,  # noqa: E402  (modules)
                               ModuleLoadError, NotFoundError, PtxCompileError)
-from guest.api.module import Function, Module, ModuleGlobal  # noqa: E402
+from pvgpu.guest.api.module import Function, Module, ModuleGlobal  # noqa: E402
 
 __all__ += ["Module", "Function", "ModuleGlobal", "IllegalCodeError", "ModuleLoadError",
             "PtxCompileError", "CudaCompileError", "NotFoundError"]

@@ -9,7 +9,7 @@ directory, its own thread) with a registry of operations. Built in: `stats`
 where ``handler(request: dict) -> dict`` gets the request map (its own fields beside
 `op` and `seq`) and returns the reply's fields; it runs on the admin thread, never on
 the guest I/O loop, so it must only read the loop's state or take the locks the engines
-take; it raises transport.admin.AdminRequestError(message) to answer `failed`.
+take; it raises pvgpu.transport.admin.AdminRequestError(message) to answer `failed`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 import os
 import time
 
-from spec import wire
-from host.backend.stats import session_usage
-from host.hw.regs import ENGINE_NAMES
-from transport.admin import AdminServer
+from pvgpu.spec import wire
+from pvgpu.host.backend.stats import session_usage
+from pvgpu.host.hw.regs import ENGINE_NAMES
+from pvgpu.transport.admin import AdminServer
 
 
 class AdminService:

@@ -23,10 +23,10 @@ import os
 import re
 from dataclasses import dataclass, field
 
-from host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BUFFER_NS,
+from pvgpu.host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BUFFER_NS,
                             DEFAULT_TIMEOUT_NS, POLICIES, VgpuShares)
-from host.kmd.errors import InvalidArgument
-from host.hw.regs import PAGE_SIZE
+from pvgpu.host.kmd.errors import InvalidArgument
+from pvgpu.host.hw.regs import PAGE_SIZE
 
 _NAME = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 SHARE_KEYS = ("compute", "copy", "mem")
@@ -60,7 +60,7 @@ class SchedConfig:
         return self
 
     def kmd_kwargs(self) -> dict:
-        """Keyword arguments for host.kmd.device.KmdDevice."""
+        """Keyword arguments for pvgpu.host.kmd.device.KmdDevice."""
         return {"policy": self.policy, "hw_limit": self.hw_limit,
                 "job_timeout_ns": self.job_timeout_ms * 1_000_000,
                 "time_buffer_ns": self.time_buffer_us * 1_000,

@@ -25,16 +25,16 @@ import sys
 import threading
 import time
 
-from spec import wire
-from host.backend.session import Backend
-from host.hw.gpu import Platform
-from host.hw.pcie import DEFAULT_LAYOUT
-from host.config import SchedConfig
-from host.kmd.device import KmdDevice
-from host.admin import AdminService
-from transport.admin import default_admin_endpoint
-from host.kmd.trace import TraceError, TraceRecorder
-from transport.channel import HostChannel, default_endpoint
+from pvgpu.spec import wire
+from pvgpu.host.backend.session import Backend
+from pvgpu.host.hw.gpu import Platform
+from pvgpu.host.hw.pcie import DEFAULT_LAYOUT
+from pvgpu.host.config import SchedConfig
+from pvgpu.host.kmd.device import KmdDevice
+from pvgpu.host.admin import AdminService
+from pvgpu.transport.admin import default_admin_endpoint
+from pvgpu.host.kmd.trace import TraceError, TraceRecorder
+from pvgpu.transport.channel import HostChannel, default_endpoint
 
 log = logging.getLogger("pvgpu.host")
 
@@ -169,7 +169,7 @@ class HostServer:
         (CTL-AUTH-4). An unreadable directory keeps the keys as they were."""
         try:
             revoked = self.channel.reload_authorized_keys()
-        except ValueError as e:  # transport.curve.CurveKeyError
+        except ValueError as e:  # pvgpu.transport.curve.CurveKeyError
             log.error("authorized keys not re-read, the old ones stay: %s", e)
             return
         print(f"pvgpu host: re-read the authorized keys: {len(self.channel.curve.authorized)} "

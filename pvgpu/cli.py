@@ -52,7 +52,7 @@ import re
 import signal
 import sys
 
-from spec import wire
+from pvgpu.spec import wire
 
 TENANT_WORKLOADS = ("long", "short", "copy", "mixed")  # pvgpu.tenant.WORKLOADS (no numpy here)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -89,14 +89,14 @@ def _add_key_options(p: argparse.ArgumentParser) -> None:
 
 
 def _default_ep() -> str:
-    from transport.channel import default_endpoint
+    from pvgpu.transport.channel import default_endpoint
     return default_endpoint()
 
 
 def _default_ep_help() -> str:
     """The default endpoint for a help text: its directory may be refused (CTL-ENDPOINT-2),
     which only the commands that use it report."""
-    from transport.channel import ChannelError
+    from pvgpu.transport.channel import ChannelError
     try:
         return _default_ep()
     except ChannelError as e:
@@ -405,7 +405,7 @@ def report_error(command: str, exc: Exception) -> int:
     """Print `exc` as one line and a hint on stderr -> the exit status: 2 for an error in
     what the user asked, 1 for a failure of the command (or of pvgpu itself)."""
     from pvgpu.procs import HostStartError
-    from transport.errors import PvgpuError
+    from pvgpu.transport.errors import PvgpuError
     text = str(exc) or type(exc).__name__
     hint = getattr(exc, "hint", None)
     code = 2
@@ -439,10 +439,10 @@ def cmd_smi(args) -> int:
 def cmd_host(args) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from host.kmd.trace import TraceError
-    from host.config import check_vram
-    from host.main import run_host
-    from transport.channel import ChannelError
+    from pvgpu.host.kmd.trace import TraceError
+    from pvgpu.host.config import check_vram
+    from pvgpu.host.main import run_host
+    from pvgpu.transport.channel import ChannelError
     try:
         endpoints = list(args.listen) if args.no_default else [_default_ep(), *args.listen]
     except ChannelError as e:  # the default endpoint's directory is refused
@@ -474,9 +474,9 @@ def cmd_host(args) -> int:
 
 
 def host_keys(args, endpoints):
-    """The host's CURVE keys (transport.curve.ServerKeys) or None; ValueError if tcp is
+    """The host's CURVE keys (pvgpu.transport.curve.ServerKeys) or None; ValueError if tcp is
     asked for without keys and without --insecure (spec CTL-AUTH-3)."""
-    from transport.curve import ServerKeys
+    from pvgpu.transport.curve import ServerKeys
     if (args.curve_secret_key is None) != (args.authorized_keys is None):
         raise ValueError("--curve-secret-key and --authorized-keys go together")
     tcp = [ep for ep in endpoints if ep.startswith("tcp://")]
@@ -496,7 +496,7 @@ def host_keys(args, endpoints):
 
 
 def cmd_keygen(args) -> int:
-    from transport.curve import CurveKeyError, read_key_file, write_keypair
+    from pvgpu.transport.curve import CurveKeyError, read_key_file, write_keypair
     try:
         public, secret = write_keypair(args.directory, args.name)
     except (CurveKeyError, OSError) as e:
@@ -508,13 +508,13 @@ def cmd_keygen(args) -> int:
 
 
 def _layouts():
-    from host.hw.pcie import LAYOUTS
+    from pvgpu.host.hw.pcie import LAYOUTS
     return tuple(LAYOUTS)
 
 
 def sched_config(args):
     """The host's SchedConfig from --vgpu-config, then the command-line overrides."""
-    from host.config import SchedConfig, load_config, parse_vgpu
+    from pvgpu.host.config import SchedConfig, load_config, parse_vgpu
     cfg = load_config(args.vgpu_config) if args.vgpu_config else SchedConfig()
     if args.sched:
         cfg.policy = args.sched
@@ -528,7 +528,7 @@ def sched_config(args):
 
 def _connect(args):
     """A guest connection as the command's options say; UserError if there is none."""
-    import guest
+    from pvgpu import guest
     other = "or pass --connect ENDPOINT (or set PVGPU_ENDPOINT) to reach another host"
     try:
         return guest.connect(args.connect, memory=args.memory, mem_size=args.mem_size,
@@ -593,7 +593,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_tenant(args) -> int:
-    import guest
+    from pvgpu import guest
     from pvgpu.tenant import run
     name = args.name or f"tenant-{args.workload}"
     stop = []
@@ -682,16 +682,16 @@ def cmd_bench(args) -> int:
     if args.plot is not None and not _plots_available(f"pvgpu bench {args.which}"):
         return 2
     if args.which == "sched":
-        from bench.sched import run_bench as run_sched
+        from pvgpu.bench.sched import run_bench as run_sched
         return run_sched(seconds=args.seconds, policies=args.policies.split(","),
                          json_path=args.json, quick=args.quick, parts=args.parts.split(","),
                          time_buffer_us=args.time_buffer_us, short_us=args.short_us,
                          plot_dir=args.plot)
     if args.which == "dataflow":
-        from bench.dataflow import run_bench as run_dataflow
+        from pvgpu.bench.dataflow import run_bench as run_dataflow
         return run_dataflow(json_path=args.json, quick=args.quick)
     if args.which == "p2p":
-        from bench.p2p import parse_sizes, run_bench as run_p2p
+        from pvgpu.bench.p2p import parse_sizes, run_bench as run_p2p
         try:
             sizes = parse_sizes(args.sizes)
         except ValueError as e:
@@ -699,29 +699,29 @@ def cmd_bench(args) -> int:
             return 2
         return run_p2p(json_path=args.json, quick=args.quick, sizes_mib=sizes)
     if args.which == "ptx":
-        from bench.ptx import run_bench as run_ptx
+        from pvgpu.bench.ptx import run_bench as run_ptx
         run_ptx(json_path=args.json, quick=args.quick)
         return 0
     if args.which == "jobs":
-        from bench.jobs import run_bench as run_jobs
+        from pvgpu.bench.jobs import run_bench as run_jobs
         run_jobs(json_path=args.json, quick=args.quick)
         return 0
     if args.which == "faults":
-        from bench.faults import run_bench as run_faults
+        from pvgpu.bench.faults import run_bench as run_faults
         results = run_faults(json_path=args.json, quick=args.quick)
         return 0 if all(r["met"] for r in results.values()) or args.quick else 1
     if args.which == "soak":
-        from bench.soak import run_bench as run_soak
+        from pvgpu.bench.soak import run_bench as run_soak
         run_soak(rounds=2 if args.quick else args.rounds, ops=500 if args.quick else 2000,
                  workloads=args.workloads, json_path=args.json)
         return 0
     if args.which == "fuzz":
-        from bench.fuzz.runner import run_bench as run_fuzz
+        from pvgpu.bench.fuzz.runner import run_bench as run_fuzz
         return run_fuzz(cases=args.cases, seed=args.seed, json_path=args.json)
     if args.which == "copies":
-        from bench.copies import run_bench as run_copies
+        from pvgpu.bench.copies import run_bench as run_copies
         return run_copies(json_path=args.json, quick=args.quick, plot_dir=args.plot)
-    from bench.hotpaths import run_bench
+    from pvgpu.bench.hotpaths import run_bench
     return run_bench(json_path=args.json, quick=args.quick)
 
 
@@ -747,7 +747,7 @@ def cmd_conformance(args) -> int:
                     server_key=args.server_key, client_key=args.client_key)
     try:
         target.curve_for(args.endpoint)
-    except ValueError as e:  # transport.curve.CurveKeyError: a key file that is not one
+    except ValueError as e:  # pvgpu.transport.curve.CurveKeyError: a key file that is not one
         print(f"pvgpu conformance: {e}", file=sys.stderr)
         return 2
 

@@ -46,7 +46,7 @@ import sys
 import threading
 import time
 
-from spec import wire
+from pvgpu.spec import wire
 from pvgpu import fairness
 
 WORKLOAD_CYCLE = ("long", "short", "copy", "mixed")
@@ -147,7 +147,7 @@ def run_sharing(guests: int | None, sched: str = "band", seconds: float = 10.0,
     out = out or _say
     from pvgpu.procs import HostProcess, private_endpoint, spawn_guest
     from pvgpu.smi import DeviceStats
-    from transport.admin import admin_endpoint_for
+    from pvgpu.transport.admin import admin_endpoint_for
     try:
         compute = parse_shares(shares, guests)
     except ValueError as e:
@@ -413,7 +413,7 @@ def p2p_producer(endpoint: str, n: int) -> int:
     """Guest A: on device 0, computes 0.5 * (i % 1000) with a kernel, exports it and prints
     `handle <str>`; waits for `done` (or EOF) on stdin, then frees it and exits."""
     import numpy as np
-    import guest
+    from pvgpu import guest
     with guest.connect(endpoint, memory=wire.MEMORY_SHARED, mem_size=P2P_MEM,
                        name="p2p-producer") as conn:
         with conn.devices[0].create_context("producer") as ctx:
@@ -436,7 +436,7 @@ def p2p_consumer(endpoint: str, n: int) -> int:
     fabric allows it, imports the buffer, scales it by 2 into its own buffer and sums that
     on the device; prints `result <json>` (placement, sums, times)."""
     import numpy as np
-    import guest
+    from pvgpu import guest
     handle = sys.stdin.readline().split(" ", 1)[1].strip()
     with guest.connect(endpoint, memory=wire.MEMORY_SHARED, mem_size=P2P_MEM,
                        name="p2p-consumer") as conn:

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from transport.errors import PvgpuError
+from pvgpu.transport.errors import PvgpuError
 
 
 class HostStartError(PvgpuError, RuntimeError):

@@ -33,8 +33,8 @@ class SmiError(Exception):
 def resolve(endpoint: str | None = None, admin_endpoint: str | None = None) -> tuple:
     """-> (host endpoint or None, admin endpoint): `admin_endpoint` as given, else the one
     beside `endpoint` (or the default endpoint), by spec [CTL-ADMIN-2]. SmiError if none."""
-    from transport.admin import admin_endpoint_for
-    from transport.channel import ChannelError, default_endpoint
+    from pvgpu.transport.admin import admin_endpoint_for
+    from pvgpu.transport.channel import ChannelError, default_endpoint
     if admin_endpoint:
         return endpoint, admin_endpoint
     try:
@@ -48,9 +48,9 @@ def resolve(endpoint: str | None = None, admin_endpoint: str | None = None) -> t
 
 
 def connect(endpoint: str | None = None, admin_endpoint: str | None = None, timeout: float = 5.0):
-    """-> a transport.admin.AdminClient; SmiError with the reason when there is no host,
+    """-> a pvgpu.transport.admin.AdminClient; SmiError with the reason when there is no host,
     no admin socket or no permission."""
-    from transport.admin import AdminClient, AdminError
+    from pvgpu.transport.admin import AdminClient, AdminError
     endpoint, admin = resolve(endpoint, admin_endpoint)
     try:
         return AdminClient(admin, timeout=timeout)
@@ -67,7 +67,7 @@ class DeviceStats:
     ([CMD-STATS-4])."""
 
     def __init__(self, admin_endpoint: str, device: int = 0, timeout: float = 10.0):
-        from transport.admin import AdminClient
+        from pvgpu.transport.admin import AdminClient
         self.client = AdminClient(admin_endpoint, timeout=timeout)
         self.device = device
 
@@ -198,7 +198,7 @@ def render(summary: dict, width: int = 107) -> str:
 def run(endpoint: str | None = None, admin_endpoint: str | None = None, *,
         loop: float | None = None, as_json: bool = False, out=None) -> int:
     """`pvgpu smi`: -> exit code (0; 1 with a one-line error on stderr)."""
-    from transport.admin import AdminError
+    from pvgpu.transport.admin import AdminError
     out = out or sys.stdout
     try:
         client = connect(endpoint, admin_endpoint)

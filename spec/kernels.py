@@ -4,7 +4,7 @@ The built-in kernel library (spec/pvgpu.md §8): each kernel's id, name and argu
 kinds, the element type its pointer arguments point at, which of them it writes, and the
 access bits the MMU reports in a page fault. The hardware (host/hw) executes kernels by
 this table and reports faults with these bits; the guest's user-mode driver packs launch
-arguments by it. spec.wire re-exports these names, since LAUNCH's kernel ids and a page
+arguments by it. pvgpu.spec.wire re-exports these names, since LAUNCH's kernel ids and a page
 fault's `access` travel on the wire, but the hardware imports them from here and knows
 nothing of the guest protocol.
 """

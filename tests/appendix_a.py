@@ -3,7 +3,7 @@
 The appendix is a worked example: one COPY_H2D request, shown as the control messages and
 the bytes in guest memory that carry it, in both memory models. Nothing in it is typed by
 hand: `record(endpoint, memory)` drives a real host through a minimal driver written here
-(transport.channel, transport.virtqueue, transport.memory; none of guest/), keeps every
+(pvgpu.transport.channel, pvgpu.transport.virtqueue, pvgpu.transport.memory; none of guest/), keeps every
 control message it sent and received and the guest-memory bytes of the request, and
 `render()` turns two recordings into the appendix's text. tests/conformance/
 test_spec_appendix.py records a fresh session and fails when the text differs from the
@@ -23,11 +23,11 @@ import struct
 import sys
 from pathlib import Path
 
-from spec import wire
-from transport.channel import GuestChannel
-from transport.codec import encode
-from transport.memory import InlineGuestMemory, SharedGuestMemory
-from transport.virtqueue import DriverQueue, VirtqLayout
+from pvgpu.spec import wire
+from pvgpu.transport.channel import GuestChannel
+from pvgpu.transport.codec import encode
+from pvgpu.transport.memory import InlineGuestMemory, SharedGuestMemory
+from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
 
 SPEC = Path(__file__).resolve().parents[1] / "spec" / "pvgpu.md"
 HEADING = "## Appendix A"

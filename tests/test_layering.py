@@ -6,8 +6,8 @@ device) -> host/kmd (the kernel-mode driver) -> host/hw (the emulated GPU); spec
 floor. What each layer may import is listed in ALLOWED; anything else of this repository
 it imports, at module level or inside a function, fails the test. In particular:
 
-- host/hw and host/kmd never import spec.wire (the guest protocol): the hardware's kernel
-  ABI is spec.kernels, the ISA spec.isa, and the limits the wire sets for a guest's
+- host/hw and host/kmd never import pvgpu.spec.wire (the guest protocol): the hardware's kernel
+  ABI is pvgpu.spec.kernels, the ISA pvgpu.spec.isa, and the limits the wire sets for a guest's
   contexts reach the KMD as ContextLimits from host/backend (host/backend/limits.py);
 - no lower layer imports a higher one (hw -> kmd, kmd -> backend, transport -> host or
   guest, frontend -> api, ...);
@@ -37,20 +37,20 @@ PACKAGES = ("spec", "transport", "host", "guest", "pvgpu", "bench")
 # layer -> what its modules may import of this repository (prefixes of module names)
 ALLOWED = {
     "spec": ("spec",),
-    "host.hw": ("host.hw", "spec.isa", "spec.kernels"),
-    "host.kmd": ("host.kmd", "host.hw", "spec.isa", "spec.kernels"),
+    "pvgpu.host.hw": ("pvgpu.host.hw", "pvgpu.spec.isa", "pvgpu.spec.kernels"),
+    "pvgpu.host.kmd": ("pvgpu.host.kmd", "pvgpu.host.hw", "pvgpu.spec.isa", "pvgpu.spec.kernels"),
     "transport": ("transport", "spec"),
-    "host.backend": ("host.backend", "host.kmd", "transport", "spec"),
-    "guest.frontend": ("guest.frontend", "transport", "spec"),
-    "guest.jit": ("guest.jit", "spec"),
-    "guest.api": ("guest.api", "guest.frontend", "guest.jit", "spec"),
-    "guest": ("guest.api", "spec"),  # the package's own __init__: re-exports the API
+    "pvgpu.host.backend": ("pvgpu.host.backend", "pvgpu.host.kmd", "transport", "spec"),
+    "pvgpu.guest.frontend": ("pvgpu.guest.frontend", "transport", "spec"),
+    "pvgpu.guest.jit": ("pvgpu.guest.jit", "spec"),
+    "pvgpu.guest.api": ("pvgpu.guest.api", "pvgpu.guest.frontend", "pvgpu.guest.jit", "spec"),
+    "guest": ("pvgpu.guest.api", "spec"),  # the package's own __init__: re-exports the API
     # the host process (host/main.py, host/config.py): puts the layers together
     "host": ("host", "transport", "spec"),
     # the conformance suite: a client of the wire protocol (and of `python -m pvgpu run`)
     "pvgpu.conformance": ("pvgpu.conformance", "pvgpu.procs", "guest", "transport", "spec"),
 }
-ZMQ_USERS = ("transport.channel", "transport.curve", "transport.admin", "bench",
+ZMQ_USERS = ("pvgpu.transport.channel", "pvgpu.transport.curve", "pvgpu.transport.admin", "bench",
              "pvgpu.conformance.rawpeer")
 # The import cycles among guest/api modules today: one component, through core's
 # function-level imports of module, prime and shm, and operands' and params' of core.
@@ -119,12 +119,12 @@ def _ours(module: str) -> bool:
 
 
 def test_the_source_tree_is_seen():
-    for name in ("spec.wire", "spec.kernels", "host.hw.mmu", "host.kmd.device",
-                 "host.backend.commands", "transport.channel", "guest.api.context",
-                 "guest.frontend.driver", "pvgpu.cli"):
+    for name in ("pvgpu.spec.wire", "pvgpu.spec.kernels", "pvgpu.host.hw.mmu", "pvgpu.host.kmd.device",
+                 "pvgpu.host.backend.commands", "pvgpu.transport.channel", "pvgpu.guest.api.context",
+                 "pvgpu.guest.frontend.driver", "pvgpu.cli"):
         assert name in MODULES, name
-    assert ("spec.kernels", False) in {(m, lazy) for m, lazy, _ in IMPORTS["host.hw.mmu"]}
-    assert ("bench.hotpaths", True) in {(m, lazy) for m, lazy, _ in IMPORTS["pvgpu.cli"]}
+    assert ("pvgpu.spec.kernels", False) in {(m, lazy) for m, lazy, _ in IMPORTS["pvgpu.host.hw.mmu"]}
+    assert ("pvgpu.bench.hotpaths", True) in {(m, lazy) for m, lazy, _ in IMPORTS["pvgpu.cli"]}
 
 
 def test_each_layer_imports_only_what_it_stands_on():
@@ -141,8 +141,8 @@ def test_each_layer_imports_only_what_it_stands_on():
 
 def test_the_hardware_and_the_kmd_never_import_the_wire_module():
     bad = [f"{name}:{line}" for name, imports in IMPORTS.items()
-           if _within(name, "host.hw") or _within(name, "host.kmd")
-           for module, _lazy, line in imports if _within(module, "spec.wire")]
+           if _within(name, "pvgpu.host.hw") or _within(name, "pvgpu.host.kmd")
+           for module, _lazy, line in imports if _within(module, "pvgpu.spec.wire")]
     assert bad == []
 
 
@@ -200,7 +200,7 @@ def _cycles(graph: dict) -> list:
 
 
 def test_guest_api_has_no_import_cycle_but_those_known():
-    api = {n for n in MODULES if _within(n, "guest.api")}
+    api = {n for n in MODULES if _within(n, "pvgpu.guest.api")}
     new = [sorted(c) for c in _cycles(_import_graph(api))
            if not any(c <= known for known in KNOWN_API_CYCLES)]
     assert new == []
@@ -213,7 +213,7 @@ def test_the_cycle_finder_finds_every_cycle_and_nothing_else():
 
 
 def test_type_only_imports_are_seen_but_are_no_edges_of_the_cycle_graph():
-    typed = [(m, lazy) for m, lazy, _line in IMPORTS["guest.api.array"] if m == "guest.api.context"]
-    assert typed == [("guest.api.context", TYPE_ONLY)]
-    assert "guest.api.context" not in _import_graph({"guest.api.array", "guest.api.context"})[
-        "guest.api.array"]
+    typed = [(m, lazy) for m, lazy, _line in IMPORTS["pvgpu.guest.api.array"] if m == "pvgpu.guest.api.context"]
+    assert typed == [("pvgpu.guest.api.context", TYPE_ONLY)]
+    assert "pvgpu.guest.api.context" not in _import_graph({"pvgpu.guest.api.array", "pvgpu.guest.api.context"})[
+        "pvgpu.guest.api.array"]

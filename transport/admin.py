@@ -31,10 +31,10 @@ import threading
 import msgpack
 import zmq
 
-from spec.wire import (ADMIN_DIR_SUFFIX, ADMIN_ENDPOINT_NAME, ADMIN_ERR_FAILED,
+from pvgpu.spec.wire import (ADMIN_DIR_SUFFIX, ADMIN_ENDPOINT_NAME, ADMIN_ERR_FAILED,
                        ADMIN_ERR_MALFORMED, ADMIN_ERR_UNKNOWN_OP, MAX_ADMIN_REQUEST_SIZE, OP_REPLY)
-from transport.channel import ChannelError, clear_stale_ipc, ipc_path, private_directory
-from transport.errors import PvgpuError
+from pvgpu.transport.channel import ChannelError, clear_stale_ipc, ipc_path, private_directory
+from pvgpu.transport.errors import PvgpuError
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import struct
 
-from spec.wire import (
+from pvgpu.spec.wire import (
     VIRTQ_DESC_F_INDIRECT,
     VIRTQ_DESC_F_NEXT,
     VIRTQ_DESC_F_WRITE,
@@ -35,7 +35,7 @@ from spec.wire import (
     VIRTQ_MAX_CHAIN_BYTES,
     VIRTQ_MAX_INDIRECT,
 )
-from transport.errors import (
+from pvgpu.transport.errors import (
     VQ_ADDR_RANGE,
     VQ_CHAIN_LEN,
     VQ_HEAD_RANGE,
@@ -49,7 +49,7 @@ from transport.errors import (
     ChainError,
     VirtqError,
 )
-from transport.memory import as_byte_view
+from pvgpu.transport.memory import as_byte_view
 
 _unpack_desc = struct.Struct(VIRTQ_DESC_FORMAT).unpack_from
 

@@ -11,7 +11,7 @@ HostChannel (host main loop, one thread)
     extra file descriptors (a ``Waker`` that engine threads signal), then drains what
     is ready, at most ``max_batch`` messages per socket per call so one chatty guest
     cannot starve the others or the engines. Messages come back raw, as
-    ``(peer, [frame0, *extra])`` with ``peer`` a ``transport.peer.Peer(socket_index,
+    ``(peer, [frame0, *extra])`` with ``peer`` a ``pvgpu.transport.peer.Peer(socket_index,
     identity, connection)``; the loop decodes them and answers a ``CodecError`` with
     ``codec.reply_error`` if it has a seq. ``send`` never blocks: the ROUTER is
     ROUTER_MANDATORY, so a message for a guest that is gone (EHOSTUNREACH) or whose
@@ -36,7 +36,7 @@ HostChannel (host main loop, one thread)
     who is at the other end of one. ``close(linger_ms)`` lets messages already sent
     (the ``shutdown`` notices, [CTL-BYE-2]) leave first.
 
-    Authentication (spec §2.13). Given `curve` (transport.curve.ServerKeys), every tcp
+    Authentication (spec §2.13). Given `curve` (pvgpu.transport.curve.ServerKeys), every tcp
     endpoint is a CURVE server: the handshake encrypts the connection, and the ZAP
     handler accepts only client keys of the authorized-keys directory, naming such a
     connection "c<n>/<key fingerprint>" (``Peer.key``); other keys are refused during
@@ -50,7 +50,7 @@ GuestChannel (any guest thread)
     handshake fails (ZeroMQ would otherwise retry silently and deliver nothing), and a
     close after a successful handshake loses the session ([CTL-HB-6]).
 
-    A thin pump around ``transport.channel_protocol.ChannelProtocol``, which holds
+    A thin pump around ``pvgpu.transport.channel_protocol.ChannelProtocol``, which holds
     the protocol state (seq matching, replies, notifications, pings, liveness) and
     decides everything protocol-wise; this class only moves frames, keeps the time
     and hands events to threads. The calling thread does its own I/O: ``request``
@@ -113,8 +113,8 @@ from typing import Any, Literal
 
 import zmq
 
-from spec.wire import DEFAULT_ENDPOINT_NAME, DEFAULT_HEARTBEAT_MS
-from transport.channel_protocol import (
+from pvgpu.spec.wire import DEFAULT_ENDPOINT_NAME, DEFAULT_HEARTBEAT_MS
+from pvgpu.transport.channel_protocol import (
     ChannelProtocol,
     ConnectionLost,
     HostSilent,
@@ -124,12 +124,12 @@ from transport.channel_protocol import (
     RequestFailed,
     Transmit,
 )
-from transport.codec import ZERO_COPY_MIN, encode
-from transport.connections import ConnectionWatch, peer_credentials
-from transport.curve import fingerprint
-from transport.errors import (AuthenticationFailed, ChannelError, ChannelTimeout,  # noqa: F401
+from pvgpu.transport.codec import ZERO_COPY_MIN, encode
+from pvgpu.transport.connections import ConnectionWatch, peer_credentials
+from pvgpu.transport.curve import fingerprint
+from pvgpu.transport.errors import (AuthenticationFailed, ChannelError, ChannelTimeout,  # noqa: F401
                               HostLost, HostNotFound)
-from transport.peer import Peer
+from pvgpu.transport.peer import Peer
 
 log = logging.getLogger(__name__)
 
@@ -353,7 +353,7 @@ class HostChannel:
         self.dropped_sends = 0  # messages for a vanished or saturated guest
         self.connections_accepted = 0
         self.connections_refused = 0  # CURVE handshakes with a key not authorized
-        self.curve = curve  # transport.curve.ServerKeys: CURVE on every tcp endpoint
+        self.curve = curve  # pvgpu.transport.curve.ServerKeys: CURVE on every tcp endpoint
         self._sockets: list = []
         self._ipc_files: list = []  # (path, inode) that close() removes
         self._closed = False
@@ -554,7 +554,7 @@ class HostChannel:
         """Re-read the authorized-keys directory ([CTL-AUTH-4]); from now on a handshake
         with a key no longer listed is refused. -> the fingerprints of every key
         authorized since the start and not now (the revoked ones). Raises
-        transport.curve.CurveKeyError if the directory cannot be read (the keys stay as
+        pvgpu.transport.curve.CurveKeyError if the directory cannot be read (the keys stay as
         they were)."""
         if self.curve is None:
             return set()
@@ -640,7 +640,7 @@ class GuestChannel:
     def __init__(self, endpoint: str, *, heartbeat_ms: int = DEFAULT_HEARTBEAT_MS,
                  context=None, max_queued: int = 4096, server_key: bytes | None = None,
                  client_key=None):
-        """server_key (the host's public key, Z85) and client_key (a transport.curve
+        """server_key (the host's public key, Z85) and client_key (a pvgpu.transport.curve
         KeyPair with its secret): CURVE on this connection ([CTL-AUTH-1]), both or
         neither. On a tcp endpoint the handshake is watched until `await_handshake`."""
         self.endpoint = endpoint
@@ -776,7 +776,7 @@ class GuestChannel:
         self.send_encoded(self._proto.send(msg, frames), copy=copy)  # pure: encodes
 
     def send_encoded(self, parts: list, *, copy: bool = False) -> None:
-        """`send` of a message already encoded (transport.codec.encode), e.g. a constant
+        """`send` of a message already encoded (pvgpu.transport.codec.encode), e.g. a constant
         notification encoded once."""
         wanted = self._acquire()
         try:

@@ -60,8 +60,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from spec.wire import DEFAULT_HEARTBEAT_MS, HEARTBEAT_MISSES, OP_PING, OP_REPLY, OP_SHUTDOWN
-from transport.codec import CodecError, decode, encode, reply_ok
+from pvgpu.spec.wire import DEFAULT_HEARTBEAT_MS, HEARTBEAT_MISSES, OP_PING, OP_REPLY, OP_SHUTDOWN
+from pvgpu.transport.codec import CodecError, decode, encode, reply_ok
 
 # A host that never answers pings must not grow the set of ping seqs without bound.
 _MAX_PINGS_IN_FLIGHT = 64

@@ -11,7 +11,7 @@ returns them untouched, so a numpy buffer can travel without a copy.
 
 ``decode`` is the one place where untrusted frame 0 is checked. It enforces,
 in this order, and raises ``CodecError(error, message, seq)`` on the first
-violation (``error`` is a ``spec.wire.CTL_ERR_*`` name):
+violation (``error`` is a ``pvgpu.spec.wire.CTL_ERR_*`` name):
 
   1. frame 0 is at most ``MAX_FRAME0_SIZE`` bytes and unpacks (strict map keys,
      bounded str/bin/array/map sizes) into a map           -> CTL_ERR_MALFORMED
@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import msgpack
 
-from spec.wire import (
+from pvgpu.spec.wire import (
     CTL_ERR_MALFORMED,
     CTL_ERR_MISSING_FIELD,
     CTL_ERR_UNKNOWN_OP,
@@ -49,7 +49,7 @@ from spec.wire import (
     OP_SET_VRING,
     REQUEST_OPS,
 )
-from transport.errors import TransportError
+from pvgpu.transport.errors import TransportError
 
 # Decoder limits for frame 0 (implementation limits of this codec, not wire values:
 # a frame that exceeds them is CTL_ERR_MALFORMED). They bound the memory a hostile
@@ -62,7 +62,7 @@ MAX_MAP_LEN = 256
 # Error-reply messages are cut to this many characters (they may quote guest input).
 MAX_REPLY_MESSAGE = 1024
 
-# Optional fields with a fixed type (spec.wire documents them in a comment).
+# Optional fields with a fixed type (pvgpu.spec.wire documents them in a comment).
 _OPTIONAL_FIELDS = {OP_HELLO: (("vgpu", str),), OP_SET_VRING: (("base", int),)}
 _PATCH_OPS = (OP_KICK, OP_CALL)
 
@@ -76,7 +76,7 @@ ZERO_COPY_MIN = 1 << 16
 class CodecError(TransportError):
     """A control message that cannot be accepted.
 
-    error:   a spec.wire CTL_ERR_* name, for the error reply
+    error:   a pvgpu.spec.wire CTL_ERR_* name, for the error reply
     message: human-readable detail
     seq:     the request's seq if it could be recovered (then the receiver answers
              with reply_error(seq, error, message)), else None (drop and count)

@@ -30,7 +30,7 @@ import struct
 import zmq
 from zmq.utils import z85
 
-from transport.errors import TransportError
+from pvgpu.transport.errors import TransportError
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ Driver-side clauses (raised by ``DriverQueue.pop_used``; the device broke the us
 
 from __future__ import annotations
 
-# Device side (DeviceQueue.pop / transport.chain.walk_chain)
+# Device side (DeviceQueue.pop / pvgpu.transport.chain.walk_chain)
 VQ_AVAIL_JUMP = "VQ-AVAIL-JUMP"
 VQ_HEAD_RANGE = "VQ-HEAD-RANGE"
 VQ_NEXT_RANGE = "VQ-NEXT-RANGE"

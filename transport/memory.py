@@ -49,7 +49,7 @@ import weakref
 
 import numpy as np
 
-from transport.errors import GuestMemoryError
+from pvgpu.transport.errors import GuestMemoryError
 
 try:  # the stdlib C module behind multiprocessing.shared_memory, without its resource_tracker
     import _posixshmem

@@ -41,7 +41,7 @@ import struct
 import sys
 from dataclasses import dataclass
 
-from spec.wire import (
+from pvgpu.spec.wire import (
     VIRTQ_AVAIL_ALIGN,
     VIRTQ_AVAIL_F_NO_INTERRUPT,
     VIRTQ_DESC_ALIGN,
@@ -60,8 +60,8 @@ from spec.wire import (
     virtq_desc_table_size,
     virtq_used_size,
 )
-from transport.chain import DescriptorChain, walk_chain
-from transport.errors import (
+from pvgpu.transport.chain import DescriptorChain, walk_chain
+from pvgpu.transport.errors import (
     VQ_AVAIL_JUMP,
     VQ_USED_ID,
     VQ_USED_JUMP,
@@ -70,13 +70,13 @@ from transport.errors import (
     VirtqError,
     VirtqLayoutError,
 )
-from transport.memory import GuestMemory
+from pvgpu.transport.memory import GuestMemory
 
 __all__ = [
     "VirtqLayout", "DriverQueue", "DeviceQueue", "DescriptorChain", "vring_need_event",
 ]
 
-# Ring field offsets, derived from the le16 field width and the sizes in spec.wire: each
+# Ring field offsets, derived from the le16 field width and the sizes in pvgpu.spec.wire: each
 # ring is le16 flags, le16 idx, ring[Q], le16 event.
 _LE16 = struct.Struct("<H")
 _USED_ELEM = struct.Struct("<II")  # le32 id, le32 len

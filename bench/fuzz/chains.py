@@ -14,10 +14,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from spec.wire import (VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
+from pvgpu.spec.wire import (VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
                        VIRTQ_DESC_FORMAT, VIRTQ_DESC_SIZE, VIRTQ_MAX_CHAIN_BYTES,
                        VIRTQ_MAX_INDIRECT)
-from transport.errors import (VQ_ADDR_RANGE, VQ_AVAIL_JUMP, VQ_CHAIN_LEN, VQ_HEAD_RANGE,
+from pvgpu.transport.errors import (VQ_ADDR_RANGE, VQ_AVAIL_JUMP, VQ_CHAIN_LEN, VQ_HEAD_RANGE,
                               VQ_INDIRECT_LEN, VQ_INDIRECT_NESTED, VQ_INDIRECT_NEXT,
                               VQ_INDIRECT_NOT_NEGOTIATED, VQ_LOOP, VQ_NEXT_RANGE,
                               VQ_WRITE_ORDER)

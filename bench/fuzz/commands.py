@@ -17,8 +17,8 @@ import re
 import struct
 from dataclasses import dataclass
 
-from bench.fuzz.values import interesting_int
-from spec import isa, wire
+from pvgpu.bench.fuzz.values import interesting_int
+from pvgpu.spec import isa, wire
 
 HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
 COMMANDS = sorted(wire.CMD_BODY_FORMATS)
@@ -67,8 +67,8 @@ def code_object() -> tuple:
     """-> (object bytes, offset of the entry's record): compiled once per process."""
     global _code_object
     if _code_object is None:
-        from guest.jit import compile_ptx
-        from guest.jit.codeobject import read_code_object
+        from pvgpu.guest.jit import compile_ptx
+        from pvgpu.guest.jit.codeobject import read_code_object
         data = compile_ptx(PTX)
         _code_object = data, read_code_object(data).entry_offset(0)
     return _code_object

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import msgpack
 
-from bench.fuzz.values import interesting
-from spec import wire
+from pvgpu.bench.fuzz.values import interesting
+from pvgpu.spec import wire
 
 OPS = sorted(wire.REQUEST_OPS | wire.NOTIFY_OPS | {wire.OP_REPLY})
 # msgpack headers that announce far more data than follows (str32, bin32, array32, map32)
@@ -22,7 +22,7 @@ HUGE_HEADERS = (b"\xdb\xff\xff\xff\xff", b"\xc6\xff\xff\xff\xff", b"\xdd\xff\xff
 
 
 def seed_messages(s) -> list:
-    """[(msg, extra frames)] : one valid message per op, from session `s` (bench.fuzz.session)."""
+    """[(msg, extra frames)] : one valid message per op, from session `s` (pvgpu.bench.fuzz.session)."""
     lay = s.layout
     out = [
         (s.hello_fields() | {"op": wire.OP_HELLO}, []),

@@ -35,12 +35,12 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-from bench.fuzz import chains, commands, control, shapes
-from bench.fuzz.session import (MEM_SIZE, SCRATCH_GPA, SCRATCH_SIZE, SLOTS, WRITE_SLOT, NoReply,
+from pvgpu.bench.fuzz import chains, commands, control, shapes
+from pvgpu.bench.fuzz.session import (MEM_SIZE, SCRATCH_GPA, SCRATCH_SIZE, SLOTS, WRITE_SLOT, NoReply,
                                 RawSession)
 from pvgpu.procs import HostProcess, private_endpoint
-from spec import wire
-from transport.codec import encode
+from pvgpu.spec import wire
+from pvgpu.transport.codec import encode
 
 BATCH = 50
 KINDS = ("control", "command", "chain", "lifecycle")

@@ -19,11 +19,11 @@ import time
 import msgpack
 import zmq
 
-from bench.fuzz import shapes
-from spec import wire
-from transport.codec import encode
-from transport.memory import InlineGuestMemory, SharedGuestMemory
-from transport.virtqueue import DriverQueue, VirtqLayout
+from pvgpu.bench.fuzz import shapes
+from pvgpu.spec import wire
+from pvgpu.transport.codec import encode
+from pvgpu.transport.memory import InlineGuestMemory, SharedGuestMemory
+from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
 
 MEM_SIZE = 2 << 20
 QUEUE_GPA = 0x1000

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from guest.api import errors, operands
-from guest.api.locking import ApiObject, unlocked
-from spec import wire
+from pvgpu.guest.api import errors, operands
+from pvgpu.guest.api.locking import ApiObject, unlocked
+from pvgpu.spec import wire
 
 if TYPE_CHECKING:
-    from guest.api.context import Context
-    from guest.api.stream import Stream
+    from pvgpu.guest.api.context import Context
+    from pvgpu.guest.api.stream import Stream
 
 
 class DeviceArray(ApiObject):

@@ -3,8 +3,8 @@ stream a command belongs to (spec CMD-HDR-1)."""
 
 from __future__ import annotations
 
-from guest.frontend.driver import command
-from spec import wire
+from pvgpu.guest.frontend.driver import command
+from pvgpu.spec import wire
 
 
 def ring_command(type_: int, body=(), *, ctx_id: int = 0, ring_idx: int = 0, fence_id: int = 0,

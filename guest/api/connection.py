@@ -2,7 +2,7 @@
 pinned host memory it hands out (guest/api/pinned.py) and the lock every API call on its
 objects takes (guest/api/locking.py).
 
-    import guest
+    from pvgpu import guest
     with guest.connect() as conn:
         ctx = conn.devices[0].create_context()
         a = ctx.to_device(np.arange(n, dtype=np.float32))
@@ -17,11 +17,11 @@ import threading
 
 import numpy as np
 
-from guest.api import errors, lifetime, pinned
-from guest.api.device import Device
-from guest.api.locking import ApiObject, unlocked
-from guest.frontend.session import FrontendSession
-from spec import wire
+from pvgpu.guest.api import errors, lifetime, pinned
+from pvgpu.guest.api.device import Device
+from pvgpu.guest.api.locking import ApiObject, unlocked
+from pvgpu.guest.frontend.session import FrontendSession
+from pvgpu.spec import wire
 
 
 def connect(endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,

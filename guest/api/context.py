@@ -17,19 +17,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from guest.api import errors, launch, module, operands, prime, shm
-from guest.api.array import DeviceArray, MappedArray, VaRange
-from guest.api.commands import ring_command
-from guest.api.copy import D2H, H2D, CopyPipeline
-from guest.api.event import Event
-from guest.api.lifetime import DestroyedOnExit
-from guest.api.locking import ApiObject, api
-from guest.api.stream import Stream, raise_first
-from guest.frontend.driver import DeviceEvent, DeviceResponseError, command
-from spec import wire
+from pvgpu.guest.api import errors, launch, module, operands, prime, shm
+from pvgpu.guest.api.array import DeviceArray, MappedArray, VaRange
+from pvgpu.guest.api.commands import ring_command
+from pvgpu.guest.api.copy import D2H, H2D, CopyPipeline
+from pvgpu.guest.api.event import Event
+from pvgpu.guest.api.lifetime import DestroyedOnExit
+from pvgpu.guest.api.locking import ApiObject, api
+from pvgpu.guest.api.stream import Stream, raise_first
+from pvgpu.guest.frontend.driver import DeviceEvent, DeviceResponseError, command
+from pvgpu.spec import wire
 
 if TYPE_CHECKING:
-    from guest.api.device import Device
+    from pvgpu.guest.api.device import Device
 
 FAULT_EVENTS = (wire.EVTQ_PAGE_FAULT, wire.EVTQ_CODE_FAULT)  # a faulted context keeps working
 

@@ -29,9 +29,9 @@ import functools
 
 import numpy as np
 
-from guest.api import pinned
-from guest.api.commands import ring_command
-from spec import wire
+from pvgpu.guest.api import pinned
+from pvgpu.guest.api.commands import ring_command
+from pvgpu.spec import wire
 
 STAGING_CHUNK = 8 << 20
 STAGING_DEPTH = 4  # bounce chunks per device: in flight at once for one copy, and the pool size

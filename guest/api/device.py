@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING
 import msgpack
 import numpy as np
 
-from guest.api import copy, errors, prime, shm
-from guest.api.context import FAULT_EVENTS, Context
-from guest.api.event import Event, EventHandle
-from guest.api.locking import ApiObject, unlocked
-from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
-from guest.frontend.driver import DeviceEvent, DeviceResponseError, command
-from spec import wire
+from pvgpu.guest.api import copy, errors, prime, shm
+from pvgpu.guest.api.context import FAULT_EVENTS, Context
+from pvgpu.guest.api.event import Event, EventHandle
+from pvgpu.guest.api.locking import ApiObject, unlocked
+from pvgpu.guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
+from pvgpu.guest.frontend.driver import DeviceEvent, DeviceResponseError, command
+from pvgpu.spec import wire
 
 if TYPE_CHECKING:
-    from guest.api.connection import Connection
-    from guest.api.pinned import PinnedArray
+    from pvgpu.guest.api.connection import Connection
+    from pvgpu.guest.api.pinned import PinnedArray
 
 _STATS = struct.Struct(wire.RESP_STATS_FORMAT)
 _MAX_STATS_BUFFER = 16 << 20

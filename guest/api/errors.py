@@ -12,15 +12,15 @@ TimeoutError, OutOfGuestMemory a MemoryError, OutOfRangeError an OverflowError),
 that catches the built-in keeps working.
 """
 
-from spec import isa, wire
-from guest.frontend.driver import DeviceNeedsReset as _FrontendNeedsReset
-from guest.frontend.driver import DeviceResponseError
-from guest.frontend.heap import OutOfGuestMemory
-from guest.frontend.session import (ChannelError, ChannelTimeout, ControlRequestError,
+from pvgpu.spec import isa, wire
+from pvgpu.guest.frontend.driver import DeviceNeedsReset as _FrontendNeedsReset
+from pvgpu.guest.frontend.driver import DeviceResponseError
+from pvgpu.guest.frontend.heap import OutOfGuestMemory
+from pvgpu.guest.frontend.session import (ChannelError, ChannelTimeout, ControlRequestError,
                                     PvgpuError)
-from guest.frontend.session import AuthenticationFailed as _AuthenticationFailed
-from guest.frontend.session import HostLost as _TransportHostLost
-from guest.frontend.session import HostNotFound as _TransportHostNotFound
+from pvgpu.guest.frontend.session import AuthenticationFailed as _AuthenticationFailed
+from pvgpu.guest.frontend.session import HostLost as _TransportHostLost
+from pvgpu.guest.frontend.session import HostNotFound as _TransportHostNotFound
 
 
 class DeviceError(PvgpuError):

@@ -12,16 +12,16 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from guest.api import errors
-from guest.api.commands import ring_command
-from guest.api.lifetime import DestroyedOnExit
-from guest.api.locking import ApiObject
-from spec import wire
+from pvgpu.guest.api import errors
+from pvgpu.guest.api.commands import ring_command
+from pvgpu.guest.api.lifetime import DestroyedOnExit
+from pvgpu.guest.api.locking import ApiObject
+from pvgpu.spec import wire
 
 if TYPE_CHECKING:
-    from guest.api.context import Context
-    from guest.api.device import Device
-    from guest.api.stream import Stream
+    from pvgpu.guest.api.context import Context
+    from pvgpu.guest.api.device import Device
+    from pvgpu.guest.api.stream import Stream
 
 _EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
 _HANDLE = struct.Struct(wire.RESP_EVENT_HANDLE_FORMAT)

@@ -17,9 +17,9 @@ import struct
 
 import numpy as np
 
-from guest.api import errors
-from guest.api.array import DeviceArray
-from spec import wire
+from pvgpu.guest.api import errors
+from pvgpu.guest.api.array import DeviceArray
+from pvgpu.spec import wire
 
 _F32 = struct.Struct("<f")
 

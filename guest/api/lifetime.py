@@ -35,9 +35,9 @@ import gc
 import weakref
 from typing import TYPE_CHECKING
 
-from guest.frontend.driver import DeviceNeedsReset, DeviceResponseError, VirtioGpuDriver, command
-from guest.frontend.session import HostLost
-from spec import wire
+from pvgpu.guest.frontend.driver import DeviceNeedsReset, DeviceResponseError, VirtioGpuDriver, command
+from pvgpu.guest.frontend.session import HostLost
+from pvgpu.spec import wire
 
 
 class Releases:

@@ -18,10 +18,10 @@ import inspect
 import threading
 from typing import TYPE_CHECKING
 
-from guest.api import errors
+from pvgpu.guest.api import errors
 
 if TYPE_CHECKING:
-    from guest.api.lifetime import Releases
+    from pvgpu.guest.api.lifetime import Releases
 
 
 def unlocked(reason: str):

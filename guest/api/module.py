@@ -39,16 +39,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from guest.api import errors, params
-from guest.api.array import DeviceArray
-from guest.api.commands import ring_command
-from guest.api.locking import ApiObject, unlocked
-from guest.frontend.driver import SLOT_CMD
-from spec import isa, wire
+from pvgpu.guest.api import errors, params
+from pvgpu.guest.api.array import DeviceArray
+from pvgpu.guest.api.commands import ring_command
+from pvgpu.guest.api.locking import ApiObject, unlocked
+from pvgpu.guest.frontend.driver import SLOT_CMD
+from pvgpu.spec import isa, wire
 
 if TYPE_CHECKING:
-    from guest.api.context import Context
-    from guest.api.stream import Stream
+    from pvgpu.guest.api.context import Context
+    from pvgpu.guest.api.stream import Stream
 
 _VAS = struct.Struct("<QQ")  # data_va, const_va at COBJ_DATA_VA_OFFSET
 NVRTC_ARCH = "compute_80"  # the virtual architecture CUDA C is compiled for (sm_80 limits)
@@ -62,7 +62,7 @@ class CodeObject:
     everything again when it runs the object."""
 
     def __init__(self, data: bytes):
-        from guest.jit import CodeObjectError, read_code_object
+        from pvgpu.guest.jit import CodeObjectError, read_code_object
         self.data = bytes(data)
         try:
             self._obj = read_code_object(self.data)
@@ -133,8 +133,8 @@ def code_object_of(src) -> bytes:
 
 def compile_ptx(text: str, name: str = "<ptx>") -> bytes:
     """PTX text -> code object bytes (guest/jit); PtxCompileError names the line."""
-    from guest import jit
-    from guest.jit.errors import PtxError
+    from pvgpu.guest import jit
+    from pvgpu.guest.jit.errors import PtxError
     try:
         return jit.compile_ptx(text)
     except PtxError as e:

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 
-from guest.api import errors
+from pvgpu.guest.api import errors
 
 MAX_NBYTES = (1 << 64) - 1  # the largest le64 size field
 

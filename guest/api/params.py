@@ -31,9 +31,9 @@ import math
 
 import numpy as np
 
-from guest.api import errors
-from guest.api.array import DeviceArray
-from spec import isa
+from pvgpu.guest.api import errors
+from pvgpu.guest.api.array import DeviceArray
+from pvgpu.spec import isa
 
 _INT_DTYPES = {isa.TYPE_U8: "<u1", isa.TYPE_S8: "<i1", isa.TYPE_B8: "<u1",
                isa.TYPE_U16: "<u2", isa.TYPE_S16: "<i2", isa.TYPE_B16: "<u2",

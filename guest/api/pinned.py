@@ -45,10 +45,10 @@ import weakref
 
 import numpy as np
 
-from spec import wire
-from guest.api import errors, operands
-from guest.api.locking import ApiObject, unlocked
-from guest.frontend.heap import OutOfGuestMemory
+from pvgpu.spec import wire
+from pvgpu.guest.api import errors, operands
+from pvgpu.guest.api.locking import ApiObject, unlocked
+from pvgpu.guest.frontend.heap import OutOfGuestMemory
 
 _BASE_WALK = 16  # how far up an ndarray's .base chain to look for a pinned array
 

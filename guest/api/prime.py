@@ -38,14 +38,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from guest.api import errors, operands
-from guest.api.array import DeviceArray
-from guest.api.commands import ring_command
-from spec import wire
+from pvgpu.guest.api import errors, operands
+from pvgpu.guest.api.array import DeviceArray
+from pvgpu.guest.api.commands import ring_command
+from pvgpu.spec import wire
 
 if TYPE_CHECKING:
-    from guest.api.context import Context
-    from guest.api.device import Device
+    from pvgpu.guest.api.context import Context
+    from pvgpu.guest.api.device import Device
 
 _EXPORT = struct.Struct(wire.RESP_EXPORT_FORMAT)
 _IMPORT = struct.Struct(wire.RESP_IMPORT_FORMAT)

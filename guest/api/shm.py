@@ -31,15 +31,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from guest.api import operands
-from guest.api.array import DeviceArray
-from guest.api.commands import ring_command
-from guest.api.locking import ApiObject, unlocked
-from spec import wire
+from pvgpu.guest.api import operands
+from pvgpu.guest.api.array import DeviceArray
+from pvgpu.guest.api.commands import ring_command
+from pvgpu.guest.api.locking import ApiObject, unlocked
+from pvgpu.spec import wire
 
 if TYPE_CHECKING:
-    from guest.api.context import Context
-    from guest.api.device import Device
+    from pvgpu.guest.api.context import Context
+    from pvgpu.guest.api.device import Device
 
 _SHM = struct.Struct(wire.RESP_SHM_FORMAT)
 _ATTACH = struct.Struct(wire.RESP_SHM_ATTACH_FORMAT)

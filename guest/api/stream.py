@@ -6,16 +6,16 @@ its next synchronizing call raises.
 
 from __future__ import annotations
 
-from guest.api import errors, launch
-from guest.api.commands import ring_command
-from guest.api.event import Event
-from guest.api.locking import ApiObject, unlocked
-from spec import wire
+from pvgpu.guest.api import errors, launch
+from pvgpu.guest.api.commands import ring_command
+from pvgpu.guest.api.event import Event
+from pvgpu.guest.api.locking import ApiObject, unlocked
+from pvgpu.spec import wire
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from guest.api.context import Context
-    from guest.api.device import Device
+    from pvgpu.guest.api.context import Context
+    from pvgpu.guest.api.device import Device
 
 
 class Stream(ApiObject):

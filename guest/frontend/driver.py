@@ -38,9 +38,9 @@ import collections
 import struct
 from typing import Callable, NamedTuple
 
-from spec import isa, wire
-from transport.errors import PvgpuError, VirtqError
-from transport.virtqueue import DriverQueue, VirtqLayout
+from pvgpu.spec import isa, wire
+from pvgpu.transport.errors import PvgpuError, VirtqError
+from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
 
 QUEUE_SIZE = 256
 SLOT_CMD = 256  # header + body + launch args

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import bisect
 
-from transport.errors import PvgpuError
+from pvgpu.transport.errors import PvgpuError
 
 
 class OutOfGuestMemory(PvgpuError, MemoryError):

@@ -23,15 +23,15 @@ import logging
 import os
 import time
 
-from spec import wire
-from guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
-from guest.frontend.heap import GuestHeap
-from transport.channel import GuestChannel, default_endpoint
-from transport.curve import guest_keys
-from transport.codec import encode
-from transport.errors import (AuthenticationFailed, ChannelError, ChannelTimeout, HostLost,
+from pvgpu.spec import wire
+from pvgpu.guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
+from pvgpu.guest.frontend.heap import GuestHeap
+from pvgpu.transport.channel import GuestChannel, default_endpoint
+from pvgpu.transport.curve import guest_keys
+from pvgpu.transport.codec import encode
+from pvgpu.transport.errors import (AuthenticationFailed, ChannelError, ChannelTimeout, HostLost,
                               HostNotFound, PvgpuError)
-from transport.memory import GuestMemory, InlineGuestMemory, SharedGuestMemory
+from pvgpu.transport.memory import GuestMemory, InlineGuestMemory, SharedGuestMemory
 
 
 __all__ = ["FrontendSession", "ControlRequestError", "HostLost", "HostNotFound",

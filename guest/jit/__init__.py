@@ -1,6 +1,6 @@
 """The guest's PTX JIT: PTX text -> a code object in the device's ISA (spec/isa.md).
 
-    from guest.jit import compile_ptx, read_code_object, disassemble
+    from pvgpu.guest.jit import compile_ptx, read_code_object, disassemble
     obj_bytes = compile_ptx(open("kernel.ptx").read())
     obj = read_code_object(obj_bytes)
     obj.entry("vector_add").params      # the parameter layout, for marshalling
@@ -11,10 +11,10 @@ Parts: `ptx` (lexer, parser, AST), `compiler` (layout, inlining, entries), `lowe
 (builder, reader, disassembler), `verify` (structural checks of the ISA rules).
 """
 
-from guest.jit.codeobject import (CodeObject, CodeObjectBuilder, CodeObjectError, EntryInfo,
+from pvgpu.guest.jit.codeobject import (CodeObject, CodeObjectBuilder, CodeObjectError, EntryInfo,
                                   ParamInfo, SymbolInfo, disassemble, read_code_object)
-from guest.jit.compiler import compile_ptx
-from guest.jit.errors import PtxCompileError, PtxError, PtxSyntaxError, PtxUnsupportedError
+from pvgpu.guest.jit.compiler import compile_ptx
+from pvgpu.guest.jit.errors import PtxCompileError, PtxError, PtxSyntaxError, PtxUnsupportedError
 
 __all__ = ["compile_ptx", "read_code_object", "disassemble", "CodeObject", "CodeObjectBuilder",
            "CodeObjectError", "EntryInfo", "ParamInfo", "SymbolInfo", "PtxError",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from spec import isa
+from pvgpu.spec import isa
 
 
 class CodeObjectError(ValueError):

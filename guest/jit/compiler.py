@@ -30,15 +30,15 @@ from __future__ import annotations
 import math
 from typing import Union
 
-from guest.jit.codeobject import CodeObjectBuilder, ParamInfo
-from guest.jit.emit import Emitter
-from guest.jit.errors import PtxCompileError, PtxSyntaxError, PtxUnsupportedError
-from guest.jit.lower import Lowering, file_of, float_bits, ptx_bits
-from guest.jit.names import (ExternVar, FrameInfo, ParamSlot, RegVar, Scope, SpaceVar,
+from pvgpu.guest.jit.codeobject import CodeObjectBuilder, ParamInfo
+from pvgpu.guest.jit.emit import Emitter
+from pvgpu.guest.jit.errors import PtxCompileError, PtxSyntaxError, PtxUnsupportedError
+from pvgpu.guest.jit.lower import Lowering, file_of, float_bits, ptx_bits
+from pvgpu.guest.jit.names import (ExternVar, FrameInfo, ParamSlot, RegVar, Scope, SpaceVar,
                              VecRegVar)
-from guest.jit.ptx import ast, parse
-from guest.jit.sections import section
-from spec import isa
+from pvgpu.guest.jit.ptx import ast, parse
+from pvgpu.guest.jit.sections import section
+from pvgpu.spec import isa
 
 _SPACE_OF = {"global": isa.SPACE_GLOBAL, "const": isa.SPACE_CONST,
              "shared": isa.SPACE_SHARED, "local": isa.SPACE_LOCAL}

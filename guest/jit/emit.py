@@ -18,7 +18,7 @@ from typing import NamedTuple, Optional
 
 import numpy as np
 
-from spec import isa
+from pvgpu.spec import isa
 
 FILES = (isa.OPND_R32, isa.OPND_R64, isa.OPND_PRED)
 _SLOTS = ("d", "d2", "a", "b", "c")

@@ -17,12 +17,12 @@ import struct
 
 import numpy as np
 
-from guest.jit.emit import Emitter, Imm, Reg, Seg, SReg, mov_type_for, wide_type
-from guest.jit.errors import PtxCompileError, PtxUnsupportedError
-from guest.jit.names import ExternVar, ParamSlot, RegVar, SpaceVar, VecRegVar
-from guest.jit.ptx import ast
-from guest.jit.sections import SPECIAL_REGISTERS, section
-from spec import isa
+from pvgpu.guest.jit.emit import Emitter, Imm, Reg, Seg, SReg, mov_type_for, wide_type
+from pvgpu.guest.jit.errors import PtxCompileError, PtxUnsupportedError
+from pvgpu.guest.jit.names import ExternVar, ParamSlot, RegVar, SpaceVar, VecRegVar
+from pvgpu.guest.jit.ptx import ast
+from pvgpu.guest.jit.sections import SPECIAL_REGISTERS, section
+from pvgpu.spec import isa
 
 R32, R64, PRED = isa.OPND_R32, isa.OPND_R64, isa.OPND_PRED
 U32, U64, S32, S64, B32, B64 = (isa.TYPE_U32, isa.TYPE_U64, isa.TYPE_S32, isa.TYPE_S64,

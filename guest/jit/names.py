@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from guest.jit.emit import Reg
-from guest.jit.ptx import ast
+from pvgpu.guest.jit.emit import Reg
+from pvgpu.guest.jit.ptx import ast
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ and the last-instruction rule of every entry.
 
 from __future__ import annotations
 
-from guest.jit.codeobject import CodeObject, format_instruction, read_code_object
-from spec import isa
+from pvgpu.guest.jit.codeobject import CodeObject, format_instruction, read_code_object
+from pvgpu.spec import isa
 
 _SLOTS = ("d", "d2", "a", "b", "c")
 _REG_KINDS = (isa.OPND_R32, isa.OPND_R64, isa.OPND_PRED)

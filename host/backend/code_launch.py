@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from host.backend import protocol
-from host.backend.errors import CommandError
-from spec import isa, wire
+from pvgpu.host.backend import protocol
+from pvgpu.host.backend.errors import CommandError
+from pvgpu.spec import isa, wire
 
 
 @dataclass(frozen=True)

@@ -49,24 +49,24 @@ from typing import Callable, Optional
 
 import msgpack
 
-from spec import wire
-from host.backend import code_launch
-from host.backend import protocol as p
-from host.backend.protocol import Pending, Response
-from host.backend.errors import CommandError
-from host.backend.events import EventExports, EventSnapshot
-from host.backend.inflight import SessionJobs
-from host.backend.limits import GUEST_CONTEXT_LIMITS
-from host.backend.prime import ResourceExports
-from host.backend.shm import ShmTable, shm_error
-from host.backend.stats import session_view
-from host.kmd import errors as kmd_errors
-from host.kmd import sched
-from host.kmd.bo import CodeFault
-from host.kmd.context import DEFAULT_VGPU
-from host.kmd.errors import KmdError, LimitReached, OutOfMemory
-from host.kmd.prime import PrimeImport
-from spec import isa
+from pvgpu.spec import wire
+from pvgpu.host.backend import code_launch
+from pvgpu.host.backend import protocol as p
+from pvgpu.host.backend.protocol import Pending, Response
+from pvgpu.host.backend.errors import CommandError
+from pvgpu.host.backend.events import EventExports, EventSnapshot
+from pvgpu.host.backend.inflight import SessionJobs
+from pvgpu.host.backend.limits import GUEST_CONTEXT_LIMITS
+from pvgpu.host.backend.prime import ResourceExports
+from pvgpu.host.backend.shm import ShmTable, shm_error
+from pvgpu.host.backend.stats import session_view
+from pvgpu.host.kmd import errors as kmd_errors
+from pvgpu.host.kmd import sched
+from pvgpu.host.kmd.bo import CodeFault
+from pvgpu.host.kmd.context import DEFAULT_VGPU
+from pvgpu.host.kmd.errors import KmdError, LimitReached, OutOfMemory
+from pvgpu.host.kmd.prime import PrimeImport
+from pvgpu.spec import isa
 
 _MAX_COPY = wire.VA_USER_LIMIT  # no copy is larger than the user VA space
 handles = p.Handlers()
@@ -197,7 +197,7 @@ class ComputeDevice:
         """`exports`: the host-global export registry (a private one if None); `owner`:
         the session, whose exports are bounded together and whose queued GPU jobs are
         flow-controlled together; `device_index`: for GET_STATS; `vgpu`: the session's
-        vGPU (host.kmd.sched.VgpuShares), None for the device's default one;
+        vGPU (pvgpu.host.kmd.sched.VgpuShares), None for the device's default one;
         `event_sink(type, ctx_id, ring_idx, address, access, vmid, engine, detail)`: where
         the faults and losses of this session's contexts go (called on engine threads);
         `resource_exports`: the host-global registry of exported buffers; `jobs`: where

@@ -34,16 +34,16 @@ import logging
 import struct
 import time
 
-from spec import wire
-from host.backend import protocol
-from host.backend.commands import ComputeDevice
-from host.backend.protocol import Header, Pending, Response
-from host.backend.errors import CommandError, ControlError
-from host.backend.inflight import SessionJobs
-from host.kmd import wouldblock
-from host.kmd.wouldblock import WouldBlock
-from transport.errors import VirtqError, VirtqLayoutError
-from transport.virtqueue import DeviceQueue, VirtqLayout
+from pvgpu.spec import wire
+from pvgpu.host.backend import protocol
+from pvgpu.host.backend.commands import ComputeDevice
+from pvgpu.host.backend.protocol import Header, Pending, Response
+from pvgpu.host.backend.errors import CommandError, ControlError
+from pvgpu.host.backend.inflight import SessionJobs
+from pvgpu.host.kmd import wouldblock
+from pvgpu.host.kmd.wouldblock import WouldBlock
+from pvgpu.transport.errors import VirtqError, VirtqLayoutError
+from pvgpu.transport.virtqueue import DeviceQueue, VirtqLayout
 
 log = logging.getLogger("pvgpu.backend")
 

@@ -5,7 +5,7 @@ guest always gets an answer. `ControlError` becomes an `ok: false` reply on the
 control channel (spec §2). Neither ever escapes a session.
 """
 
-from spec import wire
+from pvgpu.spec import wire
 
 
 class CommandError(Exception):

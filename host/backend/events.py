@@ -20,8 +20,8 @@ handle id and guarded by an unguessable 64-bit token. Each session keeps at most
 
 from __future__ import annotations
 
-from host.backend.capabilities import CapabilityRegistry
-from spec import wire
+from pvgpu.host.backend.capabilities import CapabilityRegistry
+from pvgpu.spec import wire
 
 
 class EventSnapshot:

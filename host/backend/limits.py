@@ -10,8 +10,8 @@ checked where those objects live: Backend, ComputeDevice, ShmTable.
 
 from __future__ import annotations
 
-from host.kmd.limits import ContextLimits
-from spec import wire
+from pvgpu.host.kmd.limits import ContextLimits
+from pvgpu.spec import wire
 
 GUEST_CONTEXT_LIMITS = ContextLimits(
     va_base=wire.VA_USER_BASE, va_limit=wire.VA_USER_LIMIT, max_va_align=wire.MAX_VA_ALIGN,

@@ -12,8 +12,8 @@ Importers hold their own references (their attachments), so none of this breaks 
 
 from __future__ import annotations
 
-from host.backend.capabilities import CapabilityRegistry
-from spec import wire
+from pvgpu.host.backend.capabilities import CapabilityRegistry
+from pvgpu.spec import wire
 
 
 class ResourceExports(CapabilityRegistry):

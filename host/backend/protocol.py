@@ -25,8 +25,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, NamedTuple
 
-from host.backend.errors import CommandError
-from spec import wire
+from pvgpu.host.backend.errors import CommandError
+from pvgpu.spec import wire
 
 _HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
 _ERR = struct.Struct(wire.RESP_ERROR_FORMAT)

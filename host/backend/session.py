@@ -42,16 +42,16 @@ import logging
 import secrets
 import threading
 
-from spec import wire
-from host.backend.device import VirtioGpuDevice
-from host.backend.errors import ControlError
-from host.backend.events import EventExports
-from host.backend.inflight import DeviceJobs
-from host.backend.prime import ResourceExports
-from transport import codec
-from transport.codec import ZERO_COPY_MIN
-from transport.errors import GuestMemoryError
-from transport.memory import InlineGuestMemory, SharedGuestMemory
+from pvgpu.spec import wire
+from pvgpu.host.backend.device import VirtioGpuDevice
+from pvgpu.host.backend.errors import ControlError
+from pvgpu.host.backend.events import EventExports
+from pvgpu.host.backend.inflight import DeviceJobs
+from pvgpu.host.backend.prime import ResourceExports
+from pvgpu.transport import codec
+from pvgpu.transport.codec import ZERO_COPY_MIN
+from pvgpu.transport.errors import GuestMemoryError
+from pvgpu.transport.memory import InlineGuestMemory, SharedGuestMemory
 
 log = logging.getLogger("pvgpu.backend")
 
@@ -68,7 +68,7 @@ class GuestSession:
         self.backend = backend
         # who is at the other end of the connection: ipc {pid, uid, gid}, tcp {address}
         self.peer_credentials = peer_credentials
-        self.vgpu = vgpu  # host.kmd.sched.VgpuShares, or None for the default vGPU
+        self.vgpu = vgpu  # pvgpu.host.kmd.sched.VgpuShares, or None for the default vGPU
         self.peer = peer
         # fingerprint of the CURVE key the connection authenticated with (CTL-AUTH-5)
         self.key = getattr(peer, "key", None)

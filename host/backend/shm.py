@@ -16,9 +16,9 @@ The command handlers are ComputeDevice.cmd_shm_* in commands.py.
 
 from __future__ import annotations
 
-from host.backend.errors import CommandError
-from host.kmd import errors as kmd_errors
-from spec import wire
+from pvgpu.host.backend.errors import CommandError
+from pvgpu.host.kmd import errors as kmd_errors
+from pvgpu.spec import wire
 
 
 class ShmTable:

@@ -33,7 +33,7 @@ def session_view(stats: dict, vgpu: str, own_contexts) -> dict:
 
 
 def session_usage(compute, mem_contexts: dict, engine_names: dict) -> dict:
-    """What one session holds on one device (`compute`: its host.backend.commands
+    """What one session holds on one device (`compute`: its pvgpu.host.backend.commands
     ComputeDevice): its contexts (guest ids, names, priority, resident and evicted bytes,
     from `mem_contexts`, the KMD's `mem_stats()["contexts"]`), their sum, and the device
     time its jobs used per engine (`busy_ns` by engine name, destroyed contexts

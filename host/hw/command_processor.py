@@ -58,17 +58,17 @@ import time
 
 import numpy as np
 
-from host.hw import kernels
-from host.hw.interrupts import Interrupt
-from host.hw.mmu import MmuFault
-from host.hw.packets import (FENCE_BODY_DW, FENCE_IRQ, LAUNCH_CODE_DW, LAUNCH_FIXED_DW,
+from pvgpu.host.hw import kernels
+from pvgpu.host.hw.interrupts import Interrupt
+from pvgpu.host.hw.mmu import MmuFault
+from pvgpu.host.hw.packets import (FENCE_BODY_DW, FENCE_IRQ, LAUNCH_CODE_DW, LAUNCH_FIXED_DW,
                              PKT_COPY, PKT_FENCE, PKT_INDIRECT_BUFFER, PKT_LAUNCH, PKT_LAUNCH_CODE,
                              PKT_NAMES, PKT_NOP, PKT_TLB_FLUSH, PKT_WAIT,
                              STAMPED_FENCE_BODY_DW)
-from host.hw.regs import (COPY_ENGINES, ENGINE_COMPUTE, ENGINE_NAMES, IRQ_CODE_FAULT, IRQ_FENCE,
+from pvgpu.host.hw.regs import (COPY_ENGINES, ENGINE_COMPUTE, ENGINE_NAMES, IRQ_CODE_FAULT, IRQ_FENCE,
                           IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_VMIDS, VM_INVALIDATE_ALL)
-from host.hw.sm import CodeFault, CodeLaunch, StreamingMultiprocessors
-from spec.kernels import ACCESS_READ, ACCESS_WRITE
+from pvgpu.host.hw.sm import CodeFault, CodeLaunch, StreamingMultiprocessors
+from pvgpu.spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 log = logging.getLogger("pvgpu.hw.cp")
 

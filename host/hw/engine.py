@@ -55,12 +55,12 @@ import logging
 import threading
 import time
 
-from host.hw.command_processor import CommandProcessor
-from host.hw.kernels import StopToken
-from host.hw.regs import (ENGINE_NAMES, PAGE_SIZE, RB_BASE, RB_BUSY_NS, RB_DOORBELL, RB_RESET,
+from pvgpu.host.hw.command_processor import CommandProcessor
+from pvgpu.host.hw.kernels import StopToken
+from pvgpu.host.hw.regs import (ENGINE_NAMES, PAGE_SIZE, RB_BASE, RB_BUSY_NS, RB_DOORBELL, RB_RESET,
                           RB_KICK_SYNC, RB_RPTR, RB_SIZE, RB_STATUS, RB_STATUS_BUSY,
                           RB_STATUS_IDLE, RB_WPTR, REG_ENGINE)
-from host.hw.mmio import RO, RW, WO
+from pvgpu.host.hw.mmio import RO, RW, WO
 
 log = logging.getLogger("pvgpu.hw.engine")
 

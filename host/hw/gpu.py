@@ -29,18 +29,18 @@ from __future__ import annotations
 
 import time
 
-from host.hw.command_processor import FenceCondition
-from host.hw.compute_units import ComputeUnits
-from host.hw.engine import Engine
-from host.hw.interrupts import InterruptController
-from host.hw.mmio import RO, RW, WO, RegisterFile
-from host.hw.mmu import Mmu
-from host.hw.pcie import DEFAULT_LAYOUT, PcieFabric
-from host.hw.regs import (DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, NUM_ENGINES, NUM_VMIDS,
+from pvgpu.host.hw.command_processor import FenceCondition
+from pvgpu.host.hw.compute_units import ComputeUnits
+from pvgpu.host.hw.engine import Engine
+from pvgpu.host.hw.interrupts import InterruptController
+from pvgpu.host.hw.mmio import RO, RW, WO, RegisterFile
+from pvgpu.host.hw.mmu import Mmu
+from pvgpu.host.hw.pcie import DEFAULT_LAYOUT, PcieFabric
+from pvgpu.host.hw.regs import (DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, NUM_ENGINES, NUM_VMIDS,
                           REG_DEVICE_ID, REG_IRQ_ENABLE, REG_TIMESTAMP, REG_VM_INVALIDATE,
                           REG_VM_PT_BASE, REG_VRAM_SIZE, VM_INVALIDATE_ALL)
-from host.hw.sysmem import SystemMemory
-from host.hw.vram import Vram
+from pvgpu.host.hw.sysmem import SystemMemory
+from pvgpu.host.hw.vram import Vram
 
 DEFAULT_VRAM_SIZE = 1 << 30
 

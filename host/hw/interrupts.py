@@ -26,7 +26,7 @@ import logging
 import threading
 from typing import NamedTuple
 
-from host.hw.regs import ENGINE_NAMES, IRQ_NAMES
+from pvgpu.host.hw.regs import ENGINE_NAMES, IRQ_NAMES
 
 log = logging.getLogger("pvgpu.hw.irq")
 
@@ -40,7 +40,7 @@ class Interrupt(NamedTuple):
     engine: int  # regs.ENGINE_*
     vmid: int = 0
     address: int = 0
-    access: int = 0  # spec.kernels.ACCESS_* (page faults)
+    access: int = 0  # pvgpu.spec.kernels.ACCESS_* (page faults)
     data: int = 0
     timestamp: int = 0  # device clock (ns) when the interrupt was raised
 

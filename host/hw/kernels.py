@@ -1,4 +1,4 @@
-"""The compute engine's built-in kernel library (spec/pvgpu.md §8, spec.kernels BUILTIN_KERNELS).
+"""The compute engine's built-in kernel library (spec/pvgpu.md §8, pvgpu.spec.kernels BUILTIN_KERNELS).
 
 Kernels run with numpy on views of translated memory. Every argument is one u64 slot:
 ARG_PTR is a GPU virtual address of the launching VMID, ARG_U32 the low 32 bits, ARG_F32
@@ -20,7 +20,7 @@ reduce_sum, gemm and softmax process their whole problem regardless of the launc
 
 burn models *device* time, not host CPU work: it sleeps (in steps of at most
 BURN_CHECK_INTERVAL, waking early on a reset) while its engine stays busy, so a burning
-engine costs the host no CPU. `microseconds` == spec.kernels.BURN_FOREVER (0xFFFFFFFF)
+engine costs the host no CPU. `microseconds` == pvgpu.spec.kernels.BURN_FOREVER (0xFFFFFFFF)
 never ends by itself: the engine stays busy until RB_RESET or shutdown (a TDR test hang).
 
 Stopping (RB_RESET, shutdown): every kernel checks ctl.stopped() between chunks of work
@@ -60,8 +60,8 @@ import time
 
 import numpy as np
 
-from host.hw.compute_units import SERIAL, ComputeUnits
-from spec.kernels import (ACCESS_READ, ACCESS_WRITE, ARG_F32, ARG_PTR, ARG_U32, BUILTIN_KERNELS,
+from pvgpu.host.hw.compute_units import SERIAL, ComputeUnits
+from pvgpu.spec.kernels import (ACCESS_READ, ACCESS_WRITE, ARG_F32, ARG_PTR, ARG_U32, BUILTIN_KERNELS,
                           BURN_FOREVER, KERNEL_BURN, KERNEL_FILL, KERNEL_GEMM, KERNEL_REDUCE_SUM,
                           KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE, KERNEL_SOFTMAX,
                           KERNEL_VECTOR_ADD)
@@ -343,7 +343,7 @@ def decode_args(signature, raw_args) -> list:
             out.append(raw & 0xFFFFFFFF)
         elif kind == ARG_F32:
             out.append(np.float32(struct.unpack("<f", struct.pack("<I", raw & 0xFFFFFFFF))[0]))
-        else:  # pragma: no cover - spec.kernels defines only these kinds
+        else:  # pragma: no cover - pvgpu.spec.kernels defines only these kinds
             raise InvalidLaunch(f"unknown argument kind {kind!r}")
     return out
 

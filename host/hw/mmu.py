@@ -57,13 +57,13 @@ import threading
 
 import numpy as np
 
-from host.hw.regs import (NUM_VMIDS, PAGE_SHIFT, PAGE_SIZE, PDE_VALID, PT_ENTRIES,
+from pvgpu.host.hw.regs import (NUM_VMIDS, PAGE_SHIFT, PAGE_SIZE, PDE_VALID, PT_ENTRIES,
                           PT_ENTRY_BITS, PTE_ADDR_MASK, PTE_EXEC, PTE_FRAGMENT_MASK,
                           PTE_PEER, PTE_READ, PTE_SYSTEM, PTE_VALID, PTE_WRITE, VA_BITS,
                           VMID_KERNEL)
-from host.hw.pcie import PeerFault
-from host.hw.sysmem import SYSMEM_BUS_BASE, SysmemFault
-from spec.kernels import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
+from pvgpu.host.hw.pcie import PeerFault
+from pvgpu.host.hw.sysmem import SYSMEM_BUS_BASE, SysmemFault
+from pvgpu.spec.kernels import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
 
 log = logging.getLogger("pvgpu.hw.mmu")
 

@@ -46,8 +46,8 @@ from __future__ import annotations
 import bisect
 import threading
 
-from host.hw.regs import PAGE_SIZE
-from host.hw.sysmem import SYSMEM_BUS_BASE
+from pvgpu.host.hw.regs import PAGE_SIZE
+from pvgpu.host.hw.sysmem import SYSMEM_BUS_BASE
 
 P2PDMA_MAP_UNKNOWN = 0
 P2PDMA_MAP_NOT_SUPPORTED = 1

@@ -83,10 +83,10 @@ def REG_ENGINE(engine: int, reg: int) -> int:
 RB_STATUS_IDLE = 0
 RB_STATUS_BUSY = 1
 
-# Interrupt sources (InterruptController delivers host.hw.interrupts.Interrupt records).
+# Interrupt sources (InterruptController delivers pvgpu.host.hw.interrupts.Interrupt records).
 # Every record also carries `timestamp`: the device clock (ns) when it was raised.
 IRQ_FENCE = 1  # engine, address = fence address, data = the sequence number written
-IRQ_PAGE_FAULT = 2  # engine, vmid, address, access (spec.kernels ACCESS_*)
+IRQ_PAGE_FAULT = 2  # engine, vmid, address, access (pvgpu.spec.kernels ACCESS_*)
 IRQ_ILLEGAL_PACKET = 3  # engine, vmid, address = ring/IB byte offset, data = header dword
 IRQ_CODE_FAULT = 4  # engine, vmid, address = VA of the offending record, data = COBJ_ERR_*
 IRQ_NAMES = {IRQ_FENCE: "fence", IRQ_PAGE_FAULT: "page_fault", IRQ_ILLEGAL_PACKET: "illegal_packet",

@@ -27,7 +27,7 @@ import threading
 
 import numpy as np
 
-from host.hw.regs import PAGE_SIZE, PTE_ADDR_MASK
+from pvgpu.host.hw.regs import PAGE_SIZE, PTE_ADDR_MASK
 
 SYSMEM_BUS_BASE = 1 << 44
 SYSMEM_BUS_LIMIT = (PTE_ADDR_MASK | (PAGE_SIZE - 1)) + 1  # bus addresses must fit a PTE

@@ -21,7 +21,7 @@ import sys
 
 import numpy as np
 
-from host.hw.regs import PAGE_SIZE
+from pvgpu.host.hw.regs import PAGE_SIZE
 
 
 # Linux: MADV_DONTNEED on a private anonymous mapping makes the pages zero-fill-on-demand

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import threading
 
-from host.kmd import lock as devlock
+from pvgpu.host.kmd import lock as devlock
 
 
 class EngineBatch:

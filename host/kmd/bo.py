@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from spec import isa, kernels
+from pvgpu.spec import isa, kernels
 
 _handles = itertools.count(1)
 
@@ -92,7 +92,7 @@ class GpuFault:
 
     vmid: int
     address: int
-    access: int  # spec.kernels ACCESS_*
+    access: int  # pvgpu.spec.kernels ACCESS_*
     engine: int
 
     def __str__(self) -> str:
@@ -108,7 +108,7 @@ class CodeFault:
 
     vmid: int
     address: int
-    reason: int  # spec.isa COBJ_ERR_*
+    reason: int  # pvgpu.spec.isa COBJ_ERR_*
     engine: int
 
     def __str__(self) -> str:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 
-from host.kmd.errors import InvalidArgument, OutOfMemory
+from pvgpu.host.kmd.errors import InvalidArgument, OutOfMemory
 
 # Allocation flags (drm_buddy's DRM_BUDDY_*_ALLOCATION).
 RANGE = 1 << 0

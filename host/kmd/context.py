@@ -20,18 +20,18 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from host.hw import regs
-from host.kmd.bo import BufferObject
-from host.kmd.buddy import round_up
-from host.kmd.errors import InvalidArgument, InvalidContext, OutOfMemory
-from host.kmd.job import ContextSubmitMixin
-from host.kmd.sched import PRIORITY_NORMAL, GpuScheduler, VgpuShares
-from host.kmd.shm import SharedSegment
-from host.kmd.va import ContextVaMixin
-from host.kmd.vm import VA_MAX_ALIGN, GpuVm
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd.bo import BufferObject
+from pvgpu.host.kmd.buddy import round_up
+from pvgpu.host.kmd.errors import InvalidArgument, InvalidContext, OutOfMemory
+from pvgpu.host.kmd.job import ContextSubmitMixin
+from pvgpu.host.kmd.sched import PRIORITY_NORMAL, GpuScheduler, VgpuShares
+from pvgpu.host.kmd.shm import SharedSegment
+from pvgpu.host.kmd.va import ContextVaMixin
+from pvgpu.host.kmd.vm import VA_MAX_ALIGN, GpuVm
 
 if TYPE_CHECKING:
-    from host.kmd.device import KmdDevice
+    from pvgpu.host.kmd.device import KmdDevice
 
 log = logging.getLogger("pvgpu.kmd")
 

@@ -45,30 +45,30 @@ import collections
 import logging
 import time
 
-from host.hw import regs
-from host.kmd import errors
-from host.kmd.buddy import CONTIGUOUS, TOPDOWN, BuddyAllocator, round_up
-from host.kmd.context import DEFAULT_VGPU, Context
-from host.kmd.dma import DmaMixin
-from host.kmd.errors import (ContextLost, DeviceLost, InvalidArgument, InvalidContext, KmdError,
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import errors
+from pvgpu.host.kmd.buddy import CONTIGUOUS, TOPDOWN, BuddyAllocator, round_up
+from pvgpu.host.kmd.context import DEFAULT_VGPU, Context
+from pvgpu.host.kmd.dma import DmaMixin
+from pvgpu.host.kmd.errors import (ContextLost, DeviceLost, InvalidArgument, InvalidContext, KmdError,
                              NoVmid)
-from host.kmd.evict import EvictMixin
-from host.kmd.fence import FenceDriver
-from host.hw.pcie import P2PDMA_MAP_NAMES
-from host.kmd.ib_pool import DEFAULT_IB_POOL_SIZE, IbPool, IbPoolMixin
-from host.kmd.irq import IrqMixin
-from host.kmd.job import MAX_CLIENT_QUEUED_JOBS, MAX_QUEUED_JOBS, JobMixin
-from host.kmd.limits import ContextLimits
-from host.kmd.lock import DeviceCondition, DeviceLock
-from host.kmd.prime import PrimeExporter
-from host.kmd.ring import DEFAULT_RING_SIZE, Ring
-from host.kmd.shm import ShmManager
-from host.kmd.submit import SubmitQueue
-from host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BUFFER_NS,
+from pvgpu.host.kmd.evict import EvictMixin
+from pvgpu.host.kmd.fence import FenceDriver
+from pvgpu.host.hw.pcie import P2PDMA_MAP_NAMES
+from pvgpu.host.kmd.ib_pool import DEFAULT_IB_POOL_SIZE, IbPool, IbPoolMixin
+from pvgpu.host.kmd.irq import IrqMixin
+from pvgpu.host.kmd.job import MAX_CLIENT_QUEUED_JOBS, MAX_QUEUED_JOBS, JobMixin
+from pvgpu.host.kmd.limits import ContextLimits
+from pvgpu.host.kmd.lock import DeviceCondition, DeviceLock
+from pvgpu.host.kmd.prime import PrimeExporter
+from pvgpu.host.kmd.ring import DEFAULT_RING_SIZE, Ring
+from pvgpu.host.kmd.shm import ShmManager
+from pvgpu.host.kmd.submit import SubmitQueue
+from pvgpu.host.kmd.sched import (DEFAULT_HW_LIMIT, DEFAULT_PERIOD_NS, DEFAULT_TIME_BUFFER_NS,
                             DEFAULT_TIMEOUT_NS, PRIORITY_KERNEL, PRIORITY_NORMAL, GpuScheduler,
                             VgpuShares)
-from host.kmd.tdr import TdrMixin
-from host.kmd.vm import GpuVm
+from pvgpu.host.kmd.tdr import TdrMixin
+from pvgpu.host.kmd.vm import GpuVm
 
 log = logging.getLogger("pvgpu.kmd")
 
@@ -79,7 +79,7 @@ DEVICE_STOPPED = "device stopped"  # the error of fences still pending at stop()
 
 
 class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin):
-    """The driver bound to one host.hw.gpu.Gpu."""
+    """The driver bound to one pvgpu.host.hw.gpu.Gpu."""
 
     def __init__(self, gpu, *, ring_size: int = DEFAULT_RING_SIZE, ib_pool_size: int | None = None,
                  timeout: float = DEFAULT_TIMEOUT, policy: str = "fifo",

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from host.kmd.errors import InvalidArgument
+from pvgpu.host.kmd.errors import InvalidArgument
 
 if TYPE_CHECKING:
-    from host.kmd.device import KmdDevice
+    from pvgpu.host.kmd.device import KmdDevice
 
 
 @dataclass(frozen=True, eq=False)

@@ -42,8 +42,8 @@ import itertools
 import threading
 from typing import Protocol
 
-from host.kmd.errors import INVALID_ARGUMENT, PERMISSION, KmdError
-from host.kmd.resv import DmaResv
+from pvgpu.host.kmd.errors import INVALID_ARGUMENT, PERMISSION, KmdError
+from pvgpu.host.kmd.resv import DmaResv
 
 SG_LOCAL = "local"  # the importer's own VRAM (it exported the buffer itself)
 SG_PEER = "peer"  # the exporter's VRAM through its PCIe BAR (peer-to-peer)

@@ -48,13 +48,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from host.hw import regs
-from host.kmd import wouldblock
-from host.kmd.bo import BufferObject, blocks_to_extents
-from host.kmd.errors import InvalidArgument, InvalidContext, KmdError, OutOfMemory
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import wouldblock
+from pvgpu.host.kmd.bo import BufferObject, blocks_to_extents
+from pvgpu.host.kmd.errors import InvalidArgument, InvalidContext, KmdError, OutOfMemory
 
 if TYPE_CHECKING:
-    from host.kmd.context import Context
+    from pvgpu.host.kmd.context import Context
 
 log = logging.getLogger("pvgpu.kmd")
 

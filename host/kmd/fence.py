@@ -33,8 +33,8 @@ import logging
 import struct
 import threading
 
-from host.hw import packets
-from host.kmd import lock as devlock
+from pvgpu.host.hw import packets
+from pvgpu.host.kmd import lock as devlock
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import collections
 
-from host.hw import regs
-from host.kmd.buddy import CONTIGUOUS, TOPDOWN, round_up
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd.buddy import CONTIGUOUS, TOPDOWN, round_up
 
 PAGE_SIZE = regs.PAGE_SIZE
 DEFAULT_IB_POOL_SIZE = 1 << 20

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import logging
 
-from host.hw import regs
-from host.kmd.bo import CodeFault, GpuFault
-from host.kmd.fence import FenceDriver
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd.bo import CodeFault, GpuFault
+from pvgpu.host.kmd.fence import FenceDriver
 
 log = logging.getLogger("pvgpu.kmd")
 

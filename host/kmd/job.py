@@ -45,20 +45,20 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from host.hw import packets, regs
-from host.kmd import fence as fence_mod
-from host.kmd import lock as devlock
-from host.kmd.batch import EngineBatch, SubmissionBatch
-from host.kmd.errors import ContextLost, DeviceLost, InvalidArgument, InvalidContext
-from host.kmd.fence import Fence, FenceDriver
-from host.kmd.kernarg import CodeLaunch, KernargArea
-from host.kmd.prime import ALL_SHARED
-from host.kmd.resv import RESV_LOCK
-from host.kmd.sched import GpuScheduler, SchedJob
-from spec import isa, kernels
+from pvgpu.host.hw import packets, regs
+from pvgpu.host.kmd import fence as fence_mod
+from pvgpu.host.kmd import lock as devlock
+from pvgpu.host.kmd.batch import EngineBatch, SubmissionBatch
+from pvgpu.host.kmd.errors import ContextLost, DeviceLost, InvalidArgument, InvalidContext
+from pvgpu.host.kmd.fence import Fence, FenceDriver
+from pvgpu.host.kmd.kernarg import CodeLaunch, KernargArea
+from pvgpu.host.kmd.prime import ALL_SHARED
+from pvgpu.host.kmd.resv import RESV_LOCK
+from pvgpu.host.kmd.sched import GpuScheduler, SchedJob
+from pvgpu.spec import isa, kernels
 
 if TYPE_CHECKING:
-    from host.kmd.context import Context
+    from pvgpu.host.kmd.context import Context
 
 log = logging.getLogger("pvgpu.kmd")
 

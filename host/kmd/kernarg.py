@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from host.hw import packets, regs
-from host.kmd.bo import blocks_to_extents
-from spec import isa
+from pvgpu.host.hw import packets, regs
+from pvgpu.host.kmd.bo import blocks_to_extents
+from pvgpu.spec import isa
 
 PAGE_SIZE = regs.PAGE_SIZE
 SLOT_SIZE = -(-isa.MAX_PARAM_SIZE // PAGE_SIZE) * PAGE_SIZE

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from host.hw import packets, regs
+from pvgpu.host.hw import packets, regs
 
 _VA_SPACE = 1 << regs.VA_BITS
 _VA_PAGES = _VA_SPACE // regs.PAGE_SIZE

@@ -28,7 +28,7 @@ the attachment's pages are mapped at a fresh VA of the context, READ|WRITE, with
 PTE_PEER for BAR addresses and PTE_SYSTEM for system memory.
 
 Implicit synchronisation: a job names what it touches as (va, size, write) ranges (the
-copy's source and destination, a kernel's pointer arguments, spec.kernels.KERNEL_WRITTEN_ARGS
+copy's source and destination, a kernel's pointer arguments, pvgpu.spec.kernels.KERNEL_WRITTEN_ARGS
 written). For every range inside a shared BO or an import, the job waits for the
 reservation object's implicit dependencies and adds its finished fence (WRITE or READ),
 all under RESV_LOCK, so a reader on one device waits for the writers on the other. A
@@ -43,13 +43,13 @@ import collections
 import threading
 import time
 
-from host.hw import regs
-from host.hw.pcie import P2PDMA_MAP_BUS_ADDR, P2PDMA_MAP_THRU_HOST_BRIDGE
-from host.kmd import wouldblock
-from host.kmd.dmabuf import SG_LOCAL, SG_PEER, SG_SYSTEM, DmaBuf, DmaBufCache, SgTable
-from host.kmd.errors import InvalidArgument, InvalidContext, LimitReached, OutOfMemory
-from host.kmd.fence import Fence
-from host.kmd.resv import (DMA_RESV_USAGE_KERNEL, DMA_RESV_USAGE_READ, DMA_RESV_USAGE_WRITE,
+from pvgpu.host.hw import regs
+from pvgpu.host.hw.pcie import P2PDMA_MAP_BUS_ADDR, P2PDMA_MAP_THRU_HOST_BRIDGE
+from pvgpu.host.kmd import wouldblock
+from pvgpu.host.kmd.dmabuf import SG_LOCAL, SG_PEER, SG_SYSTEM, DmaBuf, DmaBufCache, SgTable
+from pvgpu.host.kmd.errors import InvalidArgument, InvalidContext, LimitReached, OutOfMemory
+from pvgpu.host.kmd.fence import Fence
+from pvgpu.host.kmd.resv import (DMA_RESV_USAGE_KERNEL, DMA_RESV_USAGE_READ, DMA_RESV_USAGE_WRITE,
                            RESV_LOCK, DmaResv)
 
 P2P_ALLOWED = (P2PDMA_MAP_BUS_ADDR, P2PDMA_MAP_THRU_HOST_BRIDGE)

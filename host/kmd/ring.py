@@ -34,8 +34,8 @@ from __future__ import annotations
 
 import time
 
-from host.hw import packets, regs
-from host.kmd.errors import InvalidArgument, RingFull
+from pvgpu.host.hw import packets, regs
+from pvgpu.host.kmd.errors import InvalidArgument, RingFull
 
 ALIGN_DW = 8  # fetch alignment: commit() pads wptr to a multiple of 8 dwords
 DEFAULT_RING_SIZE = 64 << 10

@@ -50,9 +50,9 @@ import collections
 import itertools
 from dataclasses import dataclass
 
-from host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut
-from host.kmd.fence import Fence
-from host.kmd.turnaround import Turnaround
+from pvgpu.host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut
+from pvgpu.host.kmd.fence import Fence
+from pvgpu.host.kmd.turnaround import Turnaround
 
 PRIORITY_KERNEL = 0
 PRIORITY_HIGH = 1

@@ -6,7 +6,7 @@ no copy through the host. It is a buffer object that no context owns: the buddy 
 (and their physically contiguous extents) belong to the segment, and each attachment
 maps those same physical pages at a fresh VA of the attaching context's GpuVm.
 
-Naming (host.kmd.device.KmdDevice.shm, one ShmManager per device):
+Naming (pvgpu.host.kmd.device.KmdDevice.shm, one ShmManager per device):
   - get(key, size, namespace=client): the first call with a key allocates the segment;
     later calls with the same key *in the same namespace* return it (a size that does not
     match, after page rounding, is an error; size 0 only looks up). Keys are private to
@@ -55,10 +55,10 @@ import secrets
 
 import numpy as np
 
-from host.hw import regs
-from host.kmd.bo import blocks_to_extents
-from host.kmd.errors import (InvalidArgument, InvalidSegment, OutOfMemory, PermissionDenied)
-from host.kmd.vm import VA_MAX_ALIGN
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd.bo import blocks_to_extents
+from pvgpu.host.kmd.errors import (InvalidArgument, InvalidSegment, OutOfMemory, PermissionDenied)
+from pvgpu.host.kmd.vm import VA_MAX_ALIGN
 
 PAGE_SIZE = regs.PAGE_SIZE
 _U64 = (1 << 64) - 1

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import logging
 
-from host.hw import regs
-from host.kmd import errors
-from host.kmd.sched import GpuScheduler, SchedJob
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import errors
+from pvgpu.host.kmd.sched import GpuScheduler, SchedJob
 
 log = logging.getLogger("pvgpu.kmd")
 

@@ -35,8 +35,8 @@ import os
 import struct
 import time
 
-from host.hw import packets, regs
-from spec import kernels
+from pvgpu.host.hw import packets, regs
+from pvgpu.spec import kernels
 
 SUBMIT_TID = 1
 TRACK_NAMES = {SUBMIT_TID: "submit"}

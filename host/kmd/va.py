@@ -7,12 +7,12 @@ import time
 
 import numpy as np
 
-from host.hw import regs
-from host.kmd import wouldblock
-from host.kmd.bo import BufferObject
-from host.kmd.buddy import round_up
-from host.kmd.dma import DmaMapping
-from host.kmd.errors import InvalidAddress, InvalidArgument, LimitReached, OutOfMemory
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import wouldblock
+from pvgpu.host.kmd.bo import BufferObject
+from pvgpu.host.kmd.buddy import round_up
+from pvgpu.host.kmd.dma import DmaMapping
+from pvgpu.host.kmd.errors import InvalidAddress, InvalidArgument, LimitReached, OutOfMemory
 
 PAGE_SIZE = regs.PAGE_SIZE
 _U64 = (1 << 64) - 1

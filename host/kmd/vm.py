@@ -39,9 +39,9 @@ import bisect
 
 import numpy as np
 
-from host.hw import regs
-from host.kmd.buddy import TOPDOWN
-from host.kmd.errors import InvalidAddress, InvalidArgument, OutOfMemory
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd.buddy import TOPDOWN
+from pvgpu.host.kmd.errors import InvalidAddress, InvalidArgument, OutOfMemory
 
 PAGE_SIZE = regs.PAGE_SIZE
 PAGE_SHIFT = regs.PAGE_SHIFT

@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 
-from host.kmd.fence import Fence
+from pvgpu.host.kmd.fence import Fence
 
 POLL = 0.05  # seconds between re-checks of a blocking wait (job completion also wakes it)
 BLOCKING, NONBLOCKING, EXPIRED = 0, 1, 2  # a thread's mode (EXPIRED: non-blocking, gave up)

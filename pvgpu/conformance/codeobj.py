@@ -10,7 +10,7 @@ kernels below are written instruction by instruction with isa.encode_instruction
 import struct
 from dataclasses import dataclass, field
 
-from spec import isa
+from pvgpu.spec import isa
 
 I = isa.encode_instruction
 R32 = lambda i: isa.operand(isa.OPND_R32, i)  # noqa: E731

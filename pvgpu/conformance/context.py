@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from spec import wire
-from transport.curve import guest_keys
+from pvgpu.spec import wire
+from pvgpu.transport.curve import guest_keys
 
 from pvgpu.conformance.rawpeer import RawPeer
 
@@ -33,7 +33,7 @@ class Target:
     patient_endpoint: str | None = None
     features: dict = field(default_factory=dict)  # device index -> the features it offers
     # CURVE keys for a tcp endpoint (spec §2.13): the host's public key and a client key
-    # pair the host authorizes, each a key file or Z85 text (transport.curve.guest_keys;
+    # pair the host authorizes, each a key file or Z85 text (pvgpu.transport.curve.guest_keys;
     # default: $PVGPU_SERVER_KEY, $PVGPU_CLIENT_KEY)
     server_key: str | None = None
     client_key: str | None = None
@@ -68,7 +68,7 @@ class Context:
                 mem_size: int = 16 << 20, **kw):
         """A session of our own driver (guest.connect) in `memory` (default: this run's);
         Skip when that is the shared model and it was not selected."""
-        import guest  # (on demand: codeobj.py's users on the host side need none of it)
+        from pvgpu import guest  # (on demand: codeobj.py's users on the host side need none of it)
         self._check_open()
         memory = memory or self.memory
         if memory == wire.MEMORY_SHARED and memory not in self.target.memories:

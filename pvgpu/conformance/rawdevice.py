@@ -5,7 +5,7 @@ writes is checked. A check's `raw` and `two` (context.py) are Raw objects."""
 
 import struct
 
-from spec import wire
+from pvgpu.spec import wire
 
 HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
 

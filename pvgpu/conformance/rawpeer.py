@@ -20,7 +20,7 @@ class RawPeer:
 
     def __init__(self, endpoint: str, routing_id: bytes | None = None, *, timeout: float = 30.0,
                  curve=(None, None)):
-        """curve: (the host's public key, a client transport.curve.KeyPair) to be a CURVE
+        """curve: (the host's public key, a client pvgpu.transport.curve.KeyPair) to be a CURVE
         client (spec §2.13), or (None, None)."""
         self.timeout_ms = int(timeout * 1000)
         self.ctx = zmq.Context()

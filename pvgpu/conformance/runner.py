@@ -15,7 +15,7 @@ import time
 import traceback
 from dataclasses import asdict, dataclass
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.context import Context, Skip, Target
 from pvgpu.conformance.rawpeer import NoAnswer, RawPeer

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from pvgpu.cuda import enums
 from pvgpu.cuda.handles import cudaDeviceProp
-from spec import isa, wire
+from pvgpu.spec import isa, wire
 
 COMPUTE_CAPABILITY = (8, 0)
 STATIC_SHARED_PER_BLOCK = isa.MAX_SHARED_SIZE

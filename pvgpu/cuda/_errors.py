@@ -38,11 +38,11 @@ from __future__ import annotations
 import functools
 import threading
 
-from guest.api import errors as gerr
-from guest.api.pinned import PinnedMemoryError
-from guest.frontend.heap import OutOfGuestMemory
+from pvgpu.guest.api import errors as gerr
+from pvgpu.guest.api.pinned import PinnedMemoryError
+from pvgpu.guest.frontend.heap import OutOfGuestMemory
 from pvgpu.cuda import enums
-from spec import isa
+from pvgpu.spec import isa
 
 R = enums.CUresult
 _thread = threading.local()

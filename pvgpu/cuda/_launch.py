@@ -29,7 +29,7 @@ import numpy as np
 from pvgpu.cuda import handles
 from pvgpu.cuda._errors import CudaError, check
 from pvgpu.cuda.enums import CUresult as R
-from spec import isa
+from pvgpu.spec import isa
 
 _PTR = ctypes.c_uint64
 _CTYPES = (ctypes._SimpleCData, ctypes.Structure, ctypes.Union, ctypes.Array)

@@ -42,7 +42,7 @@ import numpy as np
 from pvgpu.cuda import handles
 from pvgpu.cuda._errors import CudaError, check
 from pvgpu.cuda.enums import CUresult as R
-from spec import wire
+from pvgpu.spec import wire
 
 DEVICE, GLOBAL, PINNED, MANAGED = "device", "global", "pinned", "managed"
 MEMSET_CHUNK = 4 << 20  # bytes of pattern uploaded per copy of a device memset

@@ -32,7 +32,7 @@ import threading
 from pvgpu.cuda import _errors, handles
 from pvgpu.cuda._errors import CudaError, check
 from pvgpu.cuda.enums import CUresult as R
-from spec import wire
+from pvgpu.spec import wire
 
 SLOT_SIZE = 1 << 41  # device VA per context (2 TiB)
 SLOT_COUNT = (wire.VA_USER_LIMIT - wire.VA_USER_BASE) // SLOT_SIZE
@@ -182,9 +182,9 @@ class Facade:
     def connect(self) -> None:
         if self.conn is not None:
             return
-        import guest
+        from pvgpu import guest
         from pvgpu.cli import parse_size
-        from transport.channel import ChannelError
+        from pvgpu.transport.channel import ChannelError
 
         endpoint = self.endpoint or os.environ.get("PVGPU_ENDPOINT") or None
         memory = self.memory_model or os.environ.get("PVGPU_MEMORY") or wire.MEMORY_SHARED

@@ -41,7 +41,7 @@ from pvgpu.cuda._memory import MANAGED, PINNED
 from pvgpu.cuda.enums import CUresult as R
 from pvgpu.cuda.handles import (CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction,  # noqa: F401
                                 CUmodule, CUstream, value_of)
-from spec import isa
+from pvgpu.spec import isa
 
 # the driver's enums and constants, as cuda-python has them (CUresult, CU_STREAM_LEGACY, ...)
 globals().update({k: v for k, v in vars(enums).items() if k.startswith("CU")})
@@ -282,8 +282,8 @@ def _image_bytes(image) -> bytes:
 
 def load_module(ctx, image, log=None) -> _state.Mod:
     """Compile (PTX) and load `image` into ctx; `log(text, error)` gets the JIT's message."""
-    from guest.api import module as gmod
-    from guest.api.errors import PtxCompileError
+    from pvgpu.guest.api import module as gmod
+    from pvgpu.guest.api.errors import PtxCompileError
 
     raw = _image_bytes(image)
     ptx_version = 0
@@ -641,7 +641,7 @@ def cuMemsetD32Async(dstDevice, ui, N, hStream):
 
 # ---------------------------------------------------------------------- launches
 def launch(fn: _state.Fn, grid, block, shared, hStream, kernelParams, extra) -> None:
-    from guest.api.params import ParamBuffer
+    from pvgpu.guest.api.params import ParamBuffer
 
     f = _f()
     ctx = fn.mod.ctx

@@ -92,8 +92,8 @@ class KernelHelper:
     `get_function(name)` -> CUfunction."""
 
     def __init__(self, code: str, dev_id: int):
-        from guest.api.errors import CudaCompileError
-        from guest.api.module import compile_cuda
+        from pvgpu.guest.api.errors import CudaCompileError
+        from pvgpu.guest.api.module import compile_cuda
 
         check_cuda_errors(cudart.cudaFree(0))  # make the device's context current
         major = check_cuda_errors(cudart.cudaDeviceGetAttribute(

@@ -2,7 +2,7 @@
 
 Both sides import from here; no wire number is written anywhere else. The package is
 split by section of spec/pvgpu.md, and this module re-exports every name of every
-section, so that `from spec.wire import X` and `wire.X` need not know which one holds X:
+section, so that `from pvgpu.spec.wire import X` and `wire.X` need not know which one holds X:
 
   ctl   CTL control channel (ZeroMQ + msgpack), MEM guest memory models   §2, §3
   vq    VQ  split virtqueue (virtio 1.x §2.7)                              §4
@@ -15,9 +15,9 @@ The built-in kernel table and the fault access bits are the hardware's kernel AB
 live in spec/kernels.py and `cmd` re-exports them.
 """
 
-from spec.wire.ctl import *  # noqa: F401,F403
-from spec.wire.vq import *  # noqa: F401,F403
-from spec.wire.dev import *  # noqa: F401,F403
-from spec.wire.cmd import *  # noqa: F401,F403
-from spec.wire.evtq import *  # noqa: F401,F403
-from spec.wire.admin import *  # noqa: F401,F403
+from pvgpu.spec.wire.ctl import *  # noqa: F401,F403
+from pvgpu.spec.wire.vq import *  # noqa: F401,F403
+from pvgpu.spec.wire.dev import *  # noqa: F401,F403
+from pvgpu.spec.wire.cmd import *  # noqa: F401,F403
+from pvgpu.spec.wire.evtq import *  # noqa: F401,F403
+from pvgpu.spec.wire.admin import *  # noqa: F401,F403

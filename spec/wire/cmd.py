@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import struct
 
-from spec.kernels import (ACCESS_EXEC, ACCESS_NAMES, ACCESS_READ, ACCESS_WRITE,  # noqa: F401
+from pvgpu.spec.kernels import (ACCESS_EXEC, ACCESS_NAMES, ACCESS_READ, ACCESS_WRITE,  # noqa: F401
                           ARG_F32, ARG_PTR, ARG_U32, BUILTIN_KERNELS, BURN_FOREVER, ELEM_F32,
                           KERNEL_BURN, KERNEL_FILL, KERNEL_GEMM, KERNEL_REDUCE_SUM,
                           KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE, KERNEL_SOFTMAX,

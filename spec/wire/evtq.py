@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import struct
 
-from spec.wire.cmd import CTRL_HDR_SIZE
+from pvgpu.spec.wire.cmd import CTRL_HDR_SIZE
 
 # Event queue (queue EVENTQ, spec §5.7): the driver posts device-writable buffers of at
 # least EVTQ_ENTRY_SIZE bytes; the device fills one per event: a control header (type,

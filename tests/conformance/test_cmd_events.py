@@ -3,7 +3,7 @@ checks of pvgpu/conformance/checks/cmd_events.py against our own host, one item 
 and memory model (conftest.py); and the wire constants of that part of the spec, which need
 no host."""
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.checks.cmd_events import EVENT
 

@@ -5,7 +5,7 @@ host."""
 
 import struct
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.checks.cmd_launch_code import BODY
 

@@ -2,7 +2,7 @@
 pvgpu/conformance/checks/cmd_shm.py against our own host, one item per check and memory
 model (conftest.py); and the wire constants of that part of the spec, which need no host."""
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.checks.cmd_shm import ATTACH, HANDLE, SHM, STAT
 

@@ -18,7 +18,7 @@ def test_appendix_a_matches_a_fresh_recording(tmp_endpoint, host_factory):
 
 def test_the_appendix_holds_what_the_normative_text_requires():
     text = appendix_a.appendix_in_spec()
-    from spec import wire
+    from pvgpu.spec import wire
     assert f"({wire.DEVICE_FEATURES:#x})" in text  # DEV-FEAT-1: what the device offers
     assert "peers: [" in text  # CTL-HELLO-9
     assert 'name: "/proc/<n>/fd/<n>"' in text  # CTL-MEMTABLE-3: a sealed memfd, not a POSIX name

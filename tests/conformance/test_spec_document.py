@@ -1,10 +1,10 @@
 """spec/pvgpu.md itself: clause IDs are unique, every ID that code or tests cite exists,
-and every wire constant the spec names exists in spec.wire."""
+and every wire constant the spec names exists in pvgpu.spec.wire."""
 
 import re
 from pathlib import Path
 
-from spec import wire
+from pvgpu.spec import wire
 
 ROOT = Path(__file__).resolve().parents[2]
 SPEC = (ROOT / "spec" / "pvgpu.md").read_text()

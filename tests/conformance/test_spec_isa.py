@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spec import isa
+from pvgpu.spec import isa
 
 ROOT = Path(__file__).resolve().parents[2]
 TEXT = (ROOT / "spec" / "isa.md").read_text()

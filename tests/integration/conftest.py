@@ -2,7 +2,7 @@
 
 import pytest
 
-import guest
+from pvgpu import guest
 
 
 @pytest.fixture(params=["shared", "inline"])

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-import guest
+from pvgpu import guest
 
 
 def main(endpoint, handle, n, hold=False):

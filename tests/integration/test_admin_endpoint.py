@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import zmq
 
-import guest
-from transport.admin import AdminClient, admin_endpoint_for
+from pvgpu import guest
+from pvgpu.transport.admin import AdminClient, admin_endpoint_for
 
 VGPUS = ["--vgpu", "vA:compute=50,copy=50,mem=50", "--vgpu", "vB:compute=50,copy=50,mem=50"]
 N = 1 << 16

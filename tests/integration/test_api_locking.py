@@ -26,14 +26,14 @@ import weakref
 import numpy as np
 import pytest
 
-import guest
-from guest.api import array, connection, context, device, event, locking, module, pinned, prime
-from guest.api import shm, stream
-from guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
-from guest.frontend.driver import VirtioGpuDriver, command
-from guest.frontend.heap import GuestHeap
-from guest.frontend.session import FrontendSession
-from spec import wire
+from pvgpu import guest
+from pvgpu.guest.api import array, connection, context, device, event, locking, module, pinned, prime
+from pvgpu.guest.api import shm, stream
+from pvgpu.guest.frontend.driver import DeviceNeedsReset as FrontendNeedsReset
+from pvgpu.guest.frontend.driver import VirtioGpuDriver, command
+from pvgpu.guest.frontend.heap import GuestHeap
+from pvgpu.guest.frontend.session import FrontendSession
+from pvgpu.spec import wire
 
 CLASSES = (connection.Connection, device.Device, context.Context, stream.Stream, event.Event,
            array.DeviceArray, array.MappedArray, array.VaRange, shm.SharedSegment,
@@ -67,7 +67,7 @@ DONE:
 
 def _own_bases(cls):
     """The classes of cls's MRO that belong to the API (not object, not numpy.ndarray)."""
-    return [c for c in cls.__mro__ if c.__module__.startswith("guest.")]
+    return [c for c in cls.__mro__ if c.__module__.startswith("pvgpu.guest.")]
 
 
 def public_members(cls) -> dict:
@@ -116,7 +116,7 @@ def api_classes() -> set:
         for sub in todo.pop().__subclasses__():
             home = sys.modules.get(sub.__module__)  # (not the probes the tests below make)
             if sub not in found and getattr(home, sub.__name__, None) is sub \
-                    and sub.__module__.startswith("guest."):
+                    and sub.__module__.startswith("pvgpu.guest."):
                 found.add(sub)
                 todo.append(sub)
     return found
@@ -157,7 +157,7 @@ def test_a_new_method_is_locked_by_construction():
 
     probe = type("Probe", (array.DeviceArray,), {"new_method": new_method,
                                                  "new_property": property(getter),
-                                                 "__module__": "guest.api.probe"})
+                                                 "__module__": "pvgpu.guest.api.probe"})
     members = public_members(probe)
     assert locked(members["new_method"][1]) and locked(members["new_property"][1].fget)
     assert locked(members["to_host"][1]) and not locked(members["nbytes"][1].fget)
@@ -166,7 +166,7 @@ def test_a_new_method_is_locked_by_construction():
 
 
 def test_the_check_sees_a_method_that_bypassed_the_construction():
-    probe = type("Probe", (array.DeviceArray,), {"__module__": "guest.api.probe"})
+    probe = type("Probe", (array.DeviceArray,), {"__module__": "pvgpu.guest.api.probe"})
     probe.late = lambda self: None  # set after the class was made: never wrapped
     members = {("Probe", n): a for n, (_b, a) in public_members(probe).items()}
     assert uncovered(members) == ["Probe.late"]

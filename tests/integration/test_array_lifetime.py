@@ -13,8 +13,8 @@ import weakref
 import numpy as np
 import pytest
 
-import guest
-from spec import wire
+from pvgpu import guest
+from pvgpu.spec import wire
 
 MiB = 1 << 20
 N = 4096

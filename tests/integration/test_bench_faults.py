@@ -5,7 +5,7 @@ the bench's own limit raises instead)."""
 
 import json
 
-from bench import faults
+from pvgpu.bench import faults
 from pvgpu import cli
 
 

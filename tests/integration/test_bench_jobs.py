@@ -7,8 +7,8 @@ import tempfile
 
 import pytest
 
-import guest
-from bench import jobs
+from pvgpu import guest
+from pvgpu.bench import jobs
 from pvgpu import cli
 
 

@@ -1,8 +1,8 @@
 """bench/ptx.py (`pvgpu bench ptx`): its kernels load from the committed PTX and compute
 what numpy computes, through a real host (small sizes; the benchmark times large ones)."""
 
-import guest
-from bench import ptx
+from pvgpu import guest
+from pvgpu.bench import ptx
 
 
 def test_the_end_to_end_figures_come_from_correct_results(shared_host):

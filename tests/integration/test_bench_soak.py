@@ -2,7 +2,7 @@
 RSS read after each. Small counts; no figure is asserted but that it exists, the guests
 checked their arrays, and the host exited cleanly."""
 
-from bench import soak
+from pvgpu.bench import soak
 from pvgpu import cli
 
 

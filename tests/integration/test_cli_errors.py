@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-import guest
-from host.config import physical_memory
+from pvgpu import guest
+from pvgpu.host.config import physical_memory
 
 
 def pvgpu(*args, env=None, stdout=subprocess.PIPE, timeout=60):

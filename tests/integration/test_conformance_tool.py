@@ -19,7 +19,7 @@ import msgpack
 import pytest
 import zmq
 
-import guest
+from pvgpu import guest
 
 from pvgpu.conformance import Check, Target, context, run_case, select
 from pvgpu.conformance.rawpeer import RawPeer
@@ -240,7 +240,7 @@ def test_nothing_at_the_endpoint_fails_every_check_without_running_it(tmp_endpoi
 def test_the_tool_authenticates_with_curve_keys(host_factory, tmp_endpoint, tmp_path):
     """Against a host that requires CURVE on tcp (spec §2.13), the tool's raw peers and
     sessions use the keys it is given; without them its probe gets no answer."""
-    from transport import curve
+    from pvgpu.transport import curve
     host_pub, host_secret = curve.write_keypair(str(tmp_path / "k"), "host")
     guest_pub, guest_secret = curve.write_keypair(str(tmp_path / "k"), "guest")
     auth = tmp_path / "authorized"

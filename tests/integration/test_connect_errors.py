@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-import guest
-from transport.channel import GuestChannel
+from pvgpu import guest
+from pvgpu.transport.channel import GuestChannel
 
 
 def test_no_host_at_an_ipc_endpoint_fails_at_once(tmp_path, monkeypatch):
@@ -72,7 +72,7 @@ def test_the_session_logs_to_pvgpu_guest(host_factory, tmp_endpoint, caplog):
 
 
 def test_importing_logs_nothing_and_installs_no_handler():
-    code = ("import logging, guest, transport.channel, pvgpu.cli\n"
+    code = ("import logging, guest, pvgpu.transport.channel, pvgpu.cli\n"
             "named = [n for n in logging.root.manager.loggerDict if n.split('.')[0] in "
             "('pvgpu', 'guest', 'transport')]\n"
             "handlers = [h for n in named for h in getattr(logging.getLogger(n), 'handlers', [])]\n"

@@ -12,7 +12,7 @@ from cuda_facade import (LAUNCH_PTX, SAXPY_PTX, ctx, fails, model, ok, shared_ct
                          shared_model)
 from pvgpu.cuda import driver as cuda
 from pvgpu.cuda import _state
-from spec import isa, wire
+from pvgpu.spec import isa, wire
 
 R = cuda.CUresult
 A = cuda.CUdevice_attribute

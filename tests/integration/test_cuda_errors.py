@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from pvgpu.conformance import codeobj
-import guest
+from pvgpu import guest
 import pvgpu.cuda
 from cuda_facade import LAUNCH_PTX, ctx, fails, model, ok  # noqa: F401
 from pvgpu.cuda import driver as cuda
 from pvgpu.cuda import runtime as cudart
-from spec import isa
+from pvgpu.spec import isa
 
 R = cuda.CUresult
 E = cudart.cudaError_t

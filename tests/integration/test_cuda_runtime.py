@@ -10,7 +10,7 @@ import numpy as np
 from cuda_facade import SAXPY_PTX, fails, model, ok  # noqa: F401
 from pvgpu.cuda import driver as cuda
 from pvgpu.cuda import runtime as cudart
-from spec import isa
+from pvgpu.spec import isa
 
 E = cudart.cudaError_t
 K = cudart.cudaMemcpyKind

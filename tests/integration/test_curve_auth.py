@@ -19,9 +19,9 @@ import time
 import numpy as np
 import pytest
 
-import guest
-from spec import wire
-from transport import curve
+from pvgpu import guest
+from pvgpu.spec import wire
+from pvgpu.transport import curve
 
 PATTERN = bytes(range(256)) * 16  # a recognisable 4 KiB
 

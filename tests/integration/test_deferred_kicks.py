@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from spec import wire
+from pvgpu.spec import wire
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ copies and kernels accept, copy(), fill(), and no implicit conversion to numpy."
 import numpy as np
 import pytest
 
-from guest.api import errors
+from pvgpu.guest.api import errors
 
 
 def test_attributes_and_cupy_names(conn):

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-import guest
-from spec import wire
+from pvgpu import guest
+from pvgpu.spec import wire
 
 HEARTBEAT_MS = 60_000  # a heartbeat expiry takes 3 minutes: far beyond every wait here
 WAIT = 30.0  # how long a test waits for what the disconnect must bring about

@@ -4,9 +4,9 @@ host, the context and other contexts carry on."""
 import numpy as np
 import pytest
 
-import guest
-from guest.frontend.driver import command
-from spec import wire
+from pvgpu import guest
+from pvgpu.guest.frontend.driver import command
+from pvgpu.spec import wire
 
 
 def test_kernel_argument_at_unmapped_va_is_a_page_fault(conn):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from transport import curve
+from pvgpu.transport import curve
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLES = sorted(EXAMPLES_DIR.glob("*.py"))

@@ -5,9 +5,9 @@ the context is marked faulted, and other contexts carry on."""
 import numpy as np
 import pytest
 
-import guest
-from guest.frontend.driver import DeviceEvent
-from spec import wire
+from pvgpu import guest
+from pvgpu.guest.frontend.driver import DeviceEvent
+from pvgpu.spec import wire
 
 
 def test_a_kernel_writing_past_its_buffer_faults_with_an_event(conn):

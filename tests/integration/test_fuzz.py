@@ -6,10 +6,10 @@ the host's log; a failure names the seed and the case, and rerunning
 
 import os
 
-from bench.fuzz import chains
-from bench.fuzz.runner import HOST_ARGS, fuzz_host, format_report
-from bench.fuzz.session import RawSession
-from spec import wire
+from pvgpu.bench.fuzz import chains
+from pvgpu.bench.fuzz.runner import HOST_ARGS, fuzz_host, format_report
+from pvgpu.bench.fuzz.session import RawSession
+from pvgpu.spec import wire
 
 SEED = int(os.environ.get("PVGPU_FUZZ_SEED", "20261124"))
 CASES = 3000

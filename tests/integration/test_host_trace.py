@@ -10,7 +10,7 @@ import sys
 
 import numpy as np
 
-import guest
+from pvgpu import guest
 
 MiB = 1 << 20
 N = 64 * 1024  # float32 elements: 256 KiB

@@ -7,7 +7,7 @@ import time
 
 import numpy as np
 
-import guest
+from pvgpu import guest
 
 MiB = 1 << 20
 DEADLINE = 60.0  # seconds; a generous bound, only so that a broken host fails, not hangs

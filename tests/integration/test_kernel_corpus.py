@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import guest
-from guest.jit import compile_ptx
+from pvgpu import guest
+from pvgpu.guest.jit import compile_ptx
 
 
 def _load_manifest():

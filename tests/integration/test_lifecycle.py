@@ -11,9 +11,9 @@ import time
 import numpy as np
 import pytest
 
-import guest
+from pvgpu import guest
 from pvgpu.procs import HostProcess, reap, run_guest, spawn_guest
-from spec import wire
+from pvgpu.spec import wire
 
 GUEST_HOG = """
 import sys, time, numpy as np, guest

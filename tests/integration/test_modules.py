@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from pvgpu.conformance import codeobj
-import guest
-from spec import isa, wire
+from pvgpu import guest
+from pvgpu.spec import isa, wire
 
 DATA = Path(__file__).resolve().parent / "data"
 PTX = (DATA / "launch_api.ptx").read_text()

@@ -6,7 +6,7 @@ migrates them back when it can; every result stays correct (host/kmd/device.py,
 
 import numpy as np
 
-import guest
+from pvgpu import guest
 
 N = 1 << 20  # 4 MiB of float32 per buffer, 5 buffers = 20 MiB per session
 GRID, BLOCK = N // 256, 256

@@ -12,9 +12,9 @@ import sys
 import numpy as np
 import pytest
 
-import guest
-from guest.api.pinned import PinnedMemoryError, extent
-from spec import wire
+from pvgpu import guest
+from pvgpu.guest.api.pinned import PinnedMemoryError, extent
+from pvgpu.spec import wire
 
 KiB, MiB = 1 << 10, 1 << 20
 SIZES = [1, 1000, 4096 + 3, 3 * MiB + 1]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from pvgpu.conformance.burns import with_longer_burns
 
-import guest
+from pvgpu import guest
 from pvgpu.procs import reap
 
 PEER = os.path.join(os.path.dirname(__file__), "prime_peer.py")

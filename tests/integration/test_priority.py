@@ -5,7 +5,7 @@ was submitted earlier."""
 import pytest
 from pvgpu.conformance.burns import with_longer_burns
 
-import guest
+from pvgpu import guest
 
 
 def test_high_priority_context_overtakes_a_waiting_low_priority_one(host_factory, tmp_endpoint):

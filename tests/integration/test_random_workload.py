@@ -9,7 +9,7 @@ read-back the device's bytes must equal the model's.
 import numpy as np
 import pytest
 
-import guest
+from pvgpu import guest
 
 OPS = ("alloc", "h2d", "d2h", "d2d", "fill", "scale", "add", "sync", "free")
 

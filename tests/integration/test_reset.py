@@ -4,8 +4,8 @@ reset caught fail with a guest exception, and the device serves new work at once
 import numpy as np
 import pytest
 
-import guest
-from guest.api import errors
+from pvgpu import guest
+from pvgpu.guest.api import errors
 
 ROUNDS = 5
 N = 4096

@@ -12,8 +12,8 @@ import time
 import numpy as np
 import pytest
 
-import guest
-from spec import wire
+from pvgpu import guest
+from pvgpu.spec import wire
 
 N = 1 << 18  # 1 MiB of float32
 GRID, BLOCK = N // 256, 256
@@ -208,7 +208,7 @@ def test_dataflow_bench_smoke(shared_host):
     import tempfile
     out = tempfile.mktemp(suffix=".json")
     try:
-        r = subprocess.run([sys.executable, "-m", "bench.dataflow", "--size-mib", "2", "--reps", "1",
+        r = subprocess.run([sys.executable, "-m", "pvgpu.bench.dataflow", "--size-mib", "2", "--reps", "1",
                             "--endpoint", shared_host.endpoint, "--json", out],
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stdout + r.stderr

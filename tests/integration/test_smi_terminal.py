@@ -17,7 +17,7 @@ import time
 import pytest
 
 from pvgpu.procs import spawn_guest
-from transport.admin import AdminClient, admin_endpoint_for
+from pvgpu.transport.admin import AdminClient, admin_endpoint_for
 
 TMUX = shutil.which("tmux") or "/usr/bin/tmux"
 DEADLINE_S = 60.0

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from pvgpu.conformance.burns import with_longer_burns
 
-import guest
-from guest.api.copy import STAGING_DEPTH
-from spec import wire
+from pvgpu import guest
+from pvgpu.guest.api.copy import STAGING_DEPTH
+from pvgpu.spec import wire
 
 N = 1 << 16
 GRID, BLOCK = N // 256, 256

@@ -8,11 +8,11 @@ import textwrap
 
 import numpy as np
 
-import guest
+from pvgpu import guest
 
 HUNG_GUEST = textwrap.dedent("""
     import sys, guest
-    from spec import wire
+    from pvgpu.spec import wire
     with guest.connect(sys.argv[1], mem_size=16 << 20, name="hung") as conn:
         ctx = conn.devices[0].create_context()
         ctx.launch("burn", 1, 1, (wire.BURN_FOREVER,))

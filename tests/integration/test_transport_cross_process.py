@@ -7,8 +7,8 @@ of 0 within a few hundred completions and reported VQ-USED-JUMP.
 
 import multiprocessing as mp
 
-from transport.memory import SharedGuestMemory
-from transport.virtqueue import DeviceQueue, DriverQueue, VirtqLayout
+from pvgpu.transport.memory import SharedGuestMemory
+from pvgpu.transport.virtqueue import DeviceQueue, DriverQueue, VirtqLayout
 
 N = 20000
 QSIZE = 64

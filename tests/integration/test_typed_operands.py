@@ -7,8 +7,8 @@ host. Bare device addresses and the byte-address copies of a Context stay untype
 import numpy as np
 import pytest
 
-import guest
-from spec import wire
+from pvgpu import guest
+from pvgpu.spec import wire
 
 N = 1024
 F32 = np.float32

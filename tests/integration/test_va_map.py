@@ -6,8 +6,8 @@ a kernel writing past the end of its buffer faults too; another context keeps wo
 import numpy as np
 import pytest
 
-import guest
-from spec import wire
+from pvgpu import guest
+from pvgpu.spec import wire
 
 P = wire.PAGE_SIZE
 N = 4 * P // 4  # float32 elements of a 4-page buffer

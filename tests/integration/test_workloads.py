@@ -6,8 +6,8 @@ Both memory models, over ipc and tcp, on both devices.
 import numpy as np
 import pytest
 
-import guest
-from spec import wire
+from pvgpu import guest
+from pvgpu.spec import wire
 from pvgpu.workloads import run_workload
 
 MODELS = ["shared", "inline"]
@@ -160,7 +160,7 @@ def test_many_requests_leave_no_unread_notifications(shared_host, memory):
     """Regression: with notifications suppressed the device must not send calls the
     polling driver never reads; 1000 of them filled ZeroMQ's high-water mark and the host
     then dropped this guest's control replies."""
-    from transport.channel import ChannelTimeout
+    from pvgpu.transport.channel import ChannelTimeout
 
     with guest.connect(shared_host.endpoint, memory=memory, mem_size=16 << 20) as c:
         dev = c.devices[0]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
-from guest.jit.ptx.lexer import FloatLiteral
+from pvgpu.guest.jit.ptx.lexer import FloatLiteral
 
 
 # ------------------------------------------------------------------ operands

@@ -15,7 +15,7 @@ import re
 import struct
 from dataclasses import dataclass
 
-from guest.jit.errors import PtxSyntaxError
+from pvgpu.guest.jit.errors import PtxSyntaxError
 
 
 @dataclass(frozen=True)

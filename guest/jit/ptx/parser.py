@@ -11,9 +11,9 @@ names the line.
 
 from __future__ import annotations
 
-from guest.jit.errors import PtxSyntaxError, PtxUnsupportedError
-from guest.jit.ptx import ast
-from guest.jit.ptx.lexer import FloatLiteral, Token, tokenize
+from pvgpu.guest.jit.errors import PtxSyntaxError, PtxUnsupportedError
+from pvgpu.guest.jit.ptx import ast
+from pvgpu.guest.jit.ptx.lexer import FloatLiteral, Token, tokenize
 
 SPACES = ("global", "const", "shared", "local", "param")
 LINKAGES = ("visible", "extern", "weak", "common")

@@ -20,7 +20,7 @@ nothing from the guest (spec/isa.py is the only contract with the compiler).
   stopping.py    the stop token inside long instructions
 """
 
-from host.hw.sm.codeobject import CodeFault
-from host.hw.sm.launch import CodeLaunch, StreamingMultiprocessors
+from pvgpu.host.hw.sm.codeobject import CodeFault
+from pvgpu.host.hw.sm.launch import CodeLaunch, StreamingMultiprocessors
 
 __all__ = ["CodeFault", "CodeLaunch", "StreamingMultiprocessors"]

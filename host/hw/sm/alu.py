@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from host.hw.sm import fpmath as fp
-from host.hw.sm import values as V
-from spec import isa
-from spec.isa import TYPE_BF16, TYPE_F16, TYPE_F32, TYPE_F64, TYPE_PRED, TYPE_U32, TYPE_U64
+from pvgpu.host.hw.sm import fpmath as fp
+from pvgpu.host.hw.sm import values as V
+from pvgpu.spec import isa
+from pvgpu.spec.isa import TYPE_BF16, TYPE_F16, TYPE_F32, TYPE_F64, TYPE_PRED, TYPE_U32, TYPE_U64
 
 U32, U64, I32, I64 = np.uint32, np.uint64, np.int32, np.int64
 F32 = np.float32

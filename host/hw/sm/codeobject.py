@@ -34,8 +34,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spec import isa
-from spec.kernels import ACCESS_EXEC
+from pvgpu.spec import isa
+from pvgpu.spec.kernels import ACCESS_EXEC
 
 CACHE_MODULES = 64
 CACHE_BYTES = 256 << 20

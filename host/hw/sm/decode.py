@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from host.hw.sm import alu, lsu, warp
-from host.hw.sm import values as V
-from host.hw.sm.codeobject import CodeFault
-from host.hw.sm.executor import CONST, EXIT, JUMP, NEXT, REG, SPLIT, SREG
-from host.hw.sm.isa_check import slot_types
-from spec import isa
+from pvgpu.host.hw.sm import alu, lsu, warp
+from pvgpu.host.hw.sm import values as V
+from pvgpu.host.hw.sm.codeobject import CodeFault
+from pvgpu.host.hw.sm.executor import CONST, EXIT, JUMP, NEXT, REG, SPLIT, SREG
+from pvgpu.host.hw.sm.isa_check import slot_types
+from pvgpu.spec import isa
 
 _SLOTS = ("d", "d2", "a", "b", "c")
 

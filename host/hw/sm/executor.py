@@ -45,10 +45,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from host.hw.sm import values as V
-from host.hw.sm.stopping import Stopped, running
-from spec import isa
-from spec.isa import OPND_PRED, OPND_R32, OPND_R64
+from pvgpu.host.hw.sm import values as V
+from pvgpu.host.hw.sm.stopping import Stopped, running
+from pvgpu.spec import isa
+from pvgpu.spec.isa import OPND_PRED, OPND_R32, OPND_R64
 
 NEXT, JUMP, SPLIT, EXIT, REGROUP = 0, 1, 2, 3, 4
 DENSE_FRACTION = 0.25  # groups with at least this share of the lanes compute densely
@@ -474,7 +474,7 @@ class Batch:
     def run(self, ctl) -> None:
         prog = self.prog
         decoded = prog.decoded
-        from host.hw.sm.decode import decode
+        from pvgpu.host.hw.sm.decode import decode
         with np.errstate(all="ignore"), running(ctl):
             while True:
                 if ctl.stopped():

@@ -29,8 +29,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from host.hw.sm import stopping
-from spec import isa
+from pvgpu.host.hw.sm import stopping
+from pvgpu.spec import isa
 
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 RN, RZ, RM, RP = isa.RND_RN, isa.RND_RZ, isa.RND_RM, isa.RND_RP

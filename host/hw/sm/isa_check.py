@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec import isa
-from spec.isa import (OPND_CONST, OPND_DATA, OPND_IMM, OPND_NONE, OPND_PRED, OPND_R32,
+from pvgpu.spec import isa
+from pvgpu.spec.isa import (OPND_CONST, OPND_DATA, OPND_IMM, OPND_NONE, OPND_PRED, OPND_R32,
                       OPND_R64, OPND_SIMM, OPND_SREG)
 
 _KIND_SHIFT = isa.OPND_KIND_SHIFT

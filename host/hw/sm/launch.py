@@ -38,15 +38,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from host.hw.sm.codeobject import (CodeFault, ModuleCache, _RelFault, check_entry, entry_index,
+from pvgpu.host.hw.sm.codeobject import (CodeFault, ModuleCache, _RelFault, check_entry, entry_index,
                                    fetch)
-from host.hw.sm.executor import Batch, Geometry, Shape
-from host.hw.sm.stopping import Stopped
-from host.hw.sm.isa_check import first_bad_instruction
-from host.hw.sm.memory import GlobalMemory
-from host.hw.sm.program import Program
-from spec import isa
-from spec.kernels import ACCESS_READ
+from pvgpu.host.hw.sm.executor import Batch, Geometry, Shape
+from pvgpu.host.hw.sm.stopping import Stopped
+from pvgpu.host.hw.sm.isa_check import first_bad_instruction
+from pvgpu.host.hw.sm.memory import GlobalMemory
+from pvgpu.host.hw.sm.program import Program
+from pvgpu.spec import isa
+from pvgpu.spec.kernels import ACCESS_READ
 
 BATCH_THREADS = 1 << 18  # threads of one batch (at most; at least one block)
 BATCH_BYTES = 256 << 20  # register and local memory of one batch (estimate, at most)

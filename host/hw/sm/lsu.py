@@ -24,14 +24,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from host.hw.mmu import MmuFault
-from host.hw.sm import values as V
-from host.hw.sm.memory import apply_atomic
-from spec import isa
-from spec.isa import (GENERIC_LOCAL_BASE, GENERIC_SHARED_BASE, GENERIC_WINDOW_SIZE,
+from pvgpu.host.hw.mmu import MmuFault
+from pvgpu.host.hw.sm import values as V
+from pvgpu.host.hw.sm.memory import apply_atomic
+from pvgpu.spec import isa
+from pvgpu.spec.isa import (GENERIC_LOCAL_BASE, GENERIC_SHARED_BASE, GENERIC_WINDOW_SIZE,
                       SPACE_CONST, SPACE_GENERIC, SPACE_GLOBAL, SPACE_LOCAL, SPACE_PARAM,
                       SPACE_SHARED)
-from spec.kernels import ACCESS_READ, ACCESS_WRITE
+from pvgpu.spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 U64 = np.uint64
 _M64 = V.M64
@@ -268,7 +268,7 @@ def _generic(b, act, addr, w, fn):
 
 def _sub_active(b, act, m):
     """The Active of the lanes m (a bool mask over act's lanes) of act."""
-    from host.hw.sm.executor import Active
+    from pvgpu.host.hw.sm.executor import Active
     lanes = act.idx if act.mask is not None else b.geo.lanes()
     mask = np.zeros(b.N, dtype=bool)
     mask[lanes[m]] = True

@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from host.hw.mmu import MmuFault
-from host.hw.regs import PAGE_SHIFT, PAGE_SIZE
-from host.hw.sm import stopping
-from spec import isa
-from spec.kernels import ACCESS_READ, ACCESS_WRITE
+from pvgpu.host.hw.mmu import MmuFault
+from pvgpu.host.hw.regs import PAGE_SHIFT, PAGE_SIZE
+from pvgpu.host.hw.sm import stopping
+from pvgpu.spec import isa
+from pvgpu.spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 _PAGE_MASK = PAGE_SIZE - 1
 BITMAP_PAGES = 1 << 16  # spans up to this many pages find their runs with a bitmap

@@ -24,7 +24,7 @@ import heapq
 
 import numpy as np
 
-from spec import isa
+from pvgpu.spec import isa
 
 
 class Program:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spec import isa
+from pvgpu.spec import isa
 
 M32 = 0xFFFF_FFFF
 M64 = 0xFFFF_FFFF_FFFF_FFFF

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from host.hw.sm import values as V
-from spec import isa
+from pvgpu.host.hw.sm import values as V
+from pvgpu.spec import isa
 
 
 def _u32(b, v, lanes):

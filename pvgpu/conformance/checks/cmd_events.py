@@ -8,7 +8,7 @@ import struct
 import msgpack
 import numpy as np
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.burns import with_longer_burns
 from pvgpu.conformance.rawdevice import Raw, cmd, completes, launch

@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.burns import with_longer_burns
 from pvgpu.conformance.rawdevice import HDR, cmd, completes, launch

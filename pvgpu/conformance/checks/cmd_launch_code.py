@@ -7,7 +7,7 @@ import struct
 
 import numpy as np
 
-from spec import isa, wire
+from pvgpu.spec import isa, wire
 
 from pvgpu.conformance import codeobj
 from pvgpu.conformance.rawdevice import Raw, cmd, d2h, h2d

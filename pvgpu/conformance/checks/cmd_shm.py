@@ -6,7 +6,7 @@ import struct
 
 import numpy as np
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.rawdevice import Raw, cmd, d2h, h2d
 from pvgpu.conformance.registry import check

@@ -7,7 +7,7 @@ import struct
 import msgpack
 import numpy as np
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.rawdevice import cmd, d2h, h2d, launch
 from pvgpu.conformance.registry import check

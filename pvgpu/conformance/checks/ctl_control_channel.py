@@ -3,7 +3,7 @@ raw DEALER peers."""
 
 import msgpack
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.registry import check
 

@@ -6,7 +6,7 @@ import secrets
 
 import numpy as np
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.rawpeer import NoAnswer
 from pvgpu.conformance.registry import check

@@ -3,7 +3,7 @@ memory models: the driver's posted event buffers are read back as the device wro
 
 import struct
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.rawdevice import cmd, launch
 from pvgpu.conformance.registry import check

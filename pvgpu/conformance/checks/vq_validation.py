@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 
-import guest
-from spec import wire
+from pvgpu import guest
+from pvgpu.spec import wire
 
 from pvgpu.conformance.expect import raises
 from pvgpu.procs import reap

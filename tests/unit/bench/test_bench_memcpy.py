@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bench.memcpy import ParallelMemcpy, best_parallel, slices, thread_counts
+from pvgpu.bench.memcpy import ParallelMemcpy, best_parallel, slices, thread_counts
 
 
 @settings(max_examples=60, deadline=None)

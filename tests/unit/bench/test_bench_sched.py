@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-from bench import sched
+from pvgpu.bench import sched
 
 
 class Clock:

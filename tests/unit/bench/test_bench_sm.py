@@ -5,7 +5,7 @@ import struct
 
 import numpy as np
 
-from bench import sm
+from pvgpu.bench import sm
 
 
 def test_vector_add_and_the_alu_chains_compute_their_results():

@@ -1,13 +1,13 @@
-"""guest.api pieces that need no host: event handles and the mapping of device errors."""
+"""pvgpu.guest.api pieces that need no host: event handles and the mapping of device errors."""
 
 import pickle
 
 import pytest
 
-import guest
-from guest.api import errors
-from guest.frontend.driver import DeviceResponseError
-from spec import wire
+from pvgpu import guest
+from pvgpu.guest.api import errors
+from pvgpu.guest.frontend.driver import DeviceResponseError
+from pvgpu.spec import wire
 
 
 def test_event_handle_string_form_round_trips_and_pickles():

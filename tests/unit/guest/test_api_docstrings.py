@@ -4,7 +4,7 @@ classes and of the guest/ classes they inherit from (CuPy's protocol methods too
 
 import inspect
 
-import guest
+from pvgpu import guest
 
 # dunder methods with behaviour of pvgpu's own, which help() should explain
 DOCUMENTED_DUNDERS = {"__getitem__", "__len__", "__array__", "__call__"}
@@ -14,7 +14,7 @@ def _undocumented(objects) -> list:
     """The names among `objects` (functions and classes), the guest/ classes they inherit
     from and those classes' public methods and properties that have no docstring."""
     classes = {cls for obj in objects if inspect.isclass(obj) for cls in obj.__mro__
-               if cls.__module__.startswith("guest.")}
+               if cls.__module__.startswith("pvgpu.guest.")}
     missing = [obj.__name__ for obj in objects
                if not inspect.isclass(obj) and not inspect.getdoc(obj)]
     for cls in sorted(classes, key=lambda c: c.__qualname__):
@@ -45,6 +45,6 @@ def test_the_walk_finds_an_undocumented_method():
     def undocumented_function():
         pass
 
-    Documented.__module__ = "guest.api.example"
+    Documented.__module__ = "pvgpu.guest.api.example"
     assert _undocumented([Documented, undocumented_function]) == [
         "undocumented_function", "Documented.method"]

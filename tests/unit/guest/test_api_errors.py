@@ -8,11 +8,11 @@ import pkgutil
 
 import pytest
 
-import guest
-import transport
-from guest import frontend
-from transport import errors as transport_errors
-from transport.errors import PvgpuError
+from pvgpu import guest
+from pvgpu import transport
+from pvgpu.guest import frontend
+from pvgpu.transport import errors as transport_errors
+from pvgpu.transport.errors import PvgpuError
 
 
 def _exception_classes(module):
@@ -63,7 +63,7 @@ def test_errors_stay_what_code_catches_today(cls, builtin):
 
 
 def test_the_transports_host_not_found_becomes_the_apis():
-    from guest.api.errors import translate
+    from pvgpu.guest.api.errors import translate
     mapped = translate(transport_errors.HostNotFound("no host at ipc:///x"))
     assert type(mapped) is guest.HostNotFound and isinstance(mapped, guest.HostLost)
     assert str(mapped) == "no host at ipc:///x"

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-import guest.api
+import pvgpu.guest.api
+from pvgpu import guest
 
 API = Path(guest.api.__file__).parent
 MODULES = sorted(p.stem for p in API.glob("*.py") if p.stem != "__init__")
@@ -27,7 +28,7 @@ def _runtime_nodes(node):
 
 
 def api_imports(name: str) -> set:
-    """-> the guest.api modules that guest/api/<name>.py imports, anywhere in it (but for
+    """-> the pvgpu.guest.api modules that guest/api/<name>.py imports, anywhere in it (but for
     the type checker)."""
     out = set()
     for node in _runtime_nodes(ast.parse((API / f"{name}.py").read_text())):
@@ -87,12 +88,12 @@ def test_the_cycle_finder_sees_a_cycle():
 @pytest.mark.parametrize("name", MODULES)
 def test_each_module_imports_first(name):
     """Importing any one of them first (a fresh interpreter) works."""
-    code = f"import importlib; importlib.import_module('guest.api.{name}')"
+    code = f"import importlib; importlib.import_module('pvgpu.guest.api.{name}')"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
-    assert importlib.import_module(f"guest.api.{name}")
+    assert importlib.import_module(f"pvgpu.guest.api.{name}")
 
 
 def test_type_checking_imports_do_not_count():
     source = (API / "array.py").read_text()
-    assert "    from guest.api.context import Context" in source  # under TYPE_CHECKING
+    assert "    from pvgpu.guest.api.context import Context" in source  # under TYPE_CHECKING
     assert "context" not in api_imports("array")

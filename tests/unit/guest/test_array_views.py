@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guest.api.array import _c_strides, _contiguous_range, _reshaped
+from pvgpu.guest.api.array import _c_strides, _contiguous_range, _reshaped
 
 shapes = st.lists(st.integers(0, 5), min_size=0, max_size=4).map(tuple)
 

@@ -1,4 +1,4 @@
-"""guest.api.copy without a host: CopyPipeline in both directions, synchronous and
+"""pvgpu.guest.api.copy without a host: CopyPipeline in both directions, synchronous and
 asynchronous, through bounce chunks of the device's StagingPool, through pinned memory and
 in the command's descriptor, against a fake driver whose device completes requests in
 order only when the guest waits (so what is in flight at any time is known)."""
@@ -11,14 +11,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from guest.api import copy, lifetime, pinned
-from guest.api.context import Context
-from guest.api.copy import D2H, H2D, CopyPipeline
-from guest.api.device import Device
-from guest.frontend.driver import DeviceResponseError
-from guest.frontend.heap import GuestHeap
-from transport.memory import GuestMemory
-from spec import wire
+from pvgpu.guest.api import copy, lifetime, pinned
+from pvgpu.guest.api.context import Context
+from pvgpu.guest.api.copy import D2H, H2D, CopyPipeline
+from pvgpu.guest.api.device import Device
+from pvgpu.guest.frontend.driver import DeviceResponseError
+from pvgpu.guest.frontend.heap import GuestHeap
+from pvgpu.transport.memory import GuestMemory
+from pvgpu.spec import wire
 
 MEM = 8 << 20
 HEAP_BASE = 64 << 10

@@ -5,10 +5,10 @@ import struct
 
 import pytest
 
-from guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver, command
-from spec import wire
-from transport.memory import InlineGuestMemory
-from transport.virtqueue import DeviceQueue, VirtqLayout
+from pvgpu.guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver, command
+from pvgpu.spec import wire
+from pvgpu.transport.memory import InlineGuestMemory
+from pvgpu.transport.virtqueue import DeviceQueue, VirtqLayout
 
 MEM = 4 << 20
 OK = struct.pack(wire.CTRL_HDR_FORMAT, wire.RESP_OK_NODATA, 0, 0, 0, 0)

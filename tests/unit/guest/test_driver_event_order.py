@@ -5,8 +5,8 @@ with the driver's reads (guest/frontend/driver.py reap)."""
 import collections
 import struct
 
-from guest.frontend.driver import Request, VirtioGpuDriver
-from spec import wire
+from pvgpu.guest.frontend.driver import Request, VirtioGpuDriver
+from pvgpu.spec import wire
 
 
 class Device:

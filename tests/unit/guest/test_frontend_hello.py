@@ -3,9 +3,9 @@ device of another id is refused before any guest memory or queue is set up for i
 
 import pytest
 
-from guest.frontend import session as session_mod
-from guest.frontend.session import ControlRequestError, FrontendSession
-from spec import wire
+from pvgpu.guest.frontend import session as session_mod
+from pvgpu.guest.frontend.session import ControlRequestError, FrontendSession
+from pvgpu.spec import wire
 
 
 def hello_reply(device_id):

@@ -1,5 +1,5 @@
 """The frontend's wait_for judges a silent host by the silence its channel has seen
-(transport.channel.GuestChannel.silence_since), never by the clock alone: a thread that
+(pvgpu.transport.channel.GuestChannel.silence_since), never by the clock alone: a thread that
 was descheduled, or stepped aside while another thread read the socket, has not seen the
 host fall silent and must not declare it lost. Silence is counted from the later of the
 last message and the start of the wait: a driver that only kicked before it waits asked
@@ -10,17 +10,17 @@ below moves it on by the slice."""
 
 import pytest
 
-from guest.frontend import session as frontend_session
-from guest.frontend.session import FrontendSession
-from spec.wire import HEARTBEAT_MISSES
-from transport.channel import ChannelTimeout, HostLost
+from pvgpu.guest.frontend import session as frontend_session
+from pvgpu.guest.frontend.session import FrontendSession
+from pvgpu.spec.wire import HEARTBEAT_MISSES
+from pvgpu.transport.channel import ChannelTimeout, HostLost
 
 HEARTBEAT_MS = 100
 WINDOW = HEARTBEAT_MISSES * HEARTBEAT_MS / 1000.0
 
 
 class Clock:
-    """Stands in for the time module in guest.frontend.session."""
+    """Stands in for the time module in pvgpu.guest.frontend.session."""
 
     def __init__(self, now: float = 1000.0):
         self.now = now

@@ -1,9 +1,9 @@
-"""guest.frontend.heap: the first-fit allocator of guest-physical memory."""
+"""pvgpu.guest.frontend.heap: the first-fit allocator of guest-physical memory."""
 
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from guest.frontend.heap import GuestHeap, OutOfGuestMemory
+from pvgpu.guest.frontend.heap import GuestHeap, OutOfGuestMemory
 
 
 def test_alloc_free_coalesces_back_to_one_block():

@@ -9,14 +9,14 @@ import struct
 
 import pytest
 
-from guest.frontend import driver as driver_mod
-from guest.frontend.driver import VirtioGpuDriver, command
-from guest.frontend.session import FrontendSession
-from spec import wire
-from transport import codec
-from transport.channel import ChannelTimeout
-from transport.memory import InlineGuestMemory
-from transport.virtqueue import DeviceQueue, VirtqLayout
+from pvgpu.guest.frontend import driver as driver_mod
+from pvgpu.guest.frontend.driver import VirtioGpuDriver, command
+from pvgpu.guest.frontend.session import FrontendSession
+from pvgpu.spec import wire
+from pvgpu.transport import codec
+from pvgpu.transport.channel import ChannelTimeout
+from pvgpu.transport.memory import InlineGuestMemory
+from pvgpu.transport.virtqueue import DeviceQueue, VirtqLayout
 
 MEM = 4 << 20
 OK = struct.pack(wire.CTRL_HDR_FORMAT, wire.RESP_OK_NODATA, 0, 0, 0, 0)

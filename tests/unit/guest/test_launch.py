@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from guest.api import errors, launch
-from spec import wire
+from pvgpu.guest.api import errors, launch
+from pvgpu.spec import wire
 
 
 class RecordingDriver:

@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from guest.api import lifetime
-from guest.frontend.driver import DeviceNeedsReset, DeviceResponseError
-from spec import wire
+from pvgpu.guest.api import lifetime
+from pvgpu.guest.frontend.driver import DeviceNeedsReset, DeviceResponseError
+from pvgpu.spec import wire
 
 
 class FakeDriver:

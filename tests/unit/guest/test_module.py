@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from pvgpu.conformance import codeobj
-from guest.api import errors, module, params
-from spec import isa
+from pvgpu.guest.api import errors, module, params
+from pvgpu.spec import isa
 
 
 def entry_with(*param_specs, param_size=None):
@@ -186,7 +186,7 @@ def test_device_arrays_only_for_64_bit_parameters():
     class NotAnArray:
         pass
     fn = FakeFn(entry_with((0, 4, 4, isa.TYPE_U32)))
-    from guest.api.array import DeviceArray
+    from pvgpu.guest.api.array import DeviceArray
     arr = DeviceArray.__new__(DeviceArray)  # never touched: refused by its parameter's type
     with pytest.raises(TypeError, match="cannot take a DeviceArray"):
         params.marshal(fn, None, (arr,))

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guest.api import operands
-from spec import wire
+from pvgpu.guest.api import operands
+from pvgpu.spec import wire
 
 
 def test_every_pointer_argument_has_an_element_type():

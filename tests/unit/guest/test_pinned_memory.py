@@ -1,4 +1,4 @@
-"""guest.api.pinned without a host: the pinned allocator over a session heap, PinnedArray
+"""pvgpu.guest.api.pinned without a host: the pinned allocator over a session heap, PinnedArray
 (views, slices, derived arrays, free, garbage collection), recognising pinned memory in
 any view (`extent`), blocks kept while requests use them; and the bounce-chunk pool
 (guest/api/copy.py) when `Device.staging_chunk` changes."""
@@ -11,11 +11,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from guest.api import copy, lifetime, pinned
-from guest.api.device import Device
-from guest.api.pinned import PinnedArray, PinnedMemoryError
-from guest.frontend.heap import GuestHeap, OutOfGuestMemory
-from transport.memory import GuestMemory, InlineGuestMemory
+from pvgpu.guest.api import copy, lifetime, pinned
+from pvgpu.guest.api.device import Device
+from pvgpu.guest.api.pinned import PinnedArray, PinnedMemoryError
+from pvgpu.guest.frontend.heap import GuestHeap, OutOfGuestMemory
+from pvgpu.transport.memory import GuestMemory, InlineGuestMemory
 
 MEM = 4 << 20
 HEAP_BASE = 64 << 10

@@ -6,10 +6,10 @@ import struct
 
 import pytest
 
-from guest.frontend.driver import VirtioGpuDriver, command
-from guest.frontend.session import FrontendSession
-from spec import wire
-from transport.memory import InlineGuestMemory
+from pvgpu.guest.frontend.driver import VirtioGpuDriver, command
+from pvgpu.guest.frontend.session import FrontendSession
+from pvgpu.spec import wire
+from pvgpu.transport.memory import InlineGuestMemory
 
 from test_kick_policy import MEM, LoopbackChannel, nop
 
@@ -200,7 +200,7 @@ def _driver():
 
 
 def test_dev_needs_reset_2_config_changed_fails_what_is_outstanding():
-    from guest.frontend.driver import DeviceNeedsReset
+    from pvgpu.guest.frontend.driver import DeviceNeedsReset
     s, drv = _driver()
     req = drv.submit(nop())
     assert not req.done
@@ -231,7 +231,7 @@ def test_cmd_chain_3_every_chain_offers_room_for_any_response():
 
 
 def test_err_ctl_1_an_unknown_error_name_fails_the_request():
-    from guest.frontend.session import ControlRequestError
+    from pvgpu.guest.frontend.session import ControlRequestError
 
     class Refusing(LoopbackChannel):
         def request(self, msg, frames=(), timeout=None):
@@ -242,7 +242,7 @@ def test_err_ctl_1_an_unknown_error_name_fails_the_request():
 
 
 def test_err_resp_2_an_unknown_error_code_is_an_error_with_its_body():
-    from guest.frontend.driver import DeviceResponseError
+    from pvgpu.guest.frontend.driver import DeviceResponseError
     s, drv = _driver()
     queue = s.channel.device_queue
     add_used = queue.add_used

@@ -3,10 +3,10 @@ say what to do; the endpoint is the argument, else $PVGPU_ENDPOINT, else the def
 
 import pytest
 
-from guest.frontend import session as session_mod
-from guest.frontend.session import FrontendSession, resolve_endpoint
-from spec import wire
-from transport.errors import ChannelTimeout, PvgpuError
+from pvgpu.guest.frontend import session as session_mod
+from pvgpu.guest.frontend.session import FrontendSession, resolve_endpoint
+from pvgpu.spec import wire
+from pvgpu.transport.errors import ChannelTimeout, PvgpuError
 
 
 class SilentChannel:

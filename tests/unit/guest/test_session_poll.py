@@ -5,8 +5,8 @@ for. Sans-IO: a stand-in device whose request completes at its third reap, no ch
 
 import os
 
-from guest.frontend.session import FrontendSession
-from spec import wire
+from pvgpu.guest.frontend.session import FrontendSession
+from pvgpu.spec import wire
 
 
 class SlowDevice:

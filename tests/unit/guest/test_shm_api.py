@@ -4,8 +4,8 @@ import pickle
 
 import pytest
 
-from guest.api.shm import ShmHandle, key_of
-from spec import wire
+from pvgpu.guest.api.shm import ShmHandle, key_of
+from pvgpu.spec import wire
 
 
 def test_handle_string_form_round_trips():

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from host.config import ConfigError, SchedConfig, load_config, parse_vgpu
-from host.kmd.sched import VgpuShares
+from pvgpu.host.config import ConfigError, SchedConfig, load_config, parse_vgpu
+from pvgpu.host.kmd.sched import VgpuShares
 
 
 def test_parse_vgpu_with_and_without_shares():

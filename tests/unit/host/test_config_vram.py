@@ -3,7 +3,7 @@ devices' VRAM fits in the machine's memory (emulated VRAM is host memory)."""
 
 import pytest
 
-from host.config import ConfigError, check_vram, physical_memory
+from pvgpu.host.config import ConfigError, check_vram, physical_memory
 
 
 def test_a_size_of_whole_pages_that_fits_is_taken():

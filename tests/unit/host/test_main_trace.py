@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from host.kmd.trace import TraceError
-from host.main import HostServer
-from spec import kernels
+from pvgpu.host.kmd.trace import TraceError
+from pvgpu.host.main import HostServer
+from pvgpu.spec import kernels
 
 
 @pytest.fixture

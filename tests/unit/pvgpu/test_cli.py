@@ -30,7 +30,7 @@ def test_defaults_and_repeatable_listen():
 
 def test_keygen_writes_a_pair(tmp_path, capsys):
     from pvgpu.cli import main
-    from transport.curve import read_secret_key
+    from pvgpu.transport.curve import read_secret_key
     assert main(["keygen", str(tmp_path / "k"), "--name", "g1"]) == 0
     pair = read_secret_key(str(tmp_path / "k" / "g1.key_secret"))
     assert pair.fingerprint in capsys.readouterr().out
@@ -40,7 +40,7 @@ def test_keygen_writes_a_pair(tmp_path, capsys):
 def test_host_tcp_policy(tmp_path):
     """tcp needs CURVE keys or --insecure (CTL-AUTH-3); ipc needs neither."""
     from pvgpu.cli import host_keys
-    from transport.curve import write_keypair
+    from pvgpu.transport.curve import write_keypair
     _pub, secret = write_keypair(str(tmp_path), "host")
     (tmp_path / "auth").mkdir()
     parse = build_parser().parse_args
@@ -103,8 +103,8 @@ def test_version_falls_back_to_the_packages(monkeypatch):
 
 def test_report_error_one_line_a_hint_and_the_exit_status(capsys):
     from pvgpu.cli import UserError, report_error
-    from guest.frontend.heap import OutOfGuestMemory
-    from transport.errors import ChannelTimeout, HostLost
+    from pvgpu.guest.frontend.heap import OutOfGuestMemory
+    from pvgpu.transport.errors import ChannelTimeout, HostLost
     assert report_error("info", UserError("no host at X", "start one")) == 2
     assert capsys.readouterr().err == "pvgpu info: no host at X\n  hint: start one\n"
     assert report_error("host", ValueError("--vram 3: bad")) == 2

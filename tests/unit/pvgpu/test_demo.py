@@ -35,7 +35,7 @@ def test_plan_cycles_workloads_with_equal_copy_and_memory_shares():
 
 
 def test_vgpu_arg_is_what_the_host_parses():
-    from host.config import parse_vgpu
+    from pvgpu.host.config import parse_vgpu
     v = parse_vgpu(demo.vgpu_arg("g2", {"compute": 33, "copy": 33, "mem": 33}))
     assert (v.name, v.compute, v.copy, v.mem) == ("g2", 33, 33, 33)
 

@@ -6,7 +6,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from bench.p2p import parse_sizes
+from pvgpu.bench.p2p import parse_sizes
 from pvgpu import demo
 from pvgpu.cli import build_parser
 

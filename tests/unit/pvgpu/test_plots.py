@@ -19,7 +19,7 @@ def assert_png(path, min_bytes=5_000):
 
 
 def sched_run(shares, rates, seconds=4.0, period=0.25):
-    """A run as bench.sched.run_shared returns it: vGPU n uses rates[n] of the device."""
+    """A run as pvgpu.bench.sched.run_shared returns it: vGPU n uses rates[n] of the device."""
     t_s = [period * (i + 1) for i in range(int(seconds / period))]
     util = dict(zip(shares, rates))
     return {"shares": shares, "workloads": {n: "long" for n in shares}, "util": util,

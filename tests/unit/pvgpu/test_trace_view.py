@@ -6,10 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from host.hw import packets, regs
-from host.kmd.trace import TraceRecorder
+from pvgpu.host.hw import packets, regs
+from pvgpu.host.kmd.trace import TraceRecorder
 from pvgpu import trace_view
-from spec import kernels
+from pvgpu.spec import kernels
 
 MiB = 1 << 20
 

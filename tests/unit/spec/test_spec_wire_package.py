@@ -6,14 +6,15 @@ import importlib
 import inspect
 import types
 
-import spec.kernels
-from spec import wire
+import pvgpu.spec.kernels
+from pvgpu import spec
+from pvgpu.spec import wire
 
 SECTIONS = ("ctl", "vq", "dev", "cmd", "evtq")
 
 
 def _section(name):
-    return importlib.import_module(f"spec.wire.{name}")
+    return importlib.import_module(f"pvgpu.spec.wire.{name}")
 
 
 def _own_names(module):
@@ -33,7 +34,7 @@ def _own_names(module):
 
 def _imported_from(module):
     src = inspect.getsource(module)
-    return [importlib.import_module(m) for m in ("spec.kernels", "spec.wire.cmd")
+    return [importlib.import_module(m) for m in ("pvgpu.spec.kernels", "pvgpu.spec.wire.cmd")
             if f"from {m} import" in src]
 
 
@@ -66,7 +67,7 @@ def test_the_kernel_abi_is_re_exported_as_the_same_objects():
 
 def test_wire_keeps_the_names_its_users_import():
     # a sample of every section, through both import styles
-    from spec.wire import (CMD_LAUNCH, CTRL_HDR_SIZE, EVTQ_ENTRY_SIZE, OP_HELLO,  # noqa: F401
+    from pvgpu.spec.wire import (CMD_LAUNCH, CTRL_HDR_SIZE, EVTQ_ENTRY_SIZE, OP_HELLO,  # noqa: F401
                            STATUS_DRIVER_OK, VIRTQ_DESC_SIZE, pack_ctrl_hdr, virtq_used_size)
     assert wire.EVTQ_ENTRY_SIZE == wire.CTRL_HDR_SIZE + 40 == 64
     assert wire.unpack_ctrl_hdr(wire.pack_ctrl_hdr(wire.CMD_NOP, ctx_id=3))[3] == 3

@@ -14,8 +14,8 @@ import struct
 import numpy as np
 import pytest
 
-from spec.wire import VIRTQ_DESC_FORMAT, VIRTQ_DESC_SIZE, virtq_avail_size
-from transport.memory import GuestMemory, InlineGuestMemory
+from pvgpu.spec.wire import VIRTQ_DESC_FORMAT, VIRTQ_DESC_SIZE, virtq_avail_size
+from pvgpu.transport.memory import GuestMemory, InlineGuestMemory
 
 LINK_KINDS = ("bytearray", "numpy", "inline")
 

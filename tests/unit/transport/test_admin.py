@@ -9,10 +9,10 @@ import stat
 import msgpack
 import pytest
 
-from spec import wire
-from transport.admin import (AdminClient, AdminError, AdminRequestError, AdminServer,
+from pvgpu.spec import wire
+from pvgpu.transport.admin import (AdminClient, AdminError, AdminRequestError, AdminServer,
                              admin_endpoint_for, default_admin_endpoint)
-from transport.channel import ChannelError
+from pvgpu.transport.channel import ChannelError
 
 
 def _mode(path) -> int:

@@ -13,17 +13,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spec.wire import (
+from pvgpu.spec.wire import (
     VIRTQ_DESC_F_INDIRECT as IND,
     VIRTQ_DESC_F_NEXT as NEXT,
     VIRTQ_DESC_F_WRITE as WRITE,
     VIRTQ_DESC_FORMAT,
     VIRTQ_MAX_INDIRECT,
 )
-from transport.chain import DescriptorChain, walk_chain
-from transport.errors import DEVICE_CLAUSES, ChainError, VirtqError
-from transport.memory import GuestMemory, InlineGuestMemory
-from transport.virtqueue import DeviceQueue, VirtqLayout
+from pvgpu.transport.chain import DescriptorChain, walk_chain
+from pvgpu.transport.errors import DEVICE_CLAUSES, ChainError, VirtqError
+from pvgpu.transport.memory import GuestMemory, InlineGuestMemory
+from pvgpu.transport.virtqueue import DeviceQueue, VirtqLayout
 
 Q = 8
 MEM = 1 << 16

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import zmq
 
-from spec.wire import (
+from pvgpu.spec.wire import (
     CTL_ERR_UNKNOWN_OP,
     DEFAULT_ENDPOINT_NAME,
     DEFAULT_HEARTBEAT_MS,
@@ -26,8 +26,8 @@ from spec.wire import (
     OP_PING,
     OP_REPLY,
 )
-from transport import channel as channel_mod
-from transport.channel import (
+from pvgpu.transport import channel as channel_mod
+from pvgpu.transport.channel import (
     ChannelError,
     ChannelTimeout,
     GuestChannel,
@@ -36,7 +36,7 @@ from transport.channel import (
     Waker,
     default_endpoint,
 )
-from transport.codec import CodecError, decode, encode, reply_error, reply_ok
+from pvgpu.transport.codec import CodecError, decode, encode, reply_error, reply_ok
 
 HB_MS = 50  # heartbeat tests: short, so misses are seen quickly
 # every other test: the default period, so a host thread starved for a few hundred

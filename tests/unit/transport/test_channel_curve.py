@@ -10,9 +10,9 @@ import threading
 
 import pytest
 
-from transport import curve
-from transport.channel import AuthenticationFailed, GuestChannel, HostChannel
-from transport.codec import decode, reply_ok
+from pvgpu.transport import curve
+from pvgpu.transport.channel import AuthenticationFailed, GuestChannel, HostChannel
+from pvgpu.transport.codec import decode, reply_ok
 
 
 class HostLoop(threading.Thread):

@@ -3,7 +3,7 @@
 
 import zmq
 
-from transport.channel import HostChannel
+from pvgpu.transport.channel import HostChannel
 
 
 def test_ctl_endpoint_1_one_router_socket_per_endpoint(tmp_path):

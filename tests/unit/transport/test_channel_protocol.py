@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spec.wire import (
+from pvgpu.spec.wire import (
     CTL_ERR_MALFORMED,
     DEFAULT_HEARTBEAT_MS,
     HEARTBEAT_MISSES,
@@ -22,7 +22,7 @@ from spec.wire import (
     OP_REPLY,
     OP_SHUTDOWN,
 )
-from transport.channel_protocol import (
+from pvgpu.transport.channel_protocol import (
     ChannelProtocol,
     ConnectionLost,
     HostSilent,
@@ -32,7 +32,7 @@ from transport.channel_protocol import (
     RequestFailed,
     Transmit,
 )
-from transport.codec import decode, encode, reply_error, reply_ok
+from pvgpu.transport.codec import decode, encode, reply_error, reply_ok
 
 P = 0.1  # heartbeat period (s) of these tests
 WINDOW = P * HEARTBEAT_MISSES

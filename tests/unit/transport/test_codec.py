@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spec.wire import (
+from pvgpu.spec.wire import (
     CTL_ERR_MALFORMED,
     CTL_ERR_MISSING_FIELD,
     CTL_ERR_UNKNOWN_OP,
@@ -22,8 +22,8 @@ from spec.wire import (
     OP_SET_VRING,
     REQUEST_OPS,
 )
-from transport import codec
-from transport.codec import CodecError, decode, encode, reply_error, reply_ok
+from pvgpu.transport import codec
+from pvgpu.transport.codec import CodecError, decode, encode, reply_error, reply_ok
 
 ALL_CTL_ERRORS = {CTL_ERR_MALFORMED, CTL_ERR_MISSING_FIELD, CTL_ERR_UNKNOWN_OP}
 SEQ_OPS = sorted(REQUEST_OPS | {OP_REPLY})

@@ -6,7 +6,7 @@ rule can prove which fd is its own."""
 import os
 import socket
 
-from transport.connections import ConnectionWatch, matches, peer_credentials
+from pvgpu.transport.connections import ConnectionWatch, matches, peer_credentials
 
 PROC_A = {"transport": "ipc", "pid": 100, "uid": 1000, "gid": 1000}
 PROC_B = {"transport": "ipc", "pid": 200, "uid": 1000, "gid": 1000}

@@ -10,7 +10,7 @@ import pytest
 import zmq
 from zmq.utils import z85
 
-from transport import curve
+from pvgpu.transport import curve
 
 
 def test_keygen_writes_a_public_file_and_a_0600_secret_file(tmp_path):

@@ -7,9 +7,9 @@ import stat
 
 import pytest
 
-from spec.wire import DEFAULT_ENDPOINT_NAME
-from transport import channel as channel_mod
-from transport.channel import ChannelError, HostChannel, default_endpoint, private_directory
+from pvgpu.spec.wire import DEFAULT_ENDPOINT_NAME
+from pvgpu.transport import channel as channel_mod
+from pvgpu.transport.channel import ChannelError, HostChannel, default_endpoint, private_directory
 
 
 def _mode(path) -> int:

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from transport.errors import GuestMemoryError
-from transport import memory as memory_mod
-from transport.memory import GuestMemory, InlineGuestMemory, SharedGuestMemory
+from pvgpu.transport.errors import GuestMemoryError
+from pvgpu.transport import memory as memory_mod
+from pvgpu.transport.memory import GuestMemory, InlineGuestMemory, SharedGuestMemory
 
 SIZE = 4096
 

@@ -16,16 +16,16 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from spec.wire import (
+from pvgpu.spec.wire import (
     VIRTQ_AVAIL_F_NO_INTERRUPT,
     VIRTQ_DESC_F_INDIRECT,
     VIRTQ_MAX_SIZE,
     VIRTQ_USED_F_NO_NOTIFY,
     virtq_used_size,
 )
-from transport.errors import QueueFull, VirtqError, VirtqLayoutError
-from transport.memory import GuestMemory
-from transport.virtqueue import DeviceQueue, DriverQueue, VirtqLayout, vring_need_event
+from pvgpu.transport.errors import QueueFull, VirtqError, VirtqLayoutError
+from pvgpu.transport.memory import GuestMemory
+from pvgpu.transport.virtqueue import DeviceQueue, DriverQueue, VirtqLayout, vring_need_event
 
 DATA = 0x4000  # buffers and indirect tables live above the rings in these tests
 

@@ -1,4 +1,4 @@
-"""How the driver side of a virtqueue (transport.virtqueue.DriverQueue) lays out the
+"""How the driver side of a virtqueue (pvgpu.transport.virtqueue.DriverQueue) lays out the
 descriptors of a chain (spec VQ-DESC-2, VQ-INDIRECT-3): readable descriptors before
 writable ones, and VIRTQ_DESC_F_INDIRECT only where the spec allows it."""
 
@@ -6,10 +6,10 @@ import struct
 
 import pytest
 
-from spec.wire import (VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
+from pvgpu.spec.wire import (VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
                        VIRTQ_DESC_FORMAT)
-from transport.memory import GuestMemory
-from transport.virtqueue import DriverQueue, VirtqLayout
+from pvgpu.transport.memory import GuestMemory
+from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
 
 DESC = struct.Struct(VIRTQ_DESC_FORMAT)
 DATA = 0x4000

@@ -7,10 +7,10 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from bench.fuzz import chains
-from transport.errors import DEVICE_CLAUSES, VirtqError
-from transport.memory import GuestMemory, InlineGuestMemory
-from transport.virtqueue import DeviceQueue, DriverQueue, VirtqLayout
+from pvgpu.bench.fuzz import chains
+from pvgpu.transport.errors import DEVICE_CLAUSES, VirtqError
+from pvgpu.transport.memory import GuestMemory, InlineGuestMemory
+from pvgpu.transport.virtqueue import DeviceQueue, DriverQueue, VirtqLayout
 
 MEM = 2 << 20
 SCRATCH = 1 << 20

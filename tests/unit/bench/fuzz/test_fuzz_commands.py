@@ -6,9 +6,9 @@ import random
 import struct
 from collections import Counter
 
-from bench.fuzz import commands
-from guest.jit.codeobject import read_code_object
-from spec import wire
+from pvgpu.bench.fuzz import commands
+from pvgpu.guest.jit.codeobject import read_code_object
+from pvgpu.spec import wire
 
 TARGET = commands.Target(ctx=1, va=1 << 32, obj_va=(1 << 32) + (1 << 16), entry_va=(1 << 32) + (1 << 16) + 96,
                          event=7, shm_id=1, reservation=1 << 40, export=(5, 99))

@@ -9,12 +9,12 @@ from types import SimpleNamespace
 import msgpack
 from hypothesis import given, settings, strategies as st
 
-from bench.fuzz import control
-from bench.fuzz.values import interesting, interesting_int
-from spec import wire
-from transport.codec import CodecError, decode
-from transport.memory import InlineGuestMemory
-from transport.virtqueue import VirtqLayout
+from pvgpu.bench.fuzz import control
+from pvgpu.bench.fuzz.values import interesting, interesting_int
+from pvgpu.spec import wire
+from pvgpu.transport.codec import CodecError, decode
+from pvgpu.transport.memory import InlineGuestMemory
+from pvgpu.transport.virtqueue import VirtqLayout
 
 
 def session(inline: bool):

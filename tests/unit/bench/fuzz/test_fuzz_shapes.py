@@ -6,9 +6,9 @@ import random
 
 from hypothesis import given, strategies as st
 
-from bench.fuzz import shapes
-from transport.memory import GuestMemory
-from transport.virtqueue import DeviceQueue, DriverQueue, VirtqLayout
+from pvgpu.bench.fuzz import shapes
+from pvgpu.transport.memory import GuestMemory
+from pvgpu.transport.virtqueue import DeviceQueue, DriverQueue, VirtqLayout
 
 MEM = 1 << 20
 READ, WRITE, TABLE, LIMIT = 0x10000, 0x50000, 0x90000, 0x8000

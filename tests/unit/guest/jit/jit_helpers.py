@@ -5,9 +5,9 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from guest.jit import compile_ptx, read_code_object
-from guest.jit.codeobject import format_instruction
-from guest.jit.verify import verify
+from pvgpu.guest.jit import compile_ptx, read_code_object
+from pvgpu.guest.jit.codeobject import format_instruction
+from pvgpu.guest.jit.verify import verify
 
 HEAD = ".version 8.0\n.target sm_80\n.address_size 64\n"
 

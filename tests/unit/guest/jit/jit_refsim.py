@@ -17,7 +17,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from spec import isa
+from pvgpu.spec import isa
 
 _DT = {isa.TYPE_B8: np.uint8, isa.TYPE_U8: np.uint8, isa.TYPE_S8: np.int8,
        isa.TYPE_B16: np.uint16, isa.TYPE_U16: np.uint16, isa.TYPE_S16: np.int16,

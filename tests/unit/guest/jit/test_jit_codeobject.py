@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guest.jit.codeobject import (CodeObjectBuilder, CodeObjectError, ParamInfo,
+from pvgpu.guest.jit.codeobject import (CodeObjectBuilder, CodeObjectError, ParamInfo,
                                   disassemble, format_instruction, read_code_object)
-from spec import isa
+from pvgpu.spec import isa
 
 SCALARS = [t for t in isa.TYPE_BITS if t != isa.TYPE_PRED]
 

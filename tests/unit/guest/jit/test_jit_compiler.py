@@ -4,9 +4,9 @@ import struct
 
 import pytest
 
-from guest.jit import compile_ptx
-from guest.jit.errors import PtxCompileError, PtxUnsupportedError
-from spec import isa
+from pvgpu.guest.jit import compile_ptx
+from pvgpu.guest.jit.errors import PtxCompileError, PtxUnsupportedError
+from pvgpu.spec import isa
 
 from jit_helpers import build, kernel, listing, module
 
@@ -280,7 +280,7 @@ def test_registers_named_without_percent_and_vector_aliasing():
 
 
 def test_bytes_that_are_not_utf8_are_a_syntax_error():
-    from guest.jit.errors import PtxSyntaxError
+    from pvgpu.guest.jit.errors import PtxSyntaxError
     text = kernel("ret;").encode() + b"\n// \xff\xfe\n"
     with pytest.raises(PtxSyntaxError, match="UTF-8") as e:
         compile_ptx(text)

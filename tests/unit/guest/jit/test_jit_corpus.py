@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from guest.jit import compile_ptx, read_code_object
-from guest.jit.ptx import parse
-from guest.jit.verify import verify
+from pvgpu.guest.jit import compile_ptx, read_code_object
+from pvgpu.guest.jit.ptx import parse
+from pvgpu.guest.jit.verify import verify
 
 KERNELS = Path(__file__).resolve().parents[4] / "tests" / "kernels"
 PTX_FILES = sorted(KERNELS.glob("*.ptx"))

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from guest.jit import compile_ptx, disassemble
+from pvgpu.guest.jit import compile_ptx, disassemble
 
 HERE = Path(__file__).resolve().parent
 KERNELS = HERE.parents[3] / "tests" / "kernels"

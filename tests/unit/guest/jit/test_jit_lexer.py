@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from guest.jit.errors import PtxSyntaxError
-from guest.jit.ptx.lexer import FloatLiteral, parse_int, tokenize
+from pvgpu.guest.jit.errors import PtxSyntaxError
+from pvgpu.guest.jit.ptx.lexer import FloatLiteral, parse_int, tokenize
 
 
 def kinds(text):

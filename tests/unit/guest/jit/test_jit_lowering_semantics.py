@@ -6,7 +6,7 @@ inputs and are compared with Python's arithmetic."""
 import numpy as np
 import pytest
 
-from guest.jit import compile_ptx, read_code_object
+from pvgpu.guest.jit import compile_ptx, read_code_object
 from jit_refsim import Launch, Memory
 
 M32 = 0xFFFFFFFF

@@ -6,8 +6,8 @@ corpus has a case."""
 import numpy as np
 import pytest
 
-from guest.jit import compile_ptx, read_code_object
-from spec import isa
+from pvgpu.guest.jit import compile_ptx, read_code_object
+from pvgpu.spec import isa
 from jit_helpers import load_manifest
 
 mf = load_manifest()

@@ -2,8 +2,8 @@
 
 import pytest
 
-from guest.jit.errors import PtxSyntaxError, PtxUnsupportedError
-from guest.jit.ptx import ast, parse
+from pvgpu.guest.jit.errors import PtxSyntaxError, PtxUnsupportedError
+from pvgpu.guest.jit.ptx import ast, parse
 
 HEAD = ".version 8.0\n.target sm_80\n.address_size 64\n"
 

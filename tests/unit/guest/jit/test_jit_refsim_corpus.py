@@ -5,7 +5,7 @@ selection and the manifest's expectations agree before any hardware runs them.""
 import numpy as np
 import pytest
 
-from guest.jit import compile_ptx, read_code_object
+from pvgpu.guest.jit import compile_ptx, read_code_object
 from jit_helpers import load_manifest
 from jit_refsim import Launch, Memory
 

@@ -7,9 +7,9 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from guest.jit import compile_ptx
-from guest.jit.errors import PtxError
-from guest.jit.verify import verify
+from pvgpu.guest.jit import compile_ptx
+from pvgpu.guest.jit.errors import PtxError
+from pvgpu.guest.jit.verify import verify
 
 KERNELS = Path(__file__).resolve().parents[4] / "tests" / "kernels"
 SOURCES = [p.read_text() for p in sorted(KERNELS.glob("*.ptx"))

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 from pvgpu.conformance.burns import with_longer_burns
 
-from host.backend.events import EventSnapshot
-from host.backend.session import Backend
-from host.hw.gpu import Platform
-from host.kmd.device import KmdDevice
-from host.kmd.fence import Fence
-from spec import wire
-from transport import codec
-from transport.memory import InlineGuestMemory
-from transport.peer import Peer
-from transport.virtqueue import DriverQueue, VirtqLayout
+from pvgpu.host.backend.events import EventSnapshot
+from pvgpu.host.backend.session import Backend
+from pvgpu.host.hw.gpu import Platform
+from pvgpu.host.kmd.device import KmdDevice
+from pvgpu.host.kmd.fence import Fence
+from pvgpu.spec import wire
+from pvgpu.transport import codec
+from pvgpu.transport.memory import InlineGuestMemory
+from pvgpu.transport.peer import Peer
+from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
 
 MEM = 4 << 20
 HDR = struct.Struct(wire.CTRL_HDR_FORMAT)

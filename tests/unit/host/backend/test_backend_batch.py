@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from host.hw import regs
-from spec import wire
-from transport import codec
+from pvgpu.host.hw import regs
+from pvgpu.spec import wire
+from pvgpu.transport import codec
 
 from test_backend import HDR, Guest, _backend, cmd
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from pvgpu.conformance import codeobj
-from host.backend import commands
-from host.kmd.bo import CodeFault, GpuFault
-from spec import isa, wire
+from pvgpu.host.backend import commands
+from pvgpu.host.kmd.bo import CodeFault, GpuFault
+from pvgpu.spec import isa, wire
 
 from test_backend import Guest, _backend, cmd, ok
 from test_backend_eventq import EventGuest

@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from spec import wire
-from transport import codec
-from transport.virtqueue import DriverQueue, VirtqLayout
+from pvgpu.spec import wire
+from pvgpu.transport import codec
+from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
 
 from test_backend import HDR, Guest, _backend, cmd
 

@@ -13,13 +13,13 @@ import threading
 
 import pytest
 
-from host.backend.events import EventSnapshot
-from host.kmd.fence import Fence
-from spec import wire
-from transport import codec
-from transport.memory import SharedGuestMemory
-from transport.peer import Peer
-from transport.virtqueue import DriverQueue, VirtqLayout
+from pvgpu.host.backend.events import EventSnapshot
+from pvgpu.host.kmd.fence import Fence
+from pvgpu.spec import wire
+from pvgpu.transport import codec
+from pvgpu.transport.memory import SharedGuestMemory
+from pvgpu.transport.peer import Peer
+from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
 
 from test_backend import HDR, Guest, _backend, cmd
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hwgate import DEADLINE, SpinGates
-from spec import wire
+from pvgpu.spec import wire
 
 from test_backend import Guest, _backend, cmd, d2h, h2d, ok
 

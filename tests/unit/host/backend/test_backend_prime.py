@@ -6,8 +6,8 @@ import struct
 import numpy as np
 import pytest
 
-from host.backend.prime import ResourceExports
-from spec import wire
+from pvgpu.host.backend.prime import ResourceExports
+from pvgpu.spec import wire
 
 from test_backend import Guest, _backend, cmd, d2h, h2d, scale
 

@@ -6,12 +6,12 @@ import struct
 import numpy as np
 import pytest
 
-from host.backend.session import Backend
-from host.backend.shm import ShmTable
-from host.hw.gpu import Platform
-from host.kmd.device import KmdDevice
-from host.kmd.sched import VgpuShares
-from spec import wire
+from pvgpu.host.backend.session import Backend
+from pvgpu.host.backend.shm import ShmTable
+from pvgpu.host.hw.gpu import Platform
+from pvgpu.host.kmd.device import KmdDevice
+from pvgpu.host.kmd.sched import VgpuShares
+from pvgpu.spec import wire
 
 from test_backend import Guest, _backend, cmd, d2h, h2d, ok, scale
 

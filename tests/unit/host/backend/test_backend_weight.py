@@ -10,9 +10,9 @@ what a guest on another CPU does."""
 
 import pytest
 
-from spec import wire
-from transport import codec
-from transport.memory import SharedGuestMemory
+from pvgpu.spec import wire
+from pvgpu.transport import codec
+from pvgpu.transport.memory import SharedGuestMemory
 
 from test_backend import cmd
 from test_backend_fence_completion import MEM, SharedGuest, backend  # noqa: F401 (fixture)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from pvgpu.conformance.burns import with_longer_burns
-from spec import wire
+from pvgpu.spec import wire
 
 from test_backend import MEM, Guest, _backend, cmd, d2h, ok
 

@@ -8,11 +8,11 @@ import time
 import msgpack
 import pytest
 
-from spec import wire
-from transport import codec
-from transport.memory import InlineGuestMemory, SharedGuestMemory
-from transport.peer import Peer
-from transport.virtqueue import DriverQueue, VirtqLayout
+from pvgpu.spec import wire
+from pvgpu.transport import codec
+from pvgpu.transport.memory import InlineGuestMemory, SharedGuestMemory
+from pvgpu.transport.peer import Peer
+from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
 
 from test_backend import MEM, Guest, _backend, cmd
 

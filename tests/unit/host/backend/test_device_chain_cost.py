@@ -6,9 +6,9 @@ work, so its count is the backend's own per-chain overhead."""
 import pytest
 from anymachine import python_calls
 
-from spec import wire
-from transport import codec
-from transport.memory import SharedGuestMemory
+from pvgpu.spec import wire
+from pvgpu.transport import codec
+from pvgpu.transport.memory import SharedGuestMemory
 
 from test_backend import _backend, cmd
 from test_backend_fence_completion import MEM, SharedGuest

@@ -7,12 +7,12 @@ import time
 
 import pytest
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance.burns import with_longer_burns
 from test_backend import MEM, Guest, _backend, cmd
-from transport import codec
-from transport.virtqueue import DriverQueue, VirtqLayout
+from pvgpu.transport import codec
+from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
 
 DESC = struct.Struct("<QIHH")
 

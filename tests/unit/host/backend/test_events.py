@@ -10,14 +10,14 @@ import struct
 import msgpack
 import pytest
 
-from host.backend import commands, protocol
-from host.backend.commands import ComputeDevice
-from host.backend.protocol import Pending, Response
-from host.backend.errors import CommandError
-from host.backend.events import EventExports
-from host.kmd.bo import GpuFault
-from host.kmd.errors import ContextLost, JobTimedOut
-from spec import wire
+from pvgpu.host.backend import commands, protocol
+from pvgpu.host.backend.commands import ComputeDevice
+from pvgpu.host.backend.protocol import Pending, Response
+from pvgpu.host.backend.errors import CommandError
+from pvgpu.host.backend.events import EventExports
+from pvgpu.host.kmd.bo import GpuFault
+from pvgpu.host.kmd.errors import ContextLost, JobTimedOut
+from pvgpu.spec import wire
 
 from pvgpu.conformance.burns import with_longer_burns
 from test_backend import Guest, _backend, cmd, timeline_fence

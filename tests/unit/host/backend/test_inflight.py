@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from host.backend.events import EventSnapshot
-from host.backend.inflight import DeviceJobs, SessionJobs
-from host.kmd.fence import Fence
-from spec import wire
-from transport import codec
+from pvgpu.host.backend.events import EventSnapshot
+from pvgpu.host.backend.inflight import DeviceJobs, SessionJobs
+from pvgpu.host.kmd.fence import Fence
+from pvgpu.spec import wire
+from pvgpu.transport import codec
 
 from anymachine import python_calls
 from test_backend import Guest, _backend, cmd

@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.backend import commands, protocol
-from host.backend.errors import CommandError
-from host.backend.protocol import COMMANDS, Header, MalformedCommand, Reader, Writer, decode
-from spec import wire
-from transport.chain import DescriptorChain
-from transport.memory import InlineGuestMemory
+from pvgpu.host.backend import commands, protocol
+from pvgpu.host.backend.errors import CommandError
+from pvgpu.host.backend.protocol import COMMANDS, Header, MalformedCommand, Reader, Writer, decode
+from pvgpu.spec import wire
+from pvgpu.transport.chain import DescriptorChain
+from pvgpu.transport.memory import InlineGuestMemory
 
 MEM = 1 << 16
 WRITABLE_AT = 1 << 15

@@ -3,9 +3,9 @@
 
 import pytest
 
-from spec import wire
-from transport import codec
-from transport.peer import Peer
+from pvgpu.spec import wire
+from pvgpu.transport import codec
+from pvgpu.transport.peer import Peer
 
 from test_backend import _backend
 from test_session_ownership import HELLO, request

@@ -9,8 +9,8 @@ import struct
 
 import pytest
 
-from host.backend import commands
-from spec import wire
+from pvgpu.host.backend import commands
+from pvgpu.spec import wire
 
 from test_backend import Guest, _backend, cmd, ok
 

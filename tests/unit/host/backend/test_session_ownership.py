@@ -9,10 +9,10 @@ import time
 
 import pytest
 
-from spec import wire
-from transport import codec
-from transport.memory import SharedGuestMemory
-from transport.peer import Peer
+from pvgpu.spec import wire
+from pvgpu.transport import codec
+from pvgpu.transport.memory import SharedGuestMemory
+from pvgpu.transport.peer import Peer
 
 from test_backend import Guest, _backend, cmd
 

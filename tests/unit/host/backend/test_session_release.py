@@ -9,7 +9,7 @@ import weakref
 
 import pytest
 
-from spec import wire
+from pvgpu.spec import wire
 
 from test_backend import Guest, _backend, cmd
 

@@ -6,10 +6,10 @@ import struct
 
 import msgpack
 
-from host.backend.stats import session_usage, session_view
-from host.kmd.sched import VgpuShares
-from host.hw.regs import ENGINE_NAMES as NAMES
-from spec import wire
+from pvgpu.host.backend.stats import session_usage, session_view
+from pvgpu.host.kmd.sched import VgpuShares
+from pvgpu.host.hw.regs import ENGINE_NAMES as NAMES
+from pvgpu.spec import wire
 
 from test_backend import Guest, _backend, cmd
 

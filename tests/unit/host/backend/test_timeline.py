@@ -1,7 +1,7 @@
 """host/backend/commands.Timeline: the unfenced jobs' fences a stream keeps until it
 reports their errors."""
 
-from host.backend.commands import Timeline
+from pvgpu.host.backend.commands import Timeline
 
 
 class CountingFence:

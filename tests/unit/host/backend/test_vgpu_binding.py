@@ -5,11 +5,11 @@ import struct
 
 import pytest
 
-from host.backend.session import Backend
-from host.hw.gpu import Platform
-from host.kmd.device import KmdDevice
-from host.kmd.sched import VgpuShares
-from spec import wire
+from pvgpu.host.backend.session import Backend
+from pvgpu.host.hw.gpu import Platform
+from pvgpu.host.kmd.device import KmdDevice
+from pvgpu.host.kmd.sched import VgpuShares
+from pvgpu.spec import wire
 from tests.unit.host.backend.test_backend import Guest, _backend, cmd
 
 A = VgpuShares("A", compute=50, copy=50, mem=25)

@@ -10,8 +10,8 @@ import threading
 
 import numpy as np
 
-from host.hw import packets
-from host.hw.regs import (PAGE_SIZE, PDE_VALID, PT_ENTRIES, PTE_READ, PTE_VALID, PTE_WRITE,
+from pvgpu.host.hw import packets
+from pvgpu.host.hw.regs import (PAGE_SIZE, PDE_VALID, PT_ENTRIES, PTE_READ, PTE_VALID, PTE_WRITE,
                           RB_BASE, RB_DOORBELL, RB_RPTR, RB_SIZE, REG_ENGINE, REG_IRQ_ENABLE,
                           REG_VM_PT_BASE)
 

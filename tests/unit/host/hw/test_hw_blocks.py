@@ -5,11 +5,11 @@ import threading
 import numpy as np
 import pytest
 
-from host.hw.interrupts import MAX_LATCHED, Interrupt, InterruptController
-from host.hw.mmio import RO, RW, WO, RegisterFile
-from host.hw.regs import IRQ_FENCE, IRQ_PAGE_FAULT, PAGE_SIZE
-from host.hw.sysmem import SYSMEM_BUS_BASE, SysmemFault, SystemMemory
-from host.hw.vram import Vram, VramRangeError
+from pvgpu.host.hw.interrupts import MAX_LATCHED, Interrupt, InterruptController
+from pvgpu.host.hw.mmio import RO, RW, WO, RegisterFile
+from pvgpu.host.hw.regs import IRQ_FENCE, IRQ_PAGE_FAULT, PAGE_SIZE
+from pvgpu.host.hw.sysmem import SYSMEM_BUS_BASE, SysmemFault, SystemMemory
+from pvgpu.host.hw.vram import Vram, VramRangeError
 
 
 # ------------------------------------------------------------------ SystemMemory

@@ -5,12 +5,12 @@ import threading
 import numpy as np
 import pytest
 
-from host.hw import kernels
-from host.hw.compute_units import ALIGN, MIN_SPLIT, ComputeUnits
-from host.hw.mmu import Mmu
-from host.hw.sysmem import SystemMemory
-from host.hw.vram import Vram
-from spec import kernels as abi
+from pvgpu.host.hw import kernels
+from pvgpu.host.hw.compute_units import ALIGN, MIN_SPLIT, ComputeUnits
+from pvgpu.host.hw.mmu import Mmu
+from pvgpu.host.hw.sysmem import SystemMemory
+from pvgpu.host.hw.vram import Vram
+from pvgpu.spec import kernels as abi
 
 N = MIN_SPLIT * 3 + 1234  # large enough to split, not a multiple of anything
 

@@ -8,14 +8,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hwtest import RO, RW, vm_setup
 
-from host.hw import command_processor as cp_module
-from host.hw import packets as P
-from host.hw.compute_units import ComputeUnits
-from host.hw.gpu import Gpu
-from host.hw.regs import (ENGINE_COPY0, IRQ_FENCE, IRQ_PAGE_FAULT, PAGE_SIZE, PTE_SYSTEM,
+from pvgpu.host.hw import command_processor as cp_module
+from pvgpu.host.hw import packets as P
+from pvgpu.host.hw.compute_units import ComputeUnits
+from pvgpu.host.hw.gpu import Gpu
+from pvgpu.host.hw.regs import (ENGINE_COPY0, IRQ_FENCE, IRQ_PAGE_FAULT, PAGE_SIZE, PTE_SYSTEM,
                           RB_BASE, RB_KICK_SYNC, RB_RESET, RB_SIZE, RB_WPTR, REG_ENGINE, REG_IRQ_ENABLE)
-from host.hw.sysmem import SystemMemory
-from spec.kernels import ACCESS_READ, ACCESS_WRITE
+from pvgpu.host.hw.sysmem import SystemMemory
+from pvgpu.spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 VRAM_SIZE = 16 << 20
 TABLES = 1 << 20

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from hwtest import RO, Ring, irq_collector, poll, vm_setup, wait_for
 
-from host.hw import packets as P
-from host.hw.gpu import Gpu, Platform
-from host.hw import kernels
-from host.hw.regs import (COPY_ENGINES, DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, ENGINE_COPY,
+from pvgpu.host.hw import packets as P
+from pvgpu.host.hw.gpu import Gpu, Platform
+from pvgpu.host.hw import kernels
+from pvgpu.host.hw.regs import (COPY_ENGINES, DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, ENGINE_COPY,
                           ENGINE_COPY0, ENGINE_COPY1, ENGINE_NAMES, IRQ_FENCE,
                           IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_ENGINES, PAGE_SIZE, PTE_SYSTEM,
                           PTE_WRITE, RB_BUSY_NS, RB_DOORBELL, RB_KICK_SYNC, RB_RESET, RB_RPTR,
@@ -18,8 +18,8 @@ from host.hw.regs import (COPY_ENGINES, DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, ENG
                           RB_STATUS, RB_STATUS_BUSY, RB_STATUS_IDLE, RB_WPTR, REG_DEVICE_ID,
                           REG_ENGINE, REG_IRQ_ENABLE, REG_TIMESTAMP, REG_VM_INVALIDATE,
                           REG_VRAM_SIZE)
-from host.hw.sysmem import SystemMemory
-from spec.kernels import (ACCESS_READ, ACCESS_WRITE, BURN_FOREVER, KERNEL_BURN, KERNEL_GEMM,
+from pvgpu.host.hw.sysmem import SystemMemory
+from pvgpu.spec.kernels import (ACCESS_READ, ACCESS_WRITE, BURN_FOREVER, KERNEL_BURN, KERNEL_GEMM,
                           KERNEL_REDUCE_SUM, KERNEL_SCALE, KERNEL_SOFTMAX, KERNEL_VECTOR_ADD)
 
 VRAM_SIZE = 64 << 20
@@ -619,8 +619,8 @@ def test_reset_stops_softmax_and_reduce_sum_between_blocks(big_gpu, monkeypatch)
 
 def test_a_large_copy_is_spread_over_the_dma_lanes(dev):
     """A COPY piece of at least COPY_SPLIT bytes goes over the copy engines' DMA lanes."""
-    from host.hw.command_processor import COPY_SPLIT
-    from host.hw.compute_units import ComputeUnits
+    from pvgpu.host.hw.command_processor import COPY_SPLIT
+    from pvgpu.host.hw.compute_units import ComputeUnits
     n = COPY_SPLIT + 3 * PAGE_SIZE
     host = np.random.default_rng(1).integers(0, 256, n, dtype=np.uint8)
     back = np.zeros_like(host)
@@ -727,7 +727,7 @@ def test_reset_from_an_interrupt_handler_on_the_kicking_thread(dev, monkeypatch)
     """A handler that resets the engine on the thread running a kick does not wait for
     itself (that wait would never end: the pytest timeout fails it): the rest of the ring
     is dropped and the kick returns."""
-    from host.hw import engine as engine_mod
+    from pvgpu.host.hw import engine as engine_mod
     monkeypatch.setattr(engine_mod, "RESET_TIMEOUT", None)
     gpu = dev.gpu
     seen = []

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 from hwtest import RO, PageTables
 
-from host.hw import kernels
-from host.hw.kernels import InvalidLaunch, KernelMemory, StopToken
-from host.hw.mmu import Mmu, MmuFault
-from host.hw.regs import PAGE_SIZE
-from host.hw.sysmem import SystemMemory
-from host.hw.vram import Vram
-from spec.kernels import (ACCESS_READ, ACCESS_WRITE, BURN_FOREVER, KERNEL_BURN, KERNEL_FILL,
+from pvgpu.host.hw import kernels
+from pvgpu.host.hw.kernels import InvalidLaunch, KernelMemory, StopToken
+from pvgpu.host.hw.mmu import Mmu, MmuFault
+from pvgpu.host.hw.regs import PAGE_SIZE
+from pvgpu.host.hw.sysmem import SystemMemory
+from pvgpu.host.hw.vram import Vram
+from pvgpu.spec.kernels import (ACCESS_READ, ACCESS_WRITE, BURN_FOREVER, KERNEL_BURN, KERNEL_FILL,
                           KERNEL_GEMM, KERNEL_REDUCE_SUM, KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE,
                           KERNEL_SOFTMAX, KERNEL_VECTOR_ADD, KERNELS_BY_NAME)
 

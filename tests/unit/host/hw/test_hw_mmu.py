@@ -6,14 +6,14 @@ from anymachine import python_calls
 from hypothesis import given, settings, strategies as st
 from hwtest import RO, RW, PageTables
 
-from host.hw import mmu as mmu_module
-from host.hw.mmu import BATCH_LEAVES, Mmu, MmuFault
-from host.hw.pcie import PcieFabric
-from host.hw.regs import (NUM_VMIDS, PAGE_SIZE, PTE_EXEC, PTE_FRAGMENT_SHIFT, PTE_PEER,
+from pvgpu.host.hw import mmu as mmu_module
+from pvgpu.host.hw.mmu import BATCH_LEAVES, Mmu, MmuFault
+from pvgpu.host.hw.pcie import PcieFabric
+from pvgpu.host.hw.regs import (NUM_VMIDS, PAGE_SIZE, PTE_EXEC, PTE_FRAGMENT_SHIFT, PTE_PEER,
                           PTE_READ, PTE_SYSTEM, PTE_VALID, PTE_WRITE)
-from host.hw.sysmem import SystemMemory
-from host.hw.vram import Vram
-from spec.kernels import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
+from pvgpu.host.hw.sysmem import SystemMemory
+from pvgpu.host.hw.vram import Vram
+from pvgpu.spec.kernels import ACCESS_EXEC, ACCESS_READ, ACCESS_WRITE
 
 VRAM_SIZE = 96 << 20
 TABLES = 1 << 20

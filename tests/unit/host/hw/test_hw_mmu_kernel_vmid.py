@@ -4,11 +4,11 @@ through the IOMMU (the driver's buffer moves copy between the two)."""
 import numpy as np
 import pytest
 
-from host.hw.mmu import Mmu, MmuFault
-from host.hw.regs import PAGE_SIZE, VMID_KERNEL
-from host.hw.sysmem import SystemMemory
-from host.hw.vram import Vram
-from spec.kernels import ACCESS_READ, ACCESS_WRITE
+from pvgpu.host.hw.mmu import Mmu, MmuFault
+from pvgpu.host.hw.regs import PAGE_SIZE, VMID_KERNEL
+from pvgpu.host.hw.sysmem import SystemMemory
+from pvgpu.host.hw.vram import Vram
+from pvgpu.spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 
 def test_the_kernel_vmid_reaches_vram_and_dma_mapped_host_pages():

@@ -4,16 +4,16 @@ import numpy as np
 import pytest
 from hwtest import RW, Ring, irq_collector, vm_setup, wait_for
 
-from host.hw import packets as P
-from host.hw.gpu import Gpu, Platform
-from host.hw.pcie import (DEFAULT_LAYOUT, LAYOUTS, P2PDMA_MAP_BUS_ADDR, P2PDMA_MAP_NAMES,
+from pvgpu.host.hw import packets as P
+from pvgpu.host.hw.gpu import Gpu, Platform
+from pvgpu.host.hw.pcie import (DEFAULT_LAYOUT, LAYOUTS, P2PDMA_MAP_BUS_ADDR, P2PDMA_MAP_NAMES,
                           P2PDMA_MAP_NOT_SUPPORTED, P2PDMA_MAP_THRU_HOST_BRIDGE,
                           PEER_BAR_BASE, PEER_BAR_LIMIT, Endpoint, HostBridge, PcieFabric,
                           PeerFault, RootPort, SwitchDownstreamPort, SwitchUpstreamPort,
                           p2pdma_distance)
-from host.hw.regs import ENGINE_COPY0, IRQ_FENCE, IRQ_PAGE_FAULT, PAGE_SIZE, PTE_PEER
-from host.hw.sysmem import SYSMEM_BUS_BASE, SystemMemory
-from host.hw.vram import Vram
+from pvgpu.host.hw.regs import ENGINE_COPY0, IRQ_FENCE, IRQ_PAGE_FAULT, PAGE_SIZE, PTE_PEER
+from pvgpu.host.hw.sysmem import SYSMEM_BUS_BASE, SystemMemory
+from pvgpu.host.hw.vram import Vram
 
 MiB = 1 << 20
 

@@ -1,4 +1,4 @@
-"""host.hw.vram: bounds, and `clear`, which zeroes a range without touching its pages."""
+"""pvgpu.host.hw.vram: bounds, and `clear`, which zeroes a range without touching its pages."""
 
 import mmap
 import os
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.hw.vram import Vram, VramRangeError
+from pvgpu.host.hw.vram import Vram, VramRangeError
 
 MiB = 1 << 20
 

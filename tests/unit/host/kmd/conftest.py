@@ -5,10 +5,10 @@ gives a guest's (host/backend/limits.py), unless a test passes its own."""
 
 import pytest
 
-from host.backend.limits import GUEST_CONTEXT_LIMITS
-from host.hw.gpu import Platform
-from host.kmd import KmdDevice
-from host.kmd.fence import Fence
+from pvgpu.host.backend.limits import GUEST_CONTEXT_LIMITS
+from pvgpu.host.hw.gpu import Platform
+from pvgpu.host.kmd import KmdDevice
+from pvgpu.host.kmd.fence import Fence
 
 
 @pytest.fixture

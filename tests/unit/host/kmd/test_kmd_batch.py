@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from host.hw import regs
-from host.kmd import InvalidArgument
-from host.kmd import job as job_mod
-from spec import kernels
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import InvalidArgument
+from pvgpu.host.kmd import job as job_mod
+from pvgpu.spec import kernels
 
 P = regs.PAGE_SIZE
 

@@ -1,11 +1,11 @@
-"""host.kmd.buddy: drm_buddy-style allocation, unit and property tests."""
+"""pvgpu.host.kmd.buddy: drm_buddy-style allocation, unit and property tests."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.kmd.buddy import CONTIGUOUS, RANGE, TOPDOWN, BuddyAllocator
-from host.kmd.errors import InvalidArgument, KmdError, OutOfMemory
+from pvgpu.host.kmd.buddy import CONTIGUOUS, RANGE, TOPDOWN, BuddyAllocator
+from pvgpu.host.kmd.errors import InvalidArgument, KmdError, OutOfMemory
 
 P = 4096
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from pvgpu.conformance import codeobj
-from host.hw import regs
-from host.kmd import GpuFault, InvalidArgument
-from host.kmd.errors import ContextLost
-from host.kmd.bo import CodeFault
-from host.kmd.fence import Fence
-from host.kmd.kernarg import SLOT_SIZE, KernargArea
-from spec import isa, wire
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import GpuFault, InvalidArgument
+from pvgpu.host.kmd.errors import ContextLost
+from pvgpu.host.kmd.bo import CodeFault
+from pvgpu.host.kmd.fence import Fence
+from pvgpu.host.kmd.kernarg import SLOT_SIZE, KernargArea
+from pvgpu.spec import isa, wire
 
 from test_kmd_device import Window
 
@@ -108,7 +108,7 @@ def test_a_code_launch_runs_with_its_parameters(dev):
 
 
 def test_code_launches_are_scheduled_and_accounted_like_built_in_ones(make_dev):
-    from host.kmd.sched import VgpuShares
+    from pvgpu.host.kmd.sched import VgpuShares
     a = VgpuShares("A", compute=50)
     dev = make_dev(policy="credit", vgpus=[a])
     ctx = dev.create_context(vgpu=a)

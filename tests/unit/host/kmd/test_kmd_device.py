@@ -1,4 +1,4 @@
-"""host.kmd.device against the real emulated GPU (host.hw.gpu): the driver end to end."""
+"""pvgpu.host.kmd.device against the real emulated GPU (pvgpu.host.hw.gpu): the driver end to end."""
 
 import threading
 
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from anymachine import python_calls
 
-from host.hw import regs
-from host.kmd import (GpuFault, InvalidAddress, InvalidArgument, InvalidContext, KmdError,
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import (GpuFault, InvalidAddress, InvalidArgument, InvalidContext, KmdError,
                       NoVmid, OutOfMemory)
-from spec import wire
+from pvgpu.spec import wire
 
 P = regs.PAGE_SIZE
 W = wire.GUEST_WINDOW_VA

@@ -1,13 +1,13 @@
-"""host.kmd.dmabuf: lifetime, attach/map/unmap/detach, move_notify, revoke, PRIME reuse."""
+"""pvgpu.host.kmd.dmabuf: lifetime, attach/map/unmap/detach, move_notify, revoke, PRIME reuse."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.kmd.dmabuf import (SG_PEER, SG_SYSTEM, AttachRefused, DmaBuf, DmaBufCache,
+from pvgpu.host.kmd.dmabuf import (SG_PEER, SG_SYSTEM, AttachRefused, DmaBuf, DmaBufCache,
                              DmaBufError, DmaBufReleased, DmaBufRevoked, SgTable)
-from host.kmd.errors import KmdError
-from host.kmd.resv import DMA_RESV_USAGE_WRITE, DmaResv
+from pvgpu.host.kmd.errors import KmdError
+from pvgpu.host.kmd.resv import DMA_RESV_USAGE_WRITE, DmaResv
 
 SIZE = 0x3000
 

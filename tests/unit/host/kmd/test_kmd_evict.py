@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from pvgpu.conformance.burns import with_longer_burns
 
-from host.hw import regs
-from host.kmd import OutOfMemory
-from host.kmd.sched import PRIORITY_HIGH, PRIORITY_LOW, VgpuShares
-from spec import wire
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import OutOfMemory
+from pvgpu.host.kmd.sched import PRIORITY_HIGH, PRIORITY_LOW, VgpuShares
+from pvgpu.spec import wire
 
 P = regs.PAGE_SIZE
 MiB = 1 << 20

@@ -1,11 +1,11 @@
-"""host.kmd.fence: in-order signalling from the write-back slot, callbacks exactly once."""
+"""pvgpu.host.kmd.fence: in-order signalling from the write-back slot, callbacks exactly once."""
 
 import threading
 
-from host.hw import packets
-from host.hw.vram import Vram
-from host.kmd.bo import GpuFault
-from host.kmd.fence import Fence, FenceDriver, signal_all
+from pvgpu.host.hw import packets
+from pvgpu.host.hw.vram import Vram
+from pvgpu.host.kmd.bo import GpuFault
+from pvgpu.host.kmd.fence import Fence, FenceDriver, signal_all
 
 WB = 0x100
 

@@ -1,10 +1,10 @@
-"""host.kmd.ib_pool: the circular indirect-buffer pool, and IBs too large for it."""
+"""pvgpu.host.kmd.ib_pool: the circular indirect-buffer pool, and IBs too large for it."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.hw import regs
-from host.kmd.ib_pool import IbPool
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd.ib_pool import IbPool
 
 P = regs.PAGE_SIZE
 

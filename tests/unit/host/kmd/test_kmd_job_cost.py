@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from spec import kernels
+from pvgpu.spec import kernels
 
 # Python-level calls of one burn(0) launch, submitted and its fence waited for: submission,
 # scheduling, run_job, the ring, the doorbell, the command processor, the interrupt,

@@ -6,12 +6,12 @@ import threading
 import numpy as np
 import pytest
 
-from host.hw import gpu as gpu_mod
-from host.hw import regs
-from host.kmd import GpuFault
-from host.kmd import job as job_mod
-from host.kmd.sched import VgpuShares
-from spec import wire
+from pvgpu.host.hw import gpu as gpu_mod
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import GpuFault
+from pvgpu.host.kmd import job as job_mod
+from pvgpu.host.kmd.sched import VgpuShares
+from pvgpu.spec import wire
 
 P = regs.PAGE_SIZE
 

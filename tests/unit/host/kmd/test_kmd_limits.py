@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from host.backend.limits import GUEST_CONTEXT_LIMITS
-from host.hw import packets, regs
-from host.kmd import InvalidArgument, OutOfMemory
-from host.kmd.errors import LimitReached
-from host.kmd.limits import ContextLimits
-from spec import wire
+from pvgpu.host.backend.limits import GUEST_CONTEXT_LIMITS
+from pvgpu.host.hw import packets, regs
+from pvgpu.host.kmd import InvalidArgument, OutOfMemory
+from pvgpu.host.kmd.errors import LimitReached
+from pvgpu.host.kmd.limits import ContextLimits
+from pvgpu.spec import wire
 
 P = regs.PAGE_SIZE
 

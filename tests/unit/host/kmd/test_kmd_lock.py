@@ -1,4 +1,4 @@
-"""host.kmd.lock: no fence callback runs while its thread holds a device lock, so two
+"""pvgpu.host.kmd.lock: no fence callback runs while its thread holds a device lock, so two
 devices with dependencies on each other's fences never take their locks in both orders.
 
 The deadlock tests bound every wait by a timeout and fail instead of hanging; after a
@@ -10,11 +10,11 @@ import time
 
 import pytest
 
-from host.hw.gpu import Platform
-from host.kmd import KmdDevice
-from host.kmd.fence import Fence, signal_all
-from host.kmd.lock import DeviceCondition, DeviceLock
-from spec import kernels
+from pvgpu.host.hw.gpu import Platform
+from pvgpu.host.kmd import KmdDevice
+from pvgpu.host.kmd.fence import Fence, signal_all
+from pvgpu.host.kmd.lock import DeviceCondition, DeviceLock
+from pvgpu.spec import kernels
 
 TIMEOUT = 30.0  # seconds: far beyond what the work needs, only there to end a deadlock
 

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 
-from host.hw import packets, regs
-from spec import kernels
+from pvgpu.host.hw import packets, regs
+from pvgpu.spec import kernels
 from test_kmd_evict import W, Window
 from test_kmd_evict import fill as put  # host data -> the BO, through the window
 

@@ -7,11 +7,11 @@ import dataclasses
 import numpy as np
 import pytest
 
-from host.hw import regs
-from host.kmd import OutOfMemory
-from host.kmd.errors import LimitReached
-from host.kmd.dmabuf import DmaBufRevoked
-from spec import wire
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import OutOfMemory
+from pvgpu.host.kmd.errors import LimitReached
+from pvgpu.host.kmd.dmabuf import DmaBufRevoked
+from pvgpu.spec import wire
 
 from test_kmd_evict import Window, fill, read, scale
 

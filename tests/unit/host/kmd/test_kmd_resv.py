@@ -1,11 +1,11 @@
-"""host.kmd.resv: implicit-sync dependencies by usage, one fence per context, pruning."""
+"""pvgpu.host.kmd.resv: implicit-sync dependencies by usage, one fence per context, pruning."""
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.kmd.fence import Fence
-from host.kmd.resv import (DMA_RESV_USAGE_BOOKKEEP, DMA_RESV_USAGE_KERNEL, DMA_RESV_USAGE_READ,
+from pvgpu.host.kmd.fence import Fence
+from pvgpu.host.kmd.resv import (DMA_RESV_USAGE_BOOKKEEP, DMA_RESV_USAGE_KERNEL, DMA_RESV_USAGE_READ,
                            DMA_RESV_USAGE_WRITE, DmaResv, dma_resv_usage_rw)
 
 USAGES = (DMA_RESV_USAGE_KERNEL, DMA_RESV_USAGE_WRITE, DMA_RESV_USAGE_READ,

@@ -1,4 +1,4 @@
-"""host.kmd.ring: alloc/commit/undo, padding, wraparound and a full ring (fake registers)."""
+"""pvgpu.host.kmd.ring: alloc/commit/undo, padding, wraparound and a full ring (fake registers)."""
 
 import struct
 
@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.hw import packets, regs
-from host.hw.vram import Vram
-from host.kmd.errors import InvalidArgument, RingFull
-from host.kmd.ring import Ring
+from pvgpu.host.hw import packets, regs
+from pvgpu.host.hw.vram import Vram
+from pvgpu.host.kmd.errors import InvalidArgument, RingFull
+from pvgpu.host.kmd.ring import Ring
 
 E = regs.ENGINE_COPY
 BASE = 0x4000

@@ -2,9 +2,9 @@
 
 import pytest
 
-from host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut
-from host.kmd.fence import Fence
-from host.kmd.sched import (PRIORITY_HIGH, PRIORITY_LOW, GpuScheduler, SchedJob, VgpuShares,
+from pvgpu.host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut
+from pvgpu.host.kmd.fence import Fence
+from pvgpu.host.kmd.sched import (PRIORITY_HIGH, PRIORITY_LOW, GpuScheduler, SchedJob, VgpuShares,
                             VgpuSchedState)
 
 MS = 1_000_000

@@ -5,11 +5,11 @@ removal while attached, deferred unmaps behind pending work, quotas and permissi
 import numpy as np
 import pytest
 
-from host.hw import regs
-from host.kmd import (InvalidArgument, InvalidContext, InvalidSegment, OutOfMemory,
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import (InvalidArgument, InvalidContext, InvalidSegment, OutOfMemory,
                       PermissionDenied)
-from host.kmd.sched import VgpuShares
-from spec import wire
+from pvgpu.host.kmd.sched import VgpuShares
+from pvgpu.spec import wire
 
 from test_kmd_device import Window, download
 

@@ -3,10 +3,10 @@ or on the device's submission worker, never on an engine (interrupt) thread."""
 
 import threading
 
-from host.hw import regs
-from host.kmd.errors import JobTimedOut
-from host.kmd.job import INLINE_BURN_US, INLINE_COPY_BYTES
-from spec import kernels
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd.errors import JobTimedOut
+from pvgpu.host.kmd.job import INLINE_BURN_US, INLINE_COPY_BYTES
+from pvgpu.spec import kernels
 
 P = regs.PAGE_SIZE
 MS = 1_000_000

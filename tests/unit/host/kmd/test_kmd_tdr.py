@@ -4,10 +4,10 @@ import time
 
 import pytest
 
-from host.hw import regs
-from host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut, OutOfMemory
-from host.kmd.sched import VgpuShares
-from spec import wire
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut, OutOfMemory
+from pvgpu.host.kmd.sched import VgpuShares
+from pvgpu.spec import wire
 
 P = regs.PAGE_SIZE
 W = wire.GUEST_WINDOW_VA

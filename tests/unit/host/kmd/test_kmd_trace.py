@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from host.hw import packets, regs
-from host.kmd.kernarg import CodeLaunch
-from host.kmd.trace import SUBMIT_TID, TraceRecorder, describe, engine_tid, format_size
-from spec import kernels
+from pvgpu.host.hw import packets, regs
+from pvgpu.host.kmd.kernarg import CodeLaunch
+from pvgpu.host.kmd.trace import SUBMIT_TID, TraceRecorder, describe, engine_tid, format_size
+from pvgpu.spec import kernels
 
 MiB = 1 << 20
 SYS_VA = 1 << 40  # where the fake contexts map system memory

@@ -1,7 +1,7 @@
 """A vGPU's measured turnaround (host/kmd/turnaround.py): the gaps between its jobs and
 the bound BAND holds a free ring for."""
 
-from host.kmd.turnaround import MIN_SAMPLES, SAMPLES, Turnaround
+from pvgpu.host.kmd.turnaround import MIN_SAMPLES, SAMPLES, Turnaround
 
 MS = 1_000_000
 US = 1_000

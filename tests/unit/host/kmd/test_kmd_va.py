@@ -6,10 +6,10 @@ on unmap (a cached translation must not survive)."""
 import numpy as np
 import pytest
 
-from host.hw import regs
-from host.hw.mmu import MmuFault
-from host.kmd import InvalidAddress, InvalidArgument
-from spec import wire
+from pvgpu.host.hw import regs
+from pvgpu.host.hw.mmu import MmuFault
+from pvgpu.host.kmd import InvalidAddress, InvalidArgument
+from pvgpu.spec import wire
 
 from test_kmd_device import Window, download
 

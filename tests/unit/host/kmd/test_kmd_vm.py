@@ -1,4 +1,4 @@
-"""host.kmd.vm: VA allocator, page-table programming, cross-checked with the hardware MMU."""
+"""pvgpu.host.kmd.vm: VA allocator, page-table programming, cross-checked with the hardware MMU."""
 
 
 import numpy as np
@@ -6,14 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from host.hw import regs
-from host.hw.mmu import Mmu, MmuFault
-from host.hw.sysmem import SystemMemory
-from host.hw.vram import Vram
-from host.kmd.buddy import BuddyAllocator
-from host.kmd.errors import InvalidAddress, InvalidArgument, OutOfMemory
-from host.kmd.vm import GpuVm, VaAllocator, fragment_field
-from spec import wire
+from pvgpu.host.hw import regs
+from pvgpu.host.hw.mmu import Mmu, MmuFault
+from pvgpu.host.hw.sysmem import SystemMemory
+from pvgpu.host.hw.vram import Vram
+from pvgpu.host.kmd.buddy import BuddyAllocator
+from pvgpu.host.kmd.errors import InvalidAddress, InvalidArgument, OutOfMemory
+from pvgpu.host.kmd.vm import GpuVm, VaAllocator, fragment_field
+from pvgpu.spec import wire
 
 P = regs.PAGE_SIZE
 RW = regs.PTE_READ | regs.PTE_WRITE

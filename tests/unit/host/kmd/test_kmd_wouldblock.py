@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from hwgate import DEADLINE, SpinGates
-from host.hw import regs
-from host.kmd import InvalidAddress, OutOfMemory
-from host.kmd.wouldblock import WouldBlock, nonblocking
+from pvgpu.host.hw import regs
+from pvgpu.host.kmd import InvalidAddress, OutOfMemory
+from pvgpu.host.kmd.wouldblock import WouldBlock, nonblocking
 
 from test_kmd_evict import Window, fill, read
 

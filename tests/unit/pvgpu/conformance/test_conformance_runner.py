@@ -4,7 +4,7 @@ check started is closed whatever it did."""
 
 import threading
 
-from spec import wire
+from pvgpu.spec import wire
 
 from pvgpu.conformance import FAIL, PASS, SKIP, Check, Skip, Target, run_case
 from pvgpu.conformance.rawpeer import NoAnswer

@@ -10,7 +10,7 @@ import pytest
 from pvgpu.cuda import _memory, _state, handles
 from pvgpu.cuda._errors import CudaError
 from pvgpu.cuda._memory import DEVICE, MANAGED, PINNED, IntervalMap, Memory, Span
-from spec import wire
+from pvgpu.spec import wire
 
 
 def test_interval_map_finds_by_any_address_inside_and_refuses_overlaps():

@@ -3,7 +3,7 @@
 import pytest
 
 from pvgpu.cuda import _attributes, enums
-from spec import isa
+from pvgpu.spec import isa
 
 A = enums.CUdevice_attribute
 SHARED = {"index": 1, "name": "pvgpu-emu", "vram": 1 << 30, "mappable": True}

@@ -5,12 +5,12 @@ import threading
 
 import pytest
 
-from guest.api import errors as gerr
-from guest.api.pinned import PinnedMemoryError
-from guest.frontend.heap import OutOfGuestMemory
+from pvgpu.guest.api import errors as gerr
+from pvgpu.guest.api.pinned import PinnedMemoryError
+from pvgpu.guest.frontend.heap import OutOfGuestMemory
 from pvgpu.cuda import _errors, enums
 from pvgpu.cuda._errors import CudaError, code_of
-from spec import isa
+from pvgpu.spec import isa
 
 R, E = enums.CUresult, enums.cudaError_t
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from pvgpu.conformance import codeobj
-from guest.api import module
+from pvgpu.guest.api import module
 from pvgpu.cuda import _launch, handles
 from pvgpu.cuda._errors import CudaError
 from pvgpu.cuda.enums import CUresult as R
-from spec import isa
+from pvgpu.spec import isa
 
 # saxpy(float a, float *x, float *y, int n) as nvcc lays it out; then a struct by value
 PARAMS = ((0, 4, 4, isa.TYPE_F32), (8, 8, 8, isa.TYPE_U64), (16, 8, 8, isa.TYPE_U64),

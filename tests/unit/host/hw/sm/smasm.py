@@ -30,8 +30,8 @@ from __future__ import annotations
 import re
 import struct
 
-from spec import isa
-from spec.isa import (OPND_CONST, OPND_DATA, OPND_IMM, OPND_NONE, OPND_PRED, OPND_R32, OPND_R64,
+from pvgpu.spec import isa
+from pvgpu.spec.isa import (OPND_CONST, OPND_DATA, OPND_IMM, OPND_NONE, OPND_PRED, OPND_R32, OPND_R64,
                       OPND_SIMM, OPND_SREG, operand)
 
 SREGS = {v: k for k, v in isa.SREG_NAMES.items()}

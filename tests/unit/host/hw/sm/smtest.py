@@ -18,15 +18,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hwtest import RO, RW, PageTables  # noqa: E402
 
-from host.hw.kernels import NEVER_STOP, StopToken  # noqa: E402
-from host.hw.mmu import Mmu  # noqa: E402
-from host.hw.pcie import PcieFabric  # noqa: E402
-from host.hw.regs import PAGE_SIZE, PTE_EXEC, PTE_READ, PTE_VALID  # noqa: E402
-from host.hw.sm import CodeLaunch, StreamingMultiprocessors  # noqa: E402
-from host.hw.sysmem import SystemMemory  # noqa: E402
-from host.hw.vram import Vram  # noqa: E402
-from spec import isa  # noqa: E402
-from spec.kernels import ACCESS_READ, ACCESS_WRITE  # noqa: E402
+from pvgpu.host.hw.kernels import NEVER_STOP, StopToken  # noqa: E402
+from pvgpu.host.hw.mmu import Mmu  # noqa: E402
+from pvgpu.host.hw.pcie import PcieFabric  # noqa: E402
+from pvgpu.host.hw.regs import PAGE_SIZE, PTE_EXEC, PTE_READ, PTE_VALID  # noqa: E402
+from pvgpu.host.hw.sm import CodeLaunch, StreamingMultiprocessors  # noqa: E402
+from pvgpu.host.hw.sysmem import SystemMemory  # noqa: E402
+from pvgpu.host.hw.vram import Vram  # noqa: E402
+from pvgpu.spec import isa  # noqa: E402
+from pvgpu.spec.kernels import ACCESS_READ, ACCESS_WRITE  # noqa: E402
 
 import smasm  # noqa: E402
 

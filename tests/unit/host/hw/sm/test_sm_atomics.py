@@ -8,9 +8,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from smtest import Env, StopAfter
 
-from host.hw.sm import launch as sm_launch
-from host.hw.sm.memory import apply_atomic
-from spec import isa
+from pvgpu.host.hw.sm import launch as sm_launch
+from pvgpu.host.hw.sm.memory import apply_atomic
+from pvgpu.spec import isa
 
 IDX = """
   mov.u32 r0, %ctaid.x

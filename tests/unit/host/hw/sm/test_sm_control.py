@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from smtest import Env, StopAfter
 
-from host.hw.sm import CodeFault
-from host.hw.sm import launch as sm_launch
-from spec import isa
+from pvgpu.host.hw.sm import CodeFault
+from pvgpu.host.hw.sm import launch as sm_launch
+from pvgpu.spec import isa
 
 FULL = 0xFFFFFFFF
 PRO = """

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from smtest import Env, smasm
 
-from host.hw.mmu import MmuFault
-from host.hw.sm import CodeFault
-from host.hw.sm.decode import decode
-from host.hw.sm.isa_check import signature_fault, slot_types
-from spec import isa
+from pvgpu.host.hw.mmu import MmuFault
+from pvgpu.host.hw.sm import CodeFault
+from pvgpu.host.hw.sm.decode import decode
+from pvgpu.host.hw.sm.isa_check import signature_fault, slot_types
+from pvgpu.spec import isa
 
 FIELDS = [  # (mask, values)
     (isa.MOD_ROUND_MASK, range(0, 9)), (isa.MOD_SAT, (0, isa.MOD_SAT)),

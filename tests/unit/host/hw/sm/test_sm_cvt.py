@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from smtest import DTYPES, Env, elementwise
 from test_sm_float import ref_round
 
-from spec import isa
+from pvgpu.spec import isa
 
 INTS = ["u8", "s8", "u16", "s16", "u32", "s32", "u64", "s64"]
 SETTINGS = settings(max_examples=15, deadline=None,

@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from smtest import Env, StopAfter, smasm
 
-from host.hw.mmu import MmuFault
-from host.hw.sm import CodeFault
-from spec import isa
+from pvgpu.host.hw.mmu import MmuFault
+from pvgpu.host.hw.sm import CodeFault
+from pvgpu.spec import isa
 
 PROGRAMS = [
     """

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from smtest import RO, RW, VMID, Env
 
-from host.hw.mmu import MmuFault
-from host.hw.regs import PAGE_SIZE, PTE_PEER, PTE_SYSTEM
-from spec import isa
-from spec.kernels import ACCESS_READ, ACCESS_WRITE
+from pvgpu.host.hw.mmu import MmuFault
+from pvgpu.host.hw.regs import PAGE_SIZE, PTE_PEER, PTE_SYSTEM
+from pvgpu.spec import isa
+from pvgpu.spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 IDX = """
   mov.u32 r0, %ctaid.x

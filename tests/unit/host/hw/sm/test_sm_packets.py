@@ -13,15 +13,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hwtest import RW, Ring, irq_collector, poll, vm_setup, wait_for  # noqa: E402
 
 import smasm  # noqa: E402
-from host.hw import packets as P  # noqa: E402
-from host.hw.gpu import Gpu  # noqa: E402
-from host.hw.regs import (ENGINE_COMPUTE, ENGINE_COPY0, IRQ_CODE_FAULT, IRQ_FENCE,  # noqa: E402
+from pvgpu.host.hw import packets as P  # noqa: E402
+from pvgpu.host.hw.gpu import Gpu  # noqa: E402
+from pvgpu.host.hw.regs import (ENGINE_COMPUTE, ENGINE_COPY0, IRQ_CODE_FAULT, IRQ_FENCE,  # noqa: E402
                           IRQ_ILLEGAL_PACKET, IRQ_NAMES, IRQ_PAGE_FAULT, PTE_EXEC, PTE_READ,
                           PTE_VALID, RB_RESET, RB_STATUS, RB_STATUS_BUSY, RB_STATUS_IDLE,
                           REG_ENGINE)
-from host.hw.sysmem import SystemMemory  # noqa: E402
-from spec import isa  # noqa: E402
-from spec.kernels import ACCESS_EXEC, ACCESS_WRITE  # noqa: E402
+from pvgpu.host.hw.sysmem import SystemMemory  # noqa: E402
+from pvgpu.spec import isa  # noqa: E402
+from pvgpu.spec.kernels import ACCESS_EXEC, ACCESS_WRITE  # noqa: E402
 
 VRAM_SIZE = 64 << 20
 TABLES = 1 << 20

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from smtest import EXEC, RW, VMID, Env, smasm
 
-from host.hw.mmu import MmuFault
-from host.hw.regs import PAGE_SIZE
-from host.hw.sm import CodeFault
-from spec import isa
-from spec.isa import operand
-from spec.kernels import ACCESS_EXEC
+from pvgpu.host.hw.mmu import MmuFault
+from pvgpu.host.hw.regs import PAGE_SIZE
+from pvgpu.host.hw.sm import CodeFault
+from pvgpu.spec import isa
+from pvgpu.spec.isa import operand
+from pvgpu.spec.kernels import ACCESS_EXEC
 
 BASE = """
 .entry k r32=8 r64=4 pred=2 shared=64
@@ -354,7 +354,7 @@ def test_checking_is_cached_by_the_bytes(env):
 
 
 def test_the_cache_is_bounded():
-    from host.hw.sm.codeobject import ModuleCache
+    from pvgpu.host.hw.sm.codeobject import ModuleCache
     cache = ModuleCache(max_modules=3, max_bytes=1 << 20)
     for k in range(10):
         cache.module(np.frombuffer(bytes([k]) * 200, np.uint8))
