@@ -213,6 +213,9 @@ class FrontendSession:
         POLL_SECONDS and POLL_MAX; when they take longer than POLL_MAX the driver blocks
         at once, so a long kernel leaves every core to the host. (Blocking costs a `call`
         message and a wakeup, measured at ~250 µs here, more than a short job itself.)
+        Between two looks at the rings the poll yields the core (sched_yield): on a
+        machine with more runnable threads than cores, the host threads that are to
+        answer may be waiting for the very core this loop spins on.
         Inline model: the device's writes arrive in `call` messages, so it always blocks.
         """
         self.flush()
@@ -232,6 +235,7 @@ class FrontendSession:
                 return
             now = time.monotonic()
             if now < poll_until:
+                os.sched_yield()  # the host threads we wait for may need this core
                 continue
             if deadline is not None and now >= deadline:
                 raise ChannelTimeout(f"the device did not finish within {timeout:g} s")
