@@ -25,7 +25,7 @@ import os
 import signal
 import sys
 
-PRELOAD = ["pvgpu.cli", "pvgpu.tenant", "guest", "pvgpu.host.main"]
+PRELOAD = ["pvgpu.cli", "pvgpu.tenant", "pvgpu.guest", "pvgpu.host.main"]
 
 
 def _context():

@@ -13,6 +13,13 @@ from pvgpu.procs import HostStartError
 from pvgpu.transport.admin import AdminClient, admin_endpoint_for
 
 
+def test_every_preloaded_module_exists():
+    """multiprocessing's forkserver skips a preload that fails to import, silently: a
+    misnamed module would only make every child import it again."""
+    import importlib.util
+    assert all(importlib.util.find_spec(m) is not None for m in forkserver.PRELOAD)
+
+
 def test_a_forked_command_writes_its_output_and_exit_status(tmp_path):
     log = tmp_path / "out.log"
     p = forkserver.Forked(["trace", "--endpoint", f"ipc://{tmp_path}/none.sock", "status"], str(log))
