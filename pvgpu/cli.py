@@ -134,6 +134,15 @@ def _add_common_options(p: argparse.ArgumentParser, *, top: bool) -> None:
                    help="show the traceback of an error", **unset)
 
 
+def _add_admin_endpoint_options(p: argparse.ArgumentParser) -> None:
+    """--endpoint and --admin-endpoint: which host's admin endpoint (smi, trace)."""
+    p.add_argument("--endpoint", metavar="ENDPOINT", default=None,
+                   help="the host's ipc endpoint; its admin endpoint is beside it "
+                        "(default: the local endpoint)")
+    p.add_argument("--admin-endpoint", metavar="ipc://PATH", default=None,
+                   help="the host's admin endpoint, if not the one beside --endpoint")
+
+
 class _Version(argparse.Action):
     """--version, looked up only when asked: importlib.metadata takes tens of milliseconds to
     import, which no other command needs to pay."""
@@ -226,22 +235,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("smi", help="the host's GPUs and sessions from its admin endpoint, "
                                    "like nvidia-smi (for the host's user)")
-    p.add_argument("--endpoint", metavar="ENDPOINT", default=None,
-                   help="the host's ipc endpoint; its admin endpoint is beside it "
-                        "(default: the local endpoint)")
-    p.add_argument("--admin-endpoint", metavar="ipc://PATH", default=None,
-                   help="the host's admin endpoint, if not the one beside --endpoint")
+    _add_admin_endpoint_options(p)
     p.add_argument("-l", "--loop", type=float, metavar="SECONDS", default=None,
                    help="redraw every SECONDS until Ctrl-C")
     p.add_argument("--json", action="store_true", help="print JSON instead of the table")
 
     p = sub.add_parser("trace", help="start or stop an engine trace of a running host, from "
                                      "its admin endpoint (for the host's user)")
-    p.add_argument("--endpoint", metavar="ENDPOINT", default=None,
-                   help="the host's ipc endpoint; its admin endpoint is beside it "
-                        "(default: the local endpoint)")
-    p.add_argument("--admin-endpoint", metavar="ipc://PATH", default=None,
-                   help="the host's admin endpoint, if not the one beside --endpoint")
+    _add_admin_endpoint_options(p)
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     start = actions.add_parser("start", help="record what the engines run until "
                                               "`pvgpu trace stop`")
