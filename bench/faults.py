@@ -50,7 +50,7 @@ WAIT_S = 30.0  # give up on one repetition after this long (reported as a failur
 
 # A guest that takes VRAM and a context, says "ready" once it is busy, and keeps busy.
 VICTIM = """
-import sys, numpy as np, guest
+import sys, numpy as np, pvgpu.guest as guest
 mode = sys.argv[2]
 c = guest.connect(sys.argv[1], mem_size=64 << 20)
 ctx = c.devices[0].create_context()

@@ -6,6 +6,9 @@
         ...
 """
 
+if not __name__.startswith("pvgpu."):  # the checkout's top directory on sys.path
+    raise ImportError(f"`{__name__}` is pvgpu.{__name__}: import it as that")
+
 from pvgpu.guest.api.array import DeviceArray, MappedArray, VaRange
 from pvgpu.guest.api.connection import Connection, connect
 from pvgpu.guest.api.context import Context

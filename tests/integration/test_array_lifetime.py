@@ -172,7 +172,7 @@ def _destroy_reset_close(conn, monkeypatch):
 
 
 EXIT_SCRIPT = """
-import sys, numpy as np, guest
+import sys, numpy as np, pvgpu.guest as guest
 conn = guest.connect(sys.argv[1], mem_size=32 << 20)
 ctx = conn.devices[0].create_context()
 kept = [ctx.empty(1 << 20, np.uint8) for _ in range(3)]

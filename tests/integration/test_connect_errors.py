@@ -72,7 +72,7 @@ def test_the_session_logs_to_pvgpu_guest(host_factory, tmp_endpoint, caplog):
 
 
 def test_importing_logs_nothing_and_installs_no_handler():
-    code = ("import logging, guest, pvgpu.transport.channel, pvgpu.cli\n"
+    code = ("import logging, pvgpu.guest as guest, pvgpu.transport.channel, pvgpu.cli\n"
             "named = [n for n in logging.root.manager.loggerDict if n.split('.')[0] in "
             "('pvgpu', 'guest', 'transport')]\n"
             "handlers = [h for n in named for h in getattr(logging.getLogger(n), 'handlers', [])]\n"

@@ -20,7 +20,7 @@ HEARTBEAT_MS = 60_000  # a heartbeat expiry takes 3 minutes: far beyond every wa
 WAIT = 30.0  # how long a test waits for what the disconnect must bring about
 
 GUEST_HOG = """
-import sys, time, numpy as np, guest
+import sys, time, numpy as np, pvgpu.guest as guest
 c = guest.connect(sys.argv[1], memory=sys.argv[2], mem_size=16 << 20, heartbeat_ms=60000)
 ctx = c.devices[0].create_context()
 bufs = [ctx.empty(16 << 20, np.uint8) for _ in range(4)]

@@ -16,7 +16,7 @@ from pvgpu.procs import HostProcess, reap, run_guest, spawn_guest
 from pvgpu.spec import wire
 
 GUEST_HOG = """
-import sys, time, numpy as np, guest
+import sys, time, numpy as np, pvgpu.guest as guest
 c = guest.connect(sys.argv[1], memory=sys.argv[2], mem_size=16 << 20, heartbeat_ms=200)
 ctx = c.devices[0].create_context()
 bufs = [ctx.empty(16 << 20, np.uint8) for _ in range(4)]

@@ -151,7 +151,7 @@ def test_a_session_that_ends_detaches_and_frees(shared_host):
 
 
 CHILD = textwrap.dedent("""
-    import sys, time, numpy as np, guest
+    import sys, time, numpy as np, pvgpu.guest as guest
     endpoint, handle, mode = sys.argv[1], sys.argv[2], sys.argv[3]
     conn = guest.connect(endpoint, mem_size=16 << 20, heartbeat_ms=200)
     ctx = conn.devices[0].create_context()

@@ -190,7 +190,7 @@ def test_cross_guest_event_orders_in_time(shared_host):
 
 
 CHILD = textwrap.dedent("""
-    import sys, guest
+    import sys, pvgpu.guest as guest
     endpoint, handle = sys.argv[1], sys.argv[2]
     with guest.connect(endpoint, mem_size=16 << 20) as conn:
         with conn.devices[0].create_context() as ctx:

@@ -11,7 +11,7 @@ import numpy as np
 from pvgpu import guest
 
 HUNG_GUEST = textwrap.dedent("""
-    import sys, guest
+    import sys, pvgpu.guest as guest
     from pvgpu.spec import wire
     with guest.connect(sys.argv[1], mem_size=16 << 20, name="hung") as conn:
         ctx = conn.devices[0].create_context()

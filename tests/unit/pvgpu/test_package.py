@@ -83,6 +83,20 @@ def test_a_guest_name_asked_for_while_another_thread_imports_the_api_waits_for_i
     assert _fresh(RACE).split() == ["True"]
 
 
+def test_a_layer_imported_under_its_bare_name_is_refused():
+    """From the checkout's top directory `import guest` would find ./guest: a second copy of
+    every module (and of every exception class) beside pvgpu.guest. It is refused, so code
+    that still says `import guest` fails in the tests, not only once installed."""
+    out = _fresh("import importlib\n"
+                 "for name in ('guest', 'host', 'transport', 'spec', 'bench'):\n"
+                 "    try:\n"
+                 "        importlib.import_module(name)\n"
+                 "    except ImportError as e:\n"
+                 "        print(e)\n")
+    assert out.splitlines() == [f"`{n}` is pvgpu.{n}: import it as that"
+                                for n in ("guest", "host", "transport", "spec", "bench")]
+
+
 def test_the_layers_load_without_the_guest_api():
     """`import pvgpu.spec.wire` (a raw-protocol guest, the host) loads neither the guest API
     nor ZeroMQ; `from pvgpu import cli` is the CLI, never a guest name."""
