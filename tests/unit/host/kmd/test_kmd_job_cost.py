@@ -18,12 +18,13 @@ from pvgpu.spec import kernels
 # IB + FENCE in one ring write, no scheduled fence unless asked for, the scheduler's
 # common path without helpers, fences signalled in one lock hold), 69 after the fourth
 # (no reclaim pass or timer arming without a reason, the top half's clock from the
-# interrupt's timestamp, no stop check before an IB's first packet or after a burn ends).
-CALLS_PER_JOB = 75
+# interrupt's timestamp, no stop check before an IB's first packet or after a burn ends), 67
+# with fences marked inline by signal_all.
+CALLS_PER_JOB = 72
 # ... of a fill of 256 elements: the MMU translation and the kernel on top (158 before the
 # second pass, 133 after it: PTE permissions looked up, no floating-point state for fill;
-# 93 after the third, 85 after the fourth)
-CALLS_PER_FILL = 92
+# 93 after the third, 85 after the fourth, 83 with fences marked inline)
+CALLS_PER_FILL = 90
 
 
 @pytest.fixture
