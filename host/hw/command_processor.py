@@ -278,7 +278,9 @@ class CommandProcessor:
         dws = (_DWORDS[length] if length < len(_DWORDS) else struct.Struct(f"<{length}I")) \
             .unpack_from(self.vram.buf, addr)
         i = 0
-        while i < length and not ctl.stopped():
+        while i < length:
+            if i and ctl.stopped():  # between packets (the IB packet itself just started)
+                return
             hdr = dws[i]
             opcode, ndw = hdr & 0xFF, (hdr >> 8) & 0xFFFF  # split_header
             if i + 1 + ndw > length:

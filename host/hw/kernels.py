@@ -311,9 +311,9 @@ def burn(mem, ctl, threads, microseconds):
             pass
         return
     deadline = time.perf_counter() + microseconds * 1e-6
-    while not ctl.stopped():
+    while True:
         left = deadline - time.perf_counter()
-        if left <= 0:
+        if left <= 0 or ctl.stopped():
             return
         ctl.sleep(min(left, BURN_CHECK_INTERVAL))
 

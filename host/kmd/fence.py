@@ -32,6 +32,7 @@ import collections
 import logging
 import struct
 import threading
+from itertools import chain, repeat
 
 from pvgpu.host.hw import packets
 from pvgpu.host.kmd import lock as devlock
@@ -116,28 +117,9 @@ class Fence:
             event = self._event
         return event.wait(timeout)
 
-    def _mark(self, error=None):
-        """Mark signalled (under _lock); -> the callbacks to run (None if there are none),
-        or False if it already was."""
-        if self._signaled:
-            return False
-        if error is not None and self.error is None:
-            self.error = error
-        self._signaled = True
-        callbacks, self._callbacks = self._callbacks, None
-        if self._event is not None:
-            self._event.set()
-        return callbacks
-
     def signal(self, error=None) -> bool:
         """Signal now (software signalling, e.g. on device stop); False if already done."""
-        with _lock:
-            callbacks = self._mark(error)
-        if callbacks is False:
-            return False
-        if callbacks:
-            _run(self, callbacks)
-        return True
+        return signal_all((self,), error) == 1
 
     def __repr__(self) -> str:
         state = "signaled" if self._signaled else "pending"
@@ -157,21 +139,28 @@ def _call(fence: Fence, callbacks) -> None:
             log.exception("fence callback %r failed for %r", fn, fence)
 
 
-def signal_all(fences, error=None, pairs=()) -> None:
+def signal_all(fences, error=None, pairs=()) -> int:
     """Signal `fences` (with `error`), then the (fence, error) `pairs`, in order: all are
-    marked first, in one hold of the fence lock, then callbacks run in the same order."""
+    marked first, in one hold of the fence lock, then callbacks run in the same order;
+    -> how many this call signalled (a fence signals once: the first error sticks)."""
     marked = []
+    n = 0
     with _lock:
-        for f in fences:
-            callbacks = f._mark(error)
-            if callbacks:
-                marked.append((f, callbacks))
-        for f, err in pairs:
-            callbacks = f._mark(err)
-            if callbacks:
-                marked.append((f, callbacks))
+        for f, err in chain(zip(fences, repeat(error)), pairs):
+            if f._signaled:
+                continue
+            if err is not None and f.error is None:
+                f.error = err
+            f._signaled = True
+            n += 1
+            if f._event is not None:
+                f._event.set()
+            if f._callbacks:
+                marked.append((f, f._callbacks))
+                f._callbacks = None
     for f, callbacks in marked:
         _run(f, callbacks)
+    return n
 
 
 class FenceDriver:

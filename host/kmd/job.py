@@ -197,7 +197,8 @@ class JobMixin:
             if ctx.lost:
                 raise ContextLost(f"context {ctx.id} was lost after a GPU hang "
                                   f"({ctx.lost_reason}); destroy it")
-            self._reclaim_locked()
+            if self._deferred or self.prime._released:  # (what _reclaim_locked looks at)
+                self._reclaim_locked()
             if ctx.evicted_bos or ctx.moves:  # restores, and moves to wait for (evict.py)
                 deps += self._placement_deps(ctx)
             sched = self.schedulers[engine]
@@ -318,7 +319,10 @@ class JobMixin:
                     done_scheds.append(sched)
         resume = []
         for sched in done_scheds:
-            self._arm_timer(sched)
+            # a completion moves the head job's timeout later, never earlier: only BAND's
+            # time buffer (hold_until) may need the timer pass sooner
+            if sched.hold_until is not None:
+                self._arm_timer(sched)
             if sched.n_queued:
                 resume.append(sched)
         return resume
@@ -371,8 +375,9 @@ class JobMixin:
             done = fd.retire_locked(seq)
             if not done:
                 return
-            now = self.clock_ns()
-            finished = self._retire_locked(fd, done, None, now if timestamp is None else timestamp)
+            # now: the interrupt's time, as the top half runs when it is raised
+            now = self.clock_ns() if timestamp is None else timestamp
+            finished = self._retire_locked(fd, done, None, now)
             resume = self._jobs_done_locked(finished, now)
             signals = self._take_signals()
         if resume:

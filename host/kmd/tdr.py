@@ -26,7 +26,7 @@ class TdrMixin:
         far off and wait for the next tick (at most 20 ms late), so an ordinary submission
         does not wake a thread; time buffers are short and do."""
         deadline = sched.next_deadline()
-        if deadline is not None:
+        if deadline is not None and deadline < self.submit_wq.timer_due:  # (arm's test)
             self.submit_wq.arm(deadline)
 
     def _timer_pass(self) -> int | None:

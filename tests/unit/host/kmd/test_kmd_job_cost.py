@@ -16,12 +16,16 @@ from pvgpu.spec import kernels
 # completion, no notify without a waiter, fewer helper calls in the ring and the CP), 78
 # after the third (a ring fetch runs the job's IB, FENCE and padding in one engine step,
 # IB + FENCE in one ring write, no scheduled fence unless asked for, the scheduler's
-# common path without helpers, fences signalled in one lock hold).
-CALLS_PER_JOB = 84
+# common path without helpers, fences signalled in one lock hold), 69 after the fourth
+# (no reclaim pass or timer arming without a reason, the top half's clock from the
+# interrupt's timestamp, no stop check before an IB's first packet or after a burn ends), 67
+# with fences marked inline by signal_all, 65 with the timer's test before arm() and the
+# vGPU's idle time set in place.
+CALLS_PER_JOB = 70
 # ... of a fill of 256 elements: the MMU translation and the kernel on top (158 before the
 # second pass, 133 after it: PTE permissions looked up, no floating-point state for fill;
-# 93 after the third)
-CALLS_PER_FILL = 100
+# 93 after the third, 85 after the fourth, 83 with fences marked inline, 81 with the timer's test before arm())
+CALLS_PER_FILL = 88
 
 
 @pytest.fixture
