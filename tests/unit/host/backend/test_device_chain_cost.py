@@ -1,7 +1,8 @@
 """What one chain costs the host outside the KMD (host/backend/device.py process_queue and
 what it calls: the chain's walk, decode, dispatch, response and used entry), counted in
 Python function calls, which do not depend on the machine or its load. A NOP does no KMD
-work, so its count is the backend's own per-chain overhead."""
+work, so its count is the backend's own per-chain overhead; for an unfenced LAUNCH only
+the calls of backend and transport code are counted, the KMD's work being another layer's."""
 
 import os
 import struct
