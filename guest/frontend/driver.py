@@ -142,15 +142,12 @@ class Request:
         if n < wire.CTRL_HDR_SIZE:
             raise DeviceResponseError(wire.RESP_ERR_UNSPEC, f"device returned {n} response bytes",
                                       command=self.command)
-        want = min(n, SLOT_RESP)
-        parts = []
-        for gpa, length in self.writable:  # the response may spill past its first descriptor
-            take = min(length, want)
-            parts.append(mem.read(gpa, take))
-            want -= take
-            if not want:
-                break
-        raw = b"".join(parts)
+        want = n if n < SLOT_RESP else SLOT_RESP
+        gpa, length = self.writable[0]
+        if want <= length:  # the common case: all of it in the first descriptor
+            raw = mem.read(gpa, want)
+        else:
+            raw = self._gather(mem, want)
         rtype = _HDR.unpack_from(raw)[0]
         if wire.is_error_response(rtype):
             if len(raw) >= wire.CTRL_HDR_SIZE + _ERR.size:
@@ -162,6 +159,17 @@ class Request:
                 msg = ""
             raise DeviceResponseError(rtype, msg, info0, info1, command=self.command)
         return rtype, raw[wire.CTRL_HDR_SIZE:]
+
+    def _gather(self, mem, want: int) -> bytes:
+        """The first `want` response bytes, spilling past the first descriptor."""
+        parts = []
+        for gpa, length in self.writable:
+            take = min(length, want)
+            parts.append(mem.read(gpa, take))
+            want -= take
+            if not want:
+                break
+        return b"".join(parts)
 
 
 class VirtioGpuDriver:

@@ -403,7 +403,7 @@ class ComputeDevice:
             copies.append((wire.GUEST_WINDOW_VA + gpa, pos, n))
             pos += n
         idx = self.timeline_index(cmd.hdr)
-        return self._submit(ctx, cmd.hdr, lambda wait: ctx.kmd_ctx.submit_copies(
+        return self._submit(ctx, cmd.hdr, idx, lambda wait: ctx.kmd_ctx.submit_copies(
             copies, wait=wait, direction="h2d", timeline=idx), hold=True)
 
     @handles(p.CopyD2H)
@@ -418,7 +418,7 @@ class ComputeDevice:
             copies.append((pos, wire.GUEST_WINDOW_VA + gpa, n))
             pos += n
         idx = self.timeline_index(cmd.hdr)
-        return self._submit(ctx, cmd.hdr, lambda wait: ctx.kmd_ctx.submit_copies(
+        return self._submit(ctx, cmd.hdr, idx, lambda wait: ctx.kmd_ctx.submit_copies(
             copies, wait=wait, direction="d2h", timeline=idx), hold=True, data_len=size)
 
     @handles(p.CopyD2D)
@@ -427,7 +427,7 @@ class ComputeDevice:
         _check_range("src_va", src_va, size)
         _check_range("dst_va", dst_va, size)
         idx = self.timeline_index(cmd.hdr)
-        return self._submit(ctx, cmd.hdr, lambda wait: ctx.kmd_ctx.submit_copy(
+        return self._submit(ctx, cmd.hdr, idx, lambda wait: ctx.kmd_ctx.submit_copy(
             src_va, dst_va, size, wait=wait, direction="d2d", timeline=idx))
 
     @handles(p.Launch)
@@ -442,14 +442,14 @@ class ComputeDevice:
                                f"got {cmd.nargs}")
         p.check_geometry(cmd.grid, cmd.block)
         idx = self.timeline_index(cmd.hdr)
-        return self._submit(ctx, cmd.hdr, lambda wait: ctx.kmd_ctx.submit_launch(
+        return self._submit(ctx, cmd.hdr, idx, lambda wait: ctx.kmd_ctx.submit_launch(
             cmd.kernel_id, cmd.grid, cmd.block, args, wait=wait, timeline=idx))
 
     @handles(p.LaunchCode)
     def cmd_launch_code(self, cmd, ctx, _out):
         lc = code_launch.check(cmd)  # CMD-LAUNCH-CODE-1 steps 1-3
         idx = self.timeline_index(cmd.hdr)
-        return self._submit(ctx, cmd.hdr, lambda wait: ctx.kmd_ctx.submit_launch_code(
+        return self._submit(ctx, cmd.hdr, idx, lambda wait: ctx.kmd_ctx.submit_launch_code(
             lc.object_va, lc.entry_va, lc.grid, lc.block, lc.dyn_shared, lc.params,
             wait=wait, timeline=idx))
 
@@ -718,11 +718,16 @@ class ComputeDevice:
         return p.OkNoData()
 
     # ------------------------------------------------------------------ timelines
-    def _submit(self, ctx: ContextState, hdr: p.Header, submit, *, hold=False, data_len=0):
-        t = ctx.timeline(self.timeline_index(hdr))
+    def _submit(self, ctx: ContextState, hdr: p.Header, idx: int, submit, *, hold=False,
+                data_len=0):
+        """Submit a job on timeline `idx` of `ctx`: `submit(wait)` -> its fence."""
+        t = ctx.timeline(idx)
         # the previous job of the timeline and the events it was told to wait for
-        wait = [f for f in dict.fromkeys([t.last_fence, *t.waits])
-                if f is not None and not f.signaled]
+        last = t.last_fence
+        if t.waits:
+            wait = [f for f in dict.fromkeys([last, *t.waits]) if f is not None and not f.signaled]
+        else:
+            wait = [] if last is None or last.signaled else [last]
         try:
             fence = submit(wait)
         except KmdError as e:
