@@ -93,7 +93,7 @@ class InterruptController:
             self._deliver(irq)
 
     def raise_irq(self, irq: Interrupt) -> None:
-        with self._lock:
+        with self._lock:  # one hold: the latch check and the handler's pick
             self.raised += 1
             self.counts[irq.source] += 1
             if not self._enabled:
@@ -102,27 +102,24 @@ class InterruptController:
                     self.dropped += 1
                 self._latched.append(irq)
                 return
-            handler = self._handler
-            if handler is not None:
-                self.delivered += 1  # taken back if the handler fails
-            else:
-                self.unhandled += 1
-        if handler is None:
-            log.debug("%s: no handler for %s", self.name, irq)
-            return
-        try:
-            handler(irq)
-        except Exception:  # noqa: BLE001 - the handler must never kill an engine thread
-            self._failed(irq)
+            handler = self._pick_handler_locked()
+        self._call(handler, irq)
 
     def _deliver(self, irq: Interrupt) -> None:
         """A latched interrupt, once enabled."""
         with self._lock:
-            handler = self._handler
-            if handler is not None:
-                self.delivered += 1
-            else:
-                self.unhandled += 1
+            handler = self._pick_handler_locked()
+        self._call(handler, irq)
+
+    def _pick_handler_locked(self):
+        handler = self._handler
+        if handler is not None:
+            self.delivered += 1  # taken back if the handler fails
+        else:
+            self.unhandled += 1
+        return handler
+
+    def _call(self, handler, irq: Interrupt) -> None:
         if handler is None:
             log.debug("%s: no handler for %s", self.name, irq)
             return
