@@ -190,6 +190,14 @@ def seed(rng, t: Target, type_: int) -> Command:
         k = rng.choice(LAUNCHABLE)
         args = _launch_args(t, k)
         return Command(type_, (k, 1, 1, 1, 64, 1, 1, len(args) // 8), ctx, args)
+    if type_ == C.CMD_LAUNCH_BATCH:
+        count = rng.randrange(1, 9)
+        records = b""
+        for k in (rng.choice(LAUNCHABLE) for _ in range(count)):
+            args = _launch_args(t, k)
+            records += struct.pack(wire.LAUNCH_RECORD_FORMAT, k, 1, 1, 1, 64, 1, 1,
+                                   len(args) // 8) + args
+        return Command(type_, (count,), ctx, records)
     if type_ == C.CMD_LAUNCH_CODE:
         params = struct.pack("<QII", t.va, 64, 3)
         return Command(type_, (t.obj_va, t.entry_va, 1, 1, 1, 64, 1, 1, 0, len(params)), ctx,

@@ -1,8 +1,10 @@
 """Launches of the hardware's built-in kernels (CMD_LAUNCH): the kernel by name or id, its
 arguments checked and encoded against its signature (guest/api/operands.py), grid and
-block as dim3. A launch is asynchronous: it returns once submitted, its kick deferred so
-that one kick covers a run of launches (the driver's kick policy, guest/frontend/driver.py),
-and its error surfaces at the stream's next synchronizing call, as in CUDA. Kernels of
+block as dim3. A launch is asynchronous: it returns once recorded in the driver's open LAUNCH_BATCH
+(guest/frontend/launch_batch.py: one request for a run of launches of one stream), or, on
+a device without PVGPU_F_LAUNCH_BATCH, once submitted as a LAUNCH whose kick is deferred
+(the driver's kick policy, guest/frontend/driver.py); its error surfaces at the stream's
+next synchronizing call, as in CUDA. Kernels of
 one's own (PTX, CUDA C, code objects) are launched through guest/api/module.py.
 
 Each argument is checked against the kernel's signature (spec [KRN-ARGS-2]): a
@@ -26,16 +28,18 @@ _F32 = struct.Struct("<f")
 
 class _Plan:
     """How a launch of one built-in kernel is encoded: one struct for the whole command
-    (header, LAUNCH body, one le64 slot per argument) and, per argument, its name, kind
-    and the element type a pointer argument must have. Made once per kernel."""
+    (header, LAUNCH body, one le64 slot per argument), one for its record in a
+    LAUNCH_BATCH (the same without the header) and, per argument, its name, kind and the
+    element type a pointer argument must have. Made once per kernel."""
 
-    __slots__ = ("sig", "cmd", "args")
+    __slots__ = ("sig", "cmd", "record", "args")
 
     def __init__(self, sig: wire.KernelSignature):
         self.sig = sig
         slots = "".join("f4x" if kind == wire.ARG_F32 else "Q" for _, kind in sig.args)
         self.cmd = struct.Struct(wire.CTRL_HDR_FORMAT
                                  + wire.CMD_BODY_FORMATS[wire.CMD_LAUNCH].lstrip("<") + slots)
+        self.record = struct.Struct(wire.LAUNCH_RECORD_FORMAT + slots)
         self.args = tuple(
             (name, kind, np.dtype(sig.elem_type(name)).newbyteorder("<")
              if kind == wire.ARG_PTR else None)
@@ -64,9 +68,14 @@ def builtin(ctx, s, kernel, grid, block, args) -> None:
     if s._async_error is not None:
         s._raise_async_error()
     ring_idx = s.ring_idx
+    driver = ctx._driver
+    if driver.batcher is not None:  # one LAUNCH_BATCH for a run of launches (spec §6.5.33)
+        driver.launch(ctx.ctx_id, ring_idx, plan.record,
+                      (sig.kernel_id, *g, *b, len(values), *values), s._async_done)
+        return
     cmd = plan.cmd.pack(wire.CMD_LAUNCH, wire.FLAG_INFO_RING_IDX if ring_idx else 0, 0,
                         ctx.ctx_id, ring_idx, sig.kernel_id, *g, *b, len(values), *values)
-    req = ctx._driver.submit(cmd, kick=False)
+    req = driver.submit(cmd, kick=False)
     req.on_done = s._async_done
 
 

@@ -38,6 +38,7 @@ import collections
 import struct
 from typing import Callable, NamedTuple
 
+from pvgpu.guest.frontend.launch_batch import LaunchBatcher
 from pvgpu.spec import isa, wire
 from pvgpu.transport.errors import PvgpuError, VirtqError
 from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
@@ -198,21 +199,24 @@ class VirtioGpuDriver:
         self._event_bufs: dict[int, int] = {}  # head -> gpa of a posted event buffer
         self.events: collections.deque[DeviceEvent] = collections.deque(maxlen=256)  # the latest
         self.event_handler: Callable[[DeviceEvent], None] | None = None  # called from reap()
+        # the open LAUNCH_BATCH (launch_batch.py); None without PVGPU_F_LAUNCH_BATCH
+        self.batcher: LaunchBatcher | None = None
 
     @staticmethod
     def _layout_offsets() -> tuple:
-        """-> (offset of the request slots, of the event queue, of the event buffers,
-        total size) of a device's area."""
+        """-> (offset of the request slots, of the event queue, of the event buffers, of
+        the launch batch buffers, total size) of a device's area."""
         page = 4096
         slots = -(-VirtqLayout.at(0, QUEUE_SIZE).end // page) * page
         eventq = slots + QUEUE_SIZE * SLOT_SIZE
         bufs = eventq + -(-VirtqLayout.at(0, EVENTQ_SIZE).end // 64) * 64
-        end = bufs + EVENTQ_SIZE * wire.EVTQ_ENTRY_SIZE
-        return slots, eventq, bufs, -(-end // page) * page
+        batches = -(-(bufs + EVENTQ_SIZE * wire.EVTQ_ENTRY_SIZE) // page) * page
+        end = batches + LaunchBatcher.area_size()
+        return slots, eventq, bufs, batches, -(-end // page) * page
 
     @classmethod
     def area_size(cls) -> int:
-        return cls._layout_offsets()[3]
+        return cls._layout_offsets()[-1]
 
     def slot_gpa(self, slot: int) -> int:
         return self._slots_base + slot * SLOT_SIZE
@@ -223,6 +227,9 @@ class VirtioGpuDriver:
         dev = self.index
         if self._by_head:  # DEV-RESET-4: whatever was outstanding is lost to the reset
             self.fail_all(DeviceNeedsReset(f"device {dev} was reset"))
+        if self.batcher is not None:  # ... and so are launches not yet sent
+            self.batcher.drop(DeviceNeedsReset(f"device {dev} was reset"))
+            self.batcher = None
         s.control(wire.OP_SET_STATUS, dev=dev, status=0)
         # DEV-RESET-5: calls that came before the reply carry the device's writes of before
         # the reset; they must land now, not in the rings set up below
@@ -244,7 +251,7 @@ class VirtioGpuDriver:
             raise RuntimeError(f"device {dev} refused features {self.features:#x}")
         self.config = struct.unpack(wire.CONFIG_FORMAT, s.control(wire.OP_GET_CONFIG, dev=dev)["config"])
         layout = VirtqLayout.at(self.base, QUEUE_SIZE)
-        slots, eventq_off, bufs_off, _ = self._layout_offsets()
+        slots, eventq_off, bufs_off, batches_off, _ = self._layout_offsets()
         self._slots_base = self.base + slots
         self.queue = DriverQueue(self.mem, layout,
                                  event_idx=self.has(wire.VIRTIO_F_EVENT_IDX),
@@ -262,6 +269,8 @@ class VirtioGpuDriver:
         self._event_bufs = {}
         if self.has(wire.PVGPU_F_EVENTQ):
             self._setup_eventq(self.base + eventq_off, self.base + bufs_off)
+        if self.has(wire.PVGPU_F_LAUNCH_BATCH) and self.has(wire.PVGPU_F_COMPUTE):
+            self.batcher = LaunchBatcher(self, self.base + batches_off)
         status |= wire.STATUS_DRIVER_OK
         s.control(wire.OP_SET_STATUS, dev=dev, status=status)
         self.needs_reset = False
@@ -303,6 +312,9 @@ class VirtioGpuDriver:
         nobody waits for until a later call that waits anyway."""
         if self.needs_reset:
             raise DeviceNeedsReset(f"device {self.index} needs a reset")
+        batcher = self.batcher
+        if batcher is not None and batcher.open is not None:
+            batcher.flush()  # the launches before this request go first (launch_batch.py)
         queue = self.queue
         while not self._free_slots or queue.num_free < 1:
             self.session.wait_for(lambda: self._free_slots and queue.num_free >= 1)
@@ -342,12 +354,24 @@ class VirtioGpuDriver:
 
     @property
     def deferred(self) -> int:
-        """Chains published since the last kick (deferred by `submit(kick=False)`)."""
-        return self._unkicked
+        """Chains published since the last kick (deferred by `submit(kick=False)`), and an
+        open launch batch."""
+        batcher = self.batcher
+        return self._unkicked + (batcher is not None and batcher.open is not None)
+
+    def launch(self, ctx_id: int, ring_idx: int, record: struct.Struct, values, on_done) -> None:
+        """An asynchronous built-in launch, as a record (`record` packs its LAUNCH body and
+        argument slots from `values`) in the open LAUNCH_BATCH of its timeline; `on_done`
+        is called with the batch's request when it completes. Needs `batcher`."""
+        self.batcher.add(ctx_id, ring_idx, record, values, on_done)  # type: ignore[union-attr]
 
     def kick(self) -> None:
-        """Notify the device of every chain published since the last kick, if it asked for
-        a notification (VQ-NOTIFY-1/2; inline: always, the kick carries the memory)."""
+        """Send the open launch batch, then notify the device of every chain published
+        since the last kick, if it asked for a notification (VQ-NOTIFY-1/2; inline: always,
+        the kick carries the memory)."""
+        batcher = self.batcher
+        if batcher is not None and batcher.open is not None:
+            batcher.flush()
         if not self._unkicked:
             return
         self._unkicked = 0

@@ -210,6 +210,7 @@ class ComputeDevice:
         self.mem_size = mem_size
         self.context_init = bool(negotiated_features & (1 << wire.PVGPU_F_CONTEXT_INIT))
         self.compute = bool(negotiated_features & (1 << wire.PVGPU_F_COMPUTE))
+        self.launch_batch = bool(negotiated_features & (1 << wire.PVGPU_F_LAUNCH_BATCH))
         self.contexts: dict = {}
         self.resource_owner: dict = {}  # resource_id -> ctx_id
         self.events: dict = {}  # event_id -> EventState
@@ -230,7 +231,7 @@ class ComputeDevice:
     def decode(self, reader: p.Reader) -> p.Command:
         """The request in `reader` -> its Command ([CMD-CHECK-1] steps 1-4); raises
         protocol.MalformedCommand."""
-        return p.decode(reader, compute=self.compute)
+        return p.decode(reader, compute=self.compute, batch=self.launch_batch)
 
     def execute(self, cmd: p.Command, writer: p.Writer):
         """A decoded command -> Response | Pending; raises CommandError. `writer`: the
@@ -433,17 +434,17 @@ class ComputeDevice:
     @handles(p.Launch)
     def cmd_launch(self, cmd, ctx, _out):
         args = cmd.args()  # CMD-LAUNCH-1
-        sig = wire.BUILTIN_KERNELS.get(cmd.kernel_id)
-        if sig is None:
-            raise CommandError(wire.RESP_ERR_INVALID_KERNEL, f"no kernel with id {cmd.kernel_id}")
-        if cmd.nargs != len(sig.args):
-            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                               f"kernel {sig.name} takes {len(sig.args)} arguments, "
-                               f"got {cmd.nargs}")
-        p.check_geometry(cmd.grid, cmd.block)
+        p.check_launch(cmd.kernel_id, cmd.nargs, cmd.grid, cmd.block)
         idx = self.timeline_index(cmd.hdr)
         return self._submit(ctx, cmd.hdr, idx, lambda wait: ctx.kmd_ctx.submit_launch(
             cmd.kernel_id, cmd.grid, cmd.block, args, wait=wait, timeline=idx))
+
+    @handles(p.LaunchBatch)
+    def cmd_launch_batch(self, cmd, ctx, _out):
+        launches = cmd.launches()  # CMD-LAUNCH-BATCH-1, -2: all checked before any runs
+        idx = self.timeline_index(cmd.hdr)
+        return self._submit(ctx, cmd.hdr, idx, lambda wait: ctx.kmd_ctx.submit_launches(
+            launches, wait=wait, timeline=idx))
 
     @handles(p.LaunchCode)
     def cmd_launch_code(self, cmd, ctx, _out):

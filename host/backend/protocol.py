@@ -142,7 +142,8 @@ class MalformedCommand(CommandError):
 COMMANDS: dict = {}  # CMD_* code -> Command subclass
 
 
-def command(type_: int, *, needs_context: bool = False, compute: bool = False):
+def command(type_: int, *, needs_context: bool = False, compute: bool = False,
+            batch: bool = False):
     """Class decorator: a dataclass for command `type_` whose fields after `hdr` are its
     body fields in wire order (a tuple field takes three le32 values). Commands and
     responses are values: nothing changes them after they are made (slots, not frozen,
@@ -153,6 +154,7 @@ def command(type_: int, *, needs_context: bool = False, compute: bool = False):
         cls.BODY = struct.Struct(wire.CMD_BODY_FORMATS[type_])
         cls.NEEDS_CONTEXT = needs_context
         cls.COMPUTE = compute
+        cls.BATCH = batch
         body = [f for f in dataclasses.fields(cls) if f.name not in ("hdr", "tail")]
         cls.FIELDS = tuple(f.name for f in body)
         cls.TRIPLES = tuple(i for i, f in enumerate(body) if f.type in ("tuple", tuple))
@@ -170,6 +172,7 @@ class Command:
     BODY: ClassVar[struct.Struct]
     NEEDS_CONTEXT: ClassVar[bool]  # [CMD-CHECK-1] step 5, the "needs context" column
     COMPUTE: ClassVar[bool]  # exists only with PVGPU_F_COMPUTE
+    BATCH: ClassVar[bool]  # ... and PVGPU_F_LAUNCH_BATCH
     FIELDS: ClassVar[tuple]  # body field names in wire order
     TRIPLES: ClassVar[tuple]  # indexes of the fields that take three values (grid, block)
     HAS_TAIL: ClassVar[bool]  # data follows the body
@@ -300,6 +303,65 @@ class Launch(Command):
     @staticmethod
     def pack_args(args) -> bytes:
         return struct.pack(f"<{len(args)}Q", *args)
+
+
+def check_launch(kernel_id: int, nargs: int, grid: tuple, block: tuple) -> None:
+    """A built-in launch's kernel, argument count and geometry ([CMD-LAUNCH-2],
+    [CMD-LAUNCH-3]); raises CommandError."""
+    sig = wire.BUILTIN_KERNELS.get(kernel_id)
+    if sig is None:
+        raise CommandError(wire.RESP_ERR_INVALID_KERNEL, f"no kernel with id {kernel_id}")
+    if nargs != len(sig.args):
+        raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                           f"kernel {sig.name} takes {len(sig.args)} arguments, got {nargs}")
+    check_geometry(grid, block)
+
+
+_RECORD = struct.Struct(wire.LAUNCH_RECORD_FORMAT)
+_MAX_RECORD = wire.LAUNCH_RECORD_SIZE + wire.MAX_KERNEL_ARGS * wire.LAUNCH_ARG_SIZE
+
+
+@command(wire.CMD_LAUNCH_BATCH, needs_context=True, compute=True, batch=True)
+class LaunchBatch(Command):
+    count: int
+    tail: Reader | None = field(default=None, compare=False, repr=False)
+
+    def launches(self) -> list:
+        """The `count` launch records as (kernel_id, grid, block, args), each checked as a
+        LAUNCH; the first that fails fails the command, `info0` its index
+        ([CMD-LAUNCH-BATCH-1], [CMD-LAUNCH-BATCH-2])."""
+        count = self.count
+        if not 1 <= count <= wire.MAX_BATCH_LAUNCHES:
+            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                               f"LAUNCH_BATCH of {count} launches "
+                               f"(1 .. {wire.MAX_BATCH_LAUNCHES})")
+        have = self.tail.available if self.tail is not None else 0
+        raw = self.tail.peek(min(have, count * _MAX_RECORD)) if have else b""
+        out, pos, end = [], 0, len(raw)
+        for i in range(count):
+            try:
+                if pos + _RECORD.size > end:
+                    raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
+                                       f"the readable part ends inside launch record {i}")
+                kernel_id, gx, gy, gz, bx, by, bz, nargs = _RECORD.unpack_from(raw, pos)
+                if nargs > wire.MAX_KERNEL_ARGS:
+                    raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                                       f"launch record {i} has {nargs} arguments "
+                                       f"(at most {wire.MAX_KERNEL_ARGS})")
+                pos += _RECORD.size
+                if pos + nargs * wire.LAUNCH_ARG_SIZE > end:
+                    raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
+                                       f"launch record {i} announces {nargs} arguments "
+                                       "but carries fewer")
+                args = _ARGS[nargs].unpack_from(raw, pos)
+                pos += nargs * wire.LAUNCH_ARG_SIZE
+                grid, block = (gx, gy, gz), (bx, by, bz)
+                check_launch(kernel_id, nargs, grid, block)
+            except CommandError as e:
+                e.info0 = i
+                raise
+            out.append((kernel_id, grid, block, args))
+        return out
 
 
 @command(wire.CMD_LAUNCH_CODE, needs_context=True, compute=True)
@@ -449,9 +511,10 @@ _PREFETCH = (wire.CTRL_HDR_SIZE + max(wire.CMD_BODY_SIZES.values())
              + wire.MAX_KERNEL_ARGS * wire.LAUNCH_ARG_SIZE)
 
 
-def decode(reader: Reader, *, compute: bool = True) -> Command:
+def decode(reader: Reader, *, compute: bool = True, batch: bool = True) -> Command:
     """The request in `reader` -> its Command; raises MalformedCommand for the first of
-    [CMD-CHECK-1] steps 1-4 that fails. `compute`: PVGPU_F_COMPUTE was negotiated."""
+    [CMD-CHECK-1] steps 1-4 that fails. `compute`: PVGPU_F_COMPUTE was negotiated;
+    `batch`: PVGPU_F_LAUNCH_BATCH too."""
     raw = reader.prefetch(_PREFETCH)
     if len(raw) < wire.CTRL_HDR_SIZE:
         raise MalformedCommand(Header(), wire.RESP_ERR_SHORT_COMMAND,
@@ -466,6 +529,10 @@ def decode(reader: Reader, *, compute: bool = True) -> Command:
         raise MalformedCommand(hdr, wire.RESP_ERR_UNKNOWN_COMMAND,
                                f"{wire.CMD_NAMES[hdr.type]} needs PVGPU_F_COMPUTE, which was "
                                "not negotiated")
+    if cls.BATCH and not batch:
+        raise MalformedCommand(hdr, wire.RESP_ERR_UNKNOWN_COMMAND,
+                               f"{wire.CMD_NAMES[hdr.type]} needs PVGPU_F_LAUNCH_BATCH, which "
+                               "was not negotiated")
     have = len(raw) - wire.CTRL_HDR_SIZE  # the prefetch covers any body
     if have < cls.BODY.size:
         raise MalformedCommand(hdr, wire.RESP_ERR_SHORT_COMMAND,

@@ -20,8 +20,9 @@ released.
 
 Short jobs run to completion on the submitting thread. A job that is bounded (at most
 INLINE_COPIES copies of at most INLINE_COPY_BYTES in all, a built-in kernel over at
-most INLINE_LAUNCH_ELEMENTS elements, burn for at most INLINE_BURN_US; never a code
-launch), submitted by a thread
+most INLINE_LAUNCH_ELEMENTS elements, burn for at most INLINE_BURN_US, several launches
+in one job (submit_launches) whose shares of those bounds add up to at most 1; never a
+code launch), submitted by a thread
 that holds no device lock, and that the scheduler runs at once on an idle ring (no job
 in flight there: so no unsignalled dependency, nothing queued before it), is committed
 to the ring without a doorbell; once the lock is released, the submitting thread writes
@@ -71,6 +72,7 @@ INLINE_COPY_BYTES = 64 << 10  # bounded jobs, run on the submitting thread (see 
 INLINE_COPIES = 16  # ... of at most this many COPY packets
 INLINE_LAUNCH_ELEMENTS = 1 << 16
 INLINE_BURN_US = 20
+MAX_LAUNCHES_PER_JOB = 1024  # LAUNCH packets in one job's IB (submit_launches)
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
 
@@ -106,20 +108,21 @@ def _ring_idle(sched: GpuScheduler) -> bool:
     return True
 
 
-def launch_is_short(kernel_id: int, args) -> bool:
-    """Whether a built-in launch is bounded enough to run on the submitting thread: the
-    product of its size arguments (n; m*n*k; rows*cols) is at most INLINE_LAUNCH_ELEMENTS,
-    a burn at most INLINE_BURN_US."""
+def launch_load(kernel_id: int, args) -> float:
+    """A built-in launch's work as a fraction of what runs on the submitting thread: the
+    product of its size arguments (n; m*n*k; rows*cols) over INLINE_LAUNCH_ELEMENTS, a
+    burn's microseconds over INLINE_BURN_US. A job whose launches add up to at most 1 is
+    short (module docstring)."""
     sig = kernels.BUILTIN_KERNELS.get(kernel_id)
     if sig is None or len(args) != len(sig.args):
-        return True  # the hardware refuses it at once (an illegal packet)
+        return 0.0  # the hardware refuses it at once (an illegal packet)
     if kernel_id == kernels.KERNEL_BURN:
-        return args[0] & _U32 <= INLINE_BURN_US
+        return (args[0] & _U32) / INLINE_BURN_US
     work = 1
     for (_name, kind), a in zip(sig.args, args):
         if kind == kernels.ARG_U32:
             work *= a & _U32
-    return work <= INLINE_LAUNCH_ELEMENTS
+    return work / INLINE_LAUNCH_ELEMENTS
 
 
 class JobMixin:
@@ -483,6 +486,39 @@ class ContextSubmitMixin:
     def submit_launch(self, kernel_id: int, grid, block, args, wait=(), *,
                       timeline: int = 0) -> Fence:
         """Run built-in kernel `kernel_id` on the compute engine; pointer args are VAs."""
+        kernel_id, grid, block, args = self._check_launch(kernel_id, grid, block, args)
+        ib = packets.launch(kernel_id, grid, block, args)
+        touches = self._launch_touches(kernel_id, args) if self.shared else ()
+        fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches,
+                                    short=launch_load(kernel_id, args) <= 1.0)
+        self.stats["launches"] += 1
+        return fence
+
+    def submit_launches(self, launches, wait=(), *, timeline: int = 0) -> Fence:
+        """Several built-in launches, each (kernel_id, grid, block, args), as ONE job: one
+        IB of LAUNCH packets that the compute engine runs in order, and one fence (as an
+        amdgpu command submission carries several IBs). All are checked before any is
+        submitted. A fault in one skips the rest of the IB (the command processor's rule),
+        so the job fails with that fault and the launches after it do not run. The job is
+        short when the launches' loads add up to at most 1 (launch_load)."""
+        checked = [self._check_launch(*launch) for launch in launches]
+        if not checked:
+            raise InvalidArgument("no launches")
+        if len(checked) > MAX_LAUNCHES_PER_JOB:
+            raise InvalidArgument(f"{len(checked)} launches in one job "
+                                  f"(at most {MAX_LAUNCHES_PER_JOB})")
+        ib = b"".join([packets.launch(k, g, b, a) for k, g, b, a in checked])
+        touches = [t for k, _g, _b, a in checked for t in self._launch_touches(k, a)] \
+            if self.shared else ()
+        load = sum(launch_load(k, a) for k, _g, _b, a in checked)
+        fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches,
+                                    short=load <= 1.0)
+        self.stats["launches"] += len(checked)
+        return fence
+
+    def _check_launch(self, kernel_id, grid, block, args) -> tuple:
+        """A built-in launch's parameters checked -> (kernel_id, grid, block, args) as
+        ints; raises InvalidArgument."""
         grid = (grid, 1, 1) if type(grid) is int and 0 <= grid <= _U32 \
             else self._dim3(grid, "grid")  # (its common case, without the call)
         block = (block, 1, 1) if type(block) is int and 0 <= block <= _U32 \
@@ -496,19 +532,17 @@ class ContextSubmitMixin:
         for a in args:
             if not isinstance(a, (int, np.integer)) or not -(1 << 63) <= a <= _U64:
                 raise InvalidArgument(f"bad kernel argument {a!r}")
-        kernel_id = int(kernel_id)
-        args = list(map(int, args))
-        ib = packets.launch(kernel_id, grid, block, args)
-        touches = ()
-        if self.shared:
-            sig = kernels.BUILTIN_KERNELS.get(kernel_id)
-            if sig is not None:
-                touches = [(a, 1, name in kernels.KERNEL_WRITTEN_ARGS)
-                           for (name, kind), a in zip(sig.args, args) if kind == kernels.ARG_PTR]
-        fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches,
-                                    short=launch_is_short(kernel_id, args))
-        self.stats["launches"] += 1
-        return fence
+        return int(kernel_id), grid, block, list(map(int, args))
+
+    @staticmethod
+    def _launch_touches(kernel_id: int, args) -> list:
+        """The buffers a built-in launch touches, for implicit synchronisation (prime.py):
+        [(va, 1, written)] per pointer argument."""
+        sig = kernels.BUILTIN_KERNELS.get(kernel_id)
+        if sig is None:
+            return []
+        return [(a, 1, name in kernels.KERNEL_WRITTEN_ARGS)
+                for (name, kind), a in zip(sig.args, args) if kind == kernels.ARG_PTR]
 
     def submit_launch_code(self, object_va: int, entry_va: int, grid, block, dyn_shared: int,
                            params: bytes, wait=(), *, timeline: int = 0) -> Fence:

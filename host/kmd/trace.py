@@ -19,7 +19,8 @@ how many). write(path) drains it into the trace-event JSON format
 - one process per device ("gpu0 <name>"), one thread per track: "submit" and one per
   engine (compute, copy0, copy1);
 - one complete ("X") slice per job on its engine's track, named after the kernel
-  ("fill", "code entry 0x..." for a code launch) or the copy ("copy H2D 16 MiB"), with
+  ("fill", "code entry 0x..." for a code launch; a job of several launches, from a
+  LAUNCH_BATCH, after each run of them: "scale x3, fill") or the copy ("copy H2D 16 MiB"), with
   the session, vGPU, context and stream (the context's timeline) in its args;
 - a zero-length "submit" slice per job on the submit track at its arrival, and a flow
   arrow from it to the job's slice (flow_out/flow_in with a shared bind_id);
@@ -70,6 +71,11 @@ def _in_ranges(va: int, ranges) -> bool:
     return any(start <= va < start + size for start, size in ranges)
 
 
+def _kernel_name(kernel_id: int) -> str:
+    sig = kernels.BUILTIN_KERNELS.get(kernel_id)
+    return sig.name if sig is not None else f"kernel {kernel_id}"
+
+
 def describe(payload, engine: int, system_ranges=None) -> tuple:
     """A job's payload (its IB's packets, or a kmd.kernarg.CodeLaunch) -> (slice name,
     args). A copy's direction: D2H on copy engine 1; on copy engine 0, H2D when its source
@@ -79,7 +85,7 @@ def describe(payload, engine: int, system_ranges=None) -> tuple:
         entry = getattr(payload, "entry_va", 0)
         return f"code entry {entry:#x}", {"kind": "code launch", "entry_va": hex(entry)}
     buf = bytes(payload)
-    pos, copies, nbytes, src0, kernel = 0, 0, 0, None, None
+    pos, copies, nbytes, src0, launched = 0, 0, 0, None, []
     while pos + 4 <= len(buf):
         opcode, body = packets.split_header(_U32.unpack_from(buf, pos)[0])
         if opcode == packets.PKT_COPY and pos + 4 + _COPY.size <= len(buf):
@@ -88,13 +94,21 @@ def describe(payload, engine: int, system_ranges=None) -> tuple:
                 src0 = src_lo | src_hi << 32
             copies += 1
             nbytes += size_lo | size_hi << 32
-        elif opcode == packets.PKT_LAUNCH and body >= 1 and kernel is None:
-            kernel = _U32.unpack_from(buf, pos + 4)[0]
+        elif opcode == packets.PKT_LAUNCH and body >= 1 and pos + 8 <= len(buf):
+            launched.append(_U32.unpack_from(buf, pos + 4)[0])
         pos += 4 + 4 * body
-    if kernel is not None:
-        sig = kernels.BUILTIN_KERNELS.get(kernel)
-        name = sig.name if sig is not None else f"kernel {kernel}"
-        return name, {"kind": "launch", "kernel_id": kernel}
+    if launched:  # a job of several launches (a LAUNCH_BATCH): "scale x3, fill"
+        runs = []
+        for kernel in launched:
+            if runs and runs[-1][0] == kernel:
+                runs[-1][1] += 1
+            else:
+                runs.append([kernel, 1])
+        name = ", ".join(_kernel_name(k) + (f" x{n}" if n > 1 else "") for k, n in runs)
+        args = {"kind": "launch", "kernel_id": launched[0]}
+        if len(launched) > 1:
+            args["launches"] = len(launched)
+        return name, args
     if engine == regs.ENGINE_COPY1:
         direction = "D2H"
     elif system_ranges is None or src0 is not None and _in_ranges(src0, system_ranges):

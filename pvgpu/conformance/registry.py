@@ -22,7 +22,7 @@ from typing import Callable
 NEEDS = ("ctx", "raw_peer", "raw", "two")
 CLAUSE_ID = re.compile(r"^[A-Z]+(?:-[A-Z0-9]+)+$")
 GROUPS = ("ctl_control_channel", "ctl_session_trust", "vq_validation", "evtq", "cmd_fence",
-          "cmd_events", "cmd_shm", "cmd_va", "cmd_prime", "cmd_launch_code")
+          "cmd_events", "cmd_shm", "cmd_va", "cmd_prime", "cmd_launch_code", "cmd_launch_batch")
 
 
 @dataclass(frozen=True)

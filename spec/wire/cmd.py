@@ -46,6 +46,7 @@ CMD_COPY_D2H = 0x0431
 CMD_COPY_D2D = 0x0432
 CMD_LAUNCH = 0x0440
 CMD_LAUNCH_CODE = 0x0441  # launch an entry of a code object (spec §6.5.32, spec/isa.md)
+CMD_LAUNCH_BATCH = 0x0442  # several built-in launches in one request (spec §6.5.33)
 CMD_EVENT_RECORD = 0x0450
 CMD_EVENT_WAIT = 0x0451
 CMD_EVENT_QUERY = 0x0452
@@ -181,6 +182,7 @@ CMD_BODY_FORMATS = {
     CMD_LAUNCH: "<I3I3II",  # kernel_id, grid[3], block[3], nargs; then nargs x le64 args
     # object_va, entry_va, grid[3], block[3], dyn_shared, param_size; then param_size bytes
     CMD_LAUNCH_CODE: "<QQ3I3III",
+    CMD_LAUNCH_BATCH: "<I4x",  # count; then count launch records (LAUNCH_RECORD_FORMAT + args)
     CMD_EVENT_RECORD: "<I4x",  # event_id
     CMD_EVENT_WAIT: "<I4x",  # event_id
     CMD_EVENT_QUERY: "<I4x",  # event_id; response RESP_EVENT_FORMAT
@@ -216,6 +218,7 @@ CMD_NAMES = {
     CMD_COPY_D2D: "COPY_D2D",
     CMD_LAUNCH: "LAUNCH",
     CMD_LAUNCH_CODE: "LAUNCH_CODE",
+    CMD_LAUNCH_BATCH: "LAUNCH_BATCH",
     CMD_EVENT_RECORD: "EVENT_RECORD",
     CMD_EVENT_WAIT: "EVENT_WAIT",
     CMD_EVENT_QUERY: "EVENT_QUERY",
@@ -240,6 +243,10 @@ LAUNCH_ARG_SIZE = 8
 MAX_KERNEL_ARGS = 16
 MAX_GRID_DIM = 1 << 31
 MAX_BLOCK_THREADS = 1024
+# a LAUNCH_BATCH record: a LAUNCH body, then its nargs x le64 args (spec §6.5.33)
+LAUNCH_RECORD_FORMAT = CMD_BODY_FORMATS[CMD_LAUNCH]
+LAUNCH_RECORD_SIZE = struct.calcsize(LAUNCH_RECORD_FORMAT)
+MAX_BATCH_LAUNCHES = 256  # records in one LAUNCH_BATCH
 # LAUNCH_CODE's limits on parameter bytes and shared memory are spec/isa.py's
 # MAX_PARAM_SIZE and MAX_DYNAMIC_SHARED (the ISA's numbers live there)
 

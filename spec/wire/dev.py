@@ -21,10 +21,12 @@ VIRTIO_F_VERSION_1 = 32
 PVGPU_F_COMPUTE = 0  # built-in kernel library and LAUNCH
 PVGPU_F_CONTEXT_INIT = 1  # ring_idx names a timeline (virtio-gpu CONTEXT_INIT)
 PVGPU_F_EVENTQ = 2  # queue 1 is the event queue (spec §5.7)
+PVGPU_F_LAUNCH_BATCH = 3  # CMD_LAUNCH_BATCH (spec §6.5.33)
 
 DEVICE_FEATURES = (
     (1 << VIRTIO_F_VERSION_1) | (1 << VIRTIO_F_INDIRECT_DESC) | (1 << VIRTIO_F_EVENT_IDX)
     | (1 << PVGPU_F_COMPUTE) | (1 << PVGPU_F_CONTEXT_INIT) | (1 << PVGPU_F_EVENTQ)
+    | (1 << PVGPU_F_LAUNCH_BATCH)
 )
 REQUIRED_FEATURES = (1 << VIRTIO_F_VERSION_1)
 
@@ -35,6 +37,7 @@ FEATURE_NAMES = {
     PVGPU_F_COMPUTE: "COMPUTE",
     PVGPU_F_CONTEXT_INIT: "CONTEXT_INIT",
     PVGPU_F_EVENTQ: "EVENTQ",
+    PVGPU_F_LAUNCH_BATCH: "LAUNCH_BATCH",
 }
 
 # A device type of pvgpu's own, not virtio-gpu's 16 (spec §5.1): virtio-pci would carry

@@ -2,19 +2,32 @@
 launches and copies on a stream share kicks, and every API call that can observe their
 completion (a synchronize, an event query or synchronize, a synchronous copy) kicks them
 first. Kicks are counted where the session sends them; in the inline model every kick the
-driver decides is sent (it carries the memory), so the counts do not depend on timing."""
+driver decides is sent (it carries the memory), so the counts do not depend on timing.
+Launches are one chain each on a device without PVGPU_F_LAUNCH_BATCH (the `unbatched`
+connection); with it, a run of them is one chain (tests/integration/test_launch_batch.py)."""
 
 import math
 
 import numpy as np
 import pytest
 
+from pvgpu import guest
 from pvgpu.spec import wire
 
 
+@pytest.fixture(params=["shared", "inline"])
+def unbatched(request, shared_host):
+    """A guest session whose devices do not negotiate PVGPU_F_LAUNCH_BATCH."""
+    features = wire.DEVICE_FEATURES & ~(1 << wire.PVGPU_F_LAUNCH_BATCH)
+    with guest.connect(shared_host.endpoint, memory=request.param, mem_size=32 << 20,
+                       features=features) as c:
+        yield c
+
+
 @pytest.fixture
-def kicks(conn):
-    """The control-queue kicks the session sends, counted."""
+def kicks(request):
+    """The control-queue kicks the session of the test's connection sends, counted."""
+    conn = request.getfixturevalue("unbatched" if "unbatched" in request.fixturenames else "conn")
     session = conn.session
     sent = []
     real = session.kick
@@ -30,7 +43,8 @@ def kicks(conn):
         session.kick = real
 
 
-def test_async_launches_share_kicks_and_synchronize_kicks_the_rest(conn, kicks):
+def test_async_launches_share_kicks_and_synchronize_kicks_the_rest(unbatched, kicks):
+    conn = unbatched
     ctx = conn.devices[0].create_context()
     drv = conn.devices[0].driver
     drv.kick_batch = 8
@@ -62,7 +76,7 @@ def test_event_query_and_synchronize_kick_what_the_event_waits_behind(conn, kick
     assert drv.deferred == 0
     for value in (3.0, 4.0):
         st.launch("fill", 1, 256, (arr, value, 256))
-    assert drv.deferred == 2
+    assert drv.deferred == 1  # one open LAUNCH_BATCH holds both
     while not ev.query():  # the query kicks the two launches before it asks
         assert drv.deferred == 0
     assert drv.deferred == 0

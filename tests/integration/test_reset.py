@@ -38,13 +38,18 @@ def test_reset_fails_the_requests_in_flight_and_service_resumes(conn, monkeypatc
         a.to_host_async(stream=slow)  # both copies wait on the device behind the burn
         b.copy_from_host_async(np.ones(N, np.float32), stream=slow)
         event = slow.record_event()
-        for _ in range(3):  # accepted at once: the driver has not looked at their used entries
+        for _ in range(3):  # in the driver's open LAUNCH_BATCH, not sent yet
             ctx.launch("fill", 16, 256, (b, 2.0, N), stream=quick)
+        assert dev.driver.batcher.open.count == 3
         in_flight = [r for r in submitted if not r.done]
-        assert len(in_flight) >= 5
+        assert len(in_flight) >= 2  # the copies, held behind the burn
         del submitted[:]
 
         dev.reset()
+
+        # the launches never sent fail with the reset too, at their stream's next sync
+        assert dev.driver.batcher.open is None
+        assert isinstance(errors.translate(quick._take_error()), guest.DeviceNeedsReset)
 
         for req in in_flight:
             assert req.done

@@ -13,6 +13,10 @@ from pvgpu.spec import wire
 
 
 class RecordingDriver:
+    """Without PVGPU_F_LAUNCH_BATCH: each launch is a LAUNCH request."""
+
+    batcher = None
+
     def __init__(self):
         self.commands = []
 
@@ -21,8 +25,20 @@ class RecordingDriver:
         return SimpleNamespace(on_done=None)
 
 
-def make(ctx_id=7, ring_idx=3):
-    ctx = SimpleNamespace(ctx_id=ctx_id, _driver=RecordingDriver())
+class BatchingDriver(RecordingDriver):
+    """With it: each launch is a LAUNCH_BATCH record, kept here as a LAUNCH request would
+    carry it (the batch's header + the record), so both encodings compare to one reference."""
+
+    batcher = object()
+
+    def launch(self, ctx_id, ring_idx, record, values, on_done):
+        flags = wire.FLAG_INFO_RING_IDX if ring_idx else 0
+        self.commands.append(struct.pack(wire.CTRL_HDR_FORMAT, wire.CMD_LAUNCH, flags, 0,
+                                         ctx_id, ring_idx) + record.pack(*values))
+
+
+def make(ctx_id=7, ring_idx=3, driver=RecordingDriver):
+    ctx = SimpleNamespace(ctx_id=ctx_id, _driver=driver())
     stream = SimpleNamespace(ring_idx=ring_idx, _async_error=None, _async_done=lambda req: None,
                              _raise_async_error=lambda: None)
     return ctx, stream
@@ -48,9 +64,11 @@ def sample_args(sig):
 
 @pytest.mark.parametrize("sig", list(wire.BUILTIN_KERNELS.values()), ids=lambda s: s.name)
 @pytest.mark.parametrize("ring_idx", [0, 5])
-def test_every_builtin_kernel_encodes_its_launch_as_the_wire_defines(sig, ring_idx):
+@pytest.mark.parametrize("driver", [RecordingDriver, BatchingDriver], ids=["launch", "batch"])
+def test_every_builtin_kernel_encodes_its_launch_as_the_wire_defines(sig, ring_idx, driver):
     # [KRN-ARGS-1] [CMD-HDR-1] high halves of u32/f32 slots and pad are 0; no flag but INFO_RING_IDX
-    ctx, s = make(ring_idx=ring_idx)
+    # [CMD-LAUNCH-BATCH-1] a batch record is a LAUNCH body and its argument slots
+    ctx, s = make(ring_idx=ring_idx, driver=driver)
     args = sample_args(sig)
     launch.builtin(ctx, s, sig.name, (4, 2), 128, args)
     launch.builtin(ctx, s, sig.kernel_id, np.int64(4), (128, 1, 1), args)

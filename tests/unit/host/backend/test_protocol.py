@@ -78,9 +78,9 @@ def chain_of(raw: bytes, cut_at=(), writable=wire.MIN_RESPONSE_SIZE):
     return DescriptorChain(0, segments, writable_segments), mem
 
 
-def decode_bytes(raw: bytes, cut_at=(), *, compute=True):
+def decode_bytes(raw: bytes, cut_at=(), *, compute=True, batch=True):
     chain, mem = chain_of(raw, cut_at)
-    return decode(Reader(chain, mem), compute=compute)
+    return decode(Reader(chain, mem), compute=compute, batch=batch)
 
 
 # ------------------------------------------------------------------ commands
@@ -142,6 +142,72 @@ def test_trailing_data_that_is_missing_is_the_error_its_clause_names():
     assert e.value.resp == wire.RESP_ERR_INVALID_PARAMETER
 
 
+# ------------------------------------------------------------------ LAUNCH_BATCH
+def batch_of(records, count=None) -> bytes:
+    """A LAUNCH_BATCH request of `records`: (kernel_id, grid, block, args[, nargs])."""
+    body = b""
+    for r in records:
+        kernel_id, grid, block, args = r[:4]
+        nargs = r[4] if len(r) > 4 else len(args)
+        body += struct.pack(wire.LAUNCH_RECORD_FORMAT, kernel_id, *grid, *block, nargs)
+        body += struct.pack(f"<{len(args)}Q", *args)
+    n = len(records) if count is None else count
+    return protocol.LaunchBatch(Header(wire.CMD_LAUNCH_BATCH, 0, 0, 1, 2), n).encode(body)
+
+
+def valid_records():
+    kernels = list(wire.BUILTIN_KERNELS.values())
+    dims = st.tuples(st.integers(1, 64), st.integers(1, 4), st.integers(1, 2))
+    return st.lists(st.tuples(st.sampled_from(kernels), dims, st.sampled_from([1, 32, 256])).flatmap(
+        lambda t: st.lists(U64, min_size=len(t[0].args), max_size=len(t[0].args)).map(
+            lambda args: (t[0].kernel_id, t[1], (t[2], 1, 1), tuple(args)))),
+        min_size=1, max_size=40)
+
+
+@settings(max_examples=200)
+@given(st.data())
+def test_a_launch_batch_decodes_its_records_from_any_split(data):
+    # [CMD-LAUNCH-BATCH-1] [VQ-DESC-3] records back to back, in any split into descriptors;
+    # bytes after the last record are ignored
+    records = data.draw(valid_records())
+    raw = batch_of(records) + data.draw(st.binary(max_size=16))
+    cmd = decode_bytes(raw, data.draw(cuts(len(raw))))
+    assert type(cmd) is protocol.LaunchBatch and cmd.count == len(records)
+    assert cmd.launches() == records
+
+
+def _batch_error(raw: bytes) -> CommandError:
+    with pytest.raises(CommandError) as e:
+        decode_bytes(raw).launches()
+    return e.value
+
+
+def test_a_bad_launch_record_fails_the_batch_with_its_clause_and_index():
+    # [CMD-LAUNCH-BATCH-1] [CMD-LAUNCH-BATCH-2]
+    fill = (wire.KERNEL_FILL, (1, 1, 1), (256, 1, 1), (0x1000, 0, 256))
+    ok = [fill] * 3
+    for count in (0, wire.MAX_BATCH_LAUNCHES + 1):
+        assert _batch_error(batch_of(ok, count)).resp == wire.RESP_ERR_INVALID_PARAMETER
+    cases = [  # the bad record, placed at index 2; its error
+        ((999, (1, 1, 1), (1, 1, 1), ()), wire.RESP_ERR_INVALID_KERNEL),
+        ((wire.KERNEL_FILL, (1, 1, 1), (256, 1, 1), (0x1000, 0)), wire.RESP_ERR_INVALID_PARAMETER),
+        ((wire.KERNEL_FILL, (0, 1, 1), (256, 1, 1), fill[3]), wire.RESP_ERR_INVALID_PARAMETER),
+        ((wire.KERNEL_FILL, (1, 1, 1), (2048, 1, 1), fill[3]), wire.RESP_ERR_INVALID_PARAMETER),
+        ((wire.KERNEL_FILL, (1, 1, 1), (256, 1, 1), (), wire.MAX_KERNEL_ARGS + 1),
+         wire.RESP_ERR_INVALID_PARAMETER),  # nargs before the length, as LAUNCH
+        ((wire.KERNEL_FILL, (1, 1, 1), (256, 1, 1), (), (1 << 32) - 1), wire.RESP_ERR_INVALID_PARAMETER),
+    ]
+    for bad, resp in cases:
+        e = _batch_error(batch_of(ok[:2] + [bad] + ok))
+        assert (e.resp, e.info0) == (resp, 2), bad
+    # the readable part ends inside a record: inside its 32 bytes, or inside its arguments
+    whole = batch_of(ok)
+    for cut in (1, 8, 31, 32, 40):
+        e = _batch_error(whole[:len(whole) - 56 + cut])
+        assert (e.resp, e.info0) == (wire.RESP_ERR_SHORT_COMMAND, 2), cut
+    assert _batch_error(batch_of(ok, 4)).info0 == 3  # count announces more than it carries
+
+
 def test_ctx_create_name_stops_at_the_first_nul():
     raw = wire.pack_ctrl_hdr(wire.CMD_CTX_CREATE, 0, 0, 3) + struct.pack("<I32s", 2, b"ab\0cd")
     cmd = decode_bytes(raw)
@@ -158,10 +224,10 @@ requests = st.one_of(
 
 
 @settings(max_examples=500)
-@given(requests, st.booleans())
-def test_any_bytes_decode_to_a_command_or_the_error_the_checks_name(raw, compute):
+@given(requests, st.booleans(), st.booleans())
+def test_any_bytes_decode_to_a_command_or_the_error_the_checks_name(raw, compute, batch):
     try:
-        cmd = decode_bytes(raw, compute=compute)
+        cmd = decode_bytes(raw, compute=compute, batch=batch)
     except MalformedCommand as e:
         if len(raw) < wire.CTRL_HDR_SIZE:
             assert e.resp == wire.RESP_ERR_SHORT_COMMAND and e.hdr == Header()
@@ -169,7 +235,9 @@ def test_any_bytes_decode_to_a_command_or_the_error_the_checks_name(raw, compute
         type_, _f, _fid, _ctx, ring_idx = wire.unpack_ctrl_hdr(raw)
         assert e.hdr.type == type_
         if type_ not in wire.CMD_BODY_FORMATS or (
-                not compute and type_ in (wire.CMD_LAUNCH, wire.CMD_LAUNCH_CODE)):
+                not compute and type_ in (wire.CMD_LAUNCH, wire.CMD_LAUNCH_CODE,
+                                          wire.CMD_LAUNCH_BATCH)) or (
+                not batch and type_ == wire.CMD_LAUNCH_BATCH):
             assert e.resp == wire.RESP_ERR_UNKNOWN_COMMAND
         elif len(raw) < wire.CTRL_HDR_SIZE + wire.CMD_BODY_SIZES[type_]:
             assert e.resp == wire.RESP_ERR_SHORT_COMMAND

@@ -211,6 +211,12 @@ def test_detach_stops_recording():
      "code entry 0x1040"),
     (packets.copy(0x1000, 0x2000, 1536), regs.ENGINE_COPY0, "copy D2D 1.5 KiB"),
     (packets.copy(0x1000, 0x2000, 100), regs.ENGINE_COPY1, "copy D2H 100 B"),
+    (packets.launch(kernels.KERNEL_FILL, (1, 1, 1), (1, 1, 1), [0, 0, 1]), regs.ENGINE_COMPUTE,
+     "fill"),
+    (b"".join([packets.launch(kernels.KERNEL_SCALE, (1, 1, 1), (1, 1, 1), [0, 0, 0, 1])] * 3
+              + [packets.launch(kernels.KERNEL_FILL, (1, 1, 1), (1, 1, 1), [0, 0, 1]),
+                 packets.launch(999, (1, 1, 1), (1, 1, 1), [])]),
+     regs.ENGINE_COMPUTE, "scale x3, fill, kernel 999"),  # a batch's job: its runs of kernels
 ])
 def test_describe(payload, engine, name):
     assert describe(payload, engine, ())[0] == name

@@ -1,0 +1,127 @@
+"""The driver's open CMD_LAUNCH_BATCH (spec §6.5.33): asynchronous built-in launches of one
+timeline gathered into one request, as a Vulkan driver records a command buffer and
+submits it once.
+
+A launch the API does not wait for is written as a launch record straight into one of
+the device's batch buffers in guest memory (BATCH_BUFFERS of BATCH_BUFFER_SIZE bytes, in
+the device's area). The batch is sent as one LAUNCH_BATCH chain -- its header and count in
+the request slot, its records as a second readable descriptor -- when
+
+  - the driver submits any other request (VirtioGpuDriver.submit sends the batch first),
+    or kicks (every wait kicks first), so the device sees the requests in the order the
+    API made them, as separate LAUNCHes would have reached it ([CMD-LAUNCH-BATCH-5]);
+  - a launch of another context or ring_idx comes;
+  - it holds MAX_BATCH_LAUNCHES records, or the next record does not fit its buffer.
+
+A buffer belongs to its batch until the device has returned the chain. The batch's
+request completes once for all its launches: `on_done` (the stream's) is called once per
+batch with that request, and an error of any launch in it is the batch's (§6.5.33).
+Without PVGPU_F_LAUNCH_BATCH the driver sends each launch as its own LAUNCH instead.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from pvgpu.spec import wire
+
+BATCH_BUFFERS = 4  # batches in flight per device
+BATCH_BUFFER_SIZE = 16 << 10  # 256 records of a 3-argument kernel (56 bytes) fit
+_HDR_BODY = struct.Struct(wire.CTRL_HDR_FORMAT + wire.CMD_BODY_FORMATS[wire.CMD_LAUNCH_BATCH][1:])
+
+
+class OpenBatch:
+    """The records gathered so far for one timeline, in one batch buffer."""
+
+    __slots__ = ("ctx_id", "ring_idx", "buffer", "gpa", "used", "count", "on_done")
+
+    def __init__(self, ctx_id: int, ring_idx: int, buffer: int, gpa: int, on_done):
+        self.ctx_id, self.ring_idx, self.buffer, self.gpa = ctx_id, ring_idx, buffer, gpa
+        self.used = 0  # bytes of records written
+        self.count = 0
+        self.on_done = on_done
+
+
+class LaunchBatcher:
+    """The batch buffers of one device driver and its open batch (at most one)."""
+
+    def __init__(self, driver, base: int):
+        self.driver = driver
+        self.base = base  # guest-physical address of the first batch buffer
+        self.free = list(range(BATCH_BUFFERS - 1, -1, -1))
+        self.open: OpenBatch | None = None
+        self.sent = 0  # LAUNCH_BATCH requests sent (statistics, tests)
+
+    @staticmethod
+    def area_size() -> int:
+        return BATCH_BUFFERS * BATCH_BUFFER_SIZE
+
+    def add(self, ctx_id: int, ring_idx: int, record: struct.Struct, values, on_done) -> None:
+        """Write one launch record (`record` packs the LAUNCH body and its argument slots
+        from `values`) into the open batch of (ctx_id, ring_idx), opening one first."""
+        b = self.open
+        if b is not None and (b.ctx_id != ctx_id or b.ring_idx != ring_idx
+                              or b.used + record.size > BATCH_BUFFER_SIZE):
+            self.flush()
+            b = None
+        if b is None:
+            b = self._open(ctx_id, ring_idx, on_done)
+        record.pack_into(self.driver.mem.mv, b.gpa + b.used, *values)
+        b.used += record.size
+        b.count += 1
+        if b.count == wire.MAX_BATCH_LAUNCHES:
+            self.flush()
+
+    def _open(self, ctx_id: int, ring_idx: int, on_done) -> OpenBatch:
+        if not self.free:  # every buffer is in flight: wait for the device to return one
+            self.driver.session.wait_for(lambda: bool(self.free))
+        buffer = self.free.pop()
+        self.open = OpenBatch(ctx_id, ring_idx, buffer, self.base + buffer * BATCH_BUFFER_SIZE,
+                              on_done)
+        return self.open
+
+    def flush(self):
+        """Send the open batch as one LAUNCH_BATCH chain (deferred kick); -> its Request,
+        or None when no batch was open."""
+        b, self.open = self.open, None
+        if b is None:
+            return None
+        driver = self.driver
+        driver.mem.mark_dirty(b.gpa, b.used)
+        flags = wire.FLAG_INFO_RING_IDX if b.ring_idx else 0
+        cmd = _HDR_BODY.pack(wire.CMD_LAUNCH_BATCH, flags, 0, b.ctx_id, b.ring_idx, b.count)
+        try:
+            req = driver.submit(cmd, readable=[(b.gpa, b.used)], kick=False)
+        except BaseException:
+            self.free.append(b.buffer)
+            raise
+        on_done, free, buffer = b.on_done, self.free, b.buffer
+
+        def done(r):
+            free.append(buffer)
+            if on_done is not None:
+                on_done(r)
+        req.on_done = done
+        self.sent += 1
+        return req
+
+    def drop(self, exc: BaseException) -> None:
+        """The device was reset before the open batch was sent: its launches fail with
+        `exc`, reported to its on_done as a failed request would be."""
+        b, self.open = self.open, None
+        self.free = list(range(BATCH_BUFFERS - 1, -1, -1))  # nothing is in flight any more
+        if b is not None and b.on_done is not None:
+            b.on_done(_Failed(exc))
+
+
+class _Failed:
+    """What on_done gets for a batch that was never sent."""
+
+    __slots__ = ("failed", "done")
+
+    def __init__(self, exc: BaseException):
+        self.failed = exc
+        self.done = True
+
+    def response(self):
+        raise self.failed

@@ -1,0 +1,82 @@
+"""The driver's LAUNCH_BATCH through a host process (spec §6.5.33,
+guest/frontend/launch_batch.py): a run of asynchronous launches of one stream is one
+request, any other request or a wait sends the open batch first so the device sees the
+API's order, an error of a batched launch surfaces at the stream's next synchronizing
+call, and a device without PVGPU_F_LAUNCH_BATCH gets one LAUNCH per launch."""
+
+import numpy as np
+import pytest
+
+from pvgpu import guest
+from pvgpu.guest.frontend import launch_batch
+from pvgpu.spec import wire
+
+N = 256
+
+
+def test_a_run_of_launches_is_one_request_per_full_batch(conn):
+    # [CMD-LAUNCH-BATCH-1] at most MAX_BATCH_LAUNCHES records; buffers come back for reuse
+    drv = conn.devices[0].driver
+    ctx = conn.devices[0].create_context()
+    arr = ctx.zeros(N, np.float32)
+    st = ctx.create_stream()
+    runs = launch_batch.BATCH_BUFFERS + 2  # more batches than buffers
+    n = runs * wire.MAX_BATCH_LAUNCHES - 3
+    sent = drv.batcher.sent
+    for i in range(n):
+        st.launch("fill", 1, N, (arr, float(i), N))
+    st.synchronize()
+    assert drv.batcher.sent - sent == runs
+    np.testing.assert_array_equal(arr.to_host(), np.full(N, n - 1, np.float32))
+    ctx.destroy()
+
+
+def test_other_requests_and_other_streams_keep_the_api_s_order(conn):
+    # [CMD-LAUNCH-BATCH-5] each request sends the open batch first
+    drv = conn.devices[0].driver
+    ctx = conn.devices[0].create_context()
+    a, b = ctx.zeros(N, np.float32), ctx.zeros(N, np.float32)
+    s1, s2 = ctx.create_stream(), ctx.create_stream()
+    sent = drv.batcher.sent
+    for i in range(5):
+        s1.launch("fill", 1, N, (a, 1.0, N))
+        s2.launch("fill", 1, N, (b, 2.0, N))  # another timeline: s1's batch goes first
+    assert drv.batcher.sent - sent == 9 and drv.batcher.open is not None
+    ctx.synchronize()
+    a.copy_from_host(np.arange(N, dtype=np.float32))  # synchronous, on the default stream
+    ctx.launch("scale", 1, N, (a, a, 3.0, N))  # batched behind the copy ...
+    out = a.to_host()  # ... and sent before the read
+    np.testing.assert_array_equal(out, np.arange(N, dtype=np.float32) * 3)
+    np.testing.assert_array_equal(b.to_host(), np.full(N, 2.0, np.float32))
+    ctx.destroy()
+
+
+def test_a_fault_in_a_batch_surfaces_at_the_next_synchronize_and_ends_it(conn):
+    # [CMD-LAUNCH-BATCH-4]
+    ctx = conn.devices[0].create_context()
+    arr = ctx.zeros(N, np.float32)
+    st = ctx.create_stream()
+    st.launch("fill", 1, N, (arr, 1.0, N))
+    st.launch("fill", 1, N, (0x3000_0000_0000, 5.0, N))  # no memory there
+    st.launch("fill", 1, N, (arr, 9.0, N))  # after the fault: not run
+    with pytest.raises(guest.PageFaultError):
+        st.synchronize()
+    np.testing.assert_array_equal(arr.to_host(), np.full(N, 1.0, np.float32))
+    st.launch("fill", 1, N, (arr, 4.0, N))  # the stream goes on
+    st.synchronize()
+    np.testing.assert_array_equal(arr.to_host(), np.full(N, 4.0, np.float32))
+    ctx.destroy()
+
+
+def test_without_the_feature_each_launch_is_a_launch_request(shared_host):
+    features = wire.DEVICE_FEATURES & ~(1 << wire.PVGPU_F_LAUNCH_BATCH)
+    with guest.connect(shared_host.endpoint, mem_size=16 << 20, features=features) as c:
+        drv = c.devices[0].driver
+        assert drv.batcher is None
+        ctx = c.devices[0].create_context()
+        arr = ctx.zeros(N, np.float32)
+        for i in range(10):
+            ctx.launch("fill", 1, N, (arr, float(i), N))
+        assert drv.deferred == 10  # ten chains, kicked by the next wait
+        np.testing.assert_array_equal(arr.to_host(), np.full(N, 9.0, np.float32))
+        ctx.destroy()
