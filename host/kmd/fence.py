@@ -200,7 +200,7 @@ class FenceDriver:
         self.pending.append(fence)
         return fence
 
-    def emit_with(self, ring, data: bytes, doorbell: bool = True) -> Fence:
+    def emit_with(self, ring, data: bytes, doorbell: bool = True, publish: bool = True) -> Fence:
         """One whole ring transaction (ring.emit): `data` (the job's packets), then a
         FENCE with FENCE_IRQ; -> the new pending fence. Call with the lock held."""
         seq = self.next_seq
@@ -210,7 +210,8 @@ class FenceDriver:
         stamps = self.stamps  # (_packet, inline)
         stamp = None if stamps is None else stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
         try:
-            ring.emit(data + packets.fence(self.wb_addr, seq, packets.FENCE_IRQ, stamp), doorbell)
+            ring.emit(data + packets.fence(self.wb_addr, seq, packets.FENCE_IRQ, stamp), doorbell,
+                      publish)
         except BaseException:
             self.cancel(fence)
             raise

@@ -23,11 +23,16 @@ INLINE_COPIES copies of at most INLINE_COPY_BYTES in all, a built-in kernel over
 most INLINE_LAUNCH_ELEMENTS elements, burn for at most INLINE_BURN_US; never a code
 launch), submitted by a thread
 that holds no device lock, and that the scheduler runs at once on an idle ring (no job
-in flight there: so no unsignalled dependency, nothing queued before it), is committed
-to the ring without a doorbell; once the lock is released, the submitting thread writes
-RB_KICK_SYNC and the command processor executes the job on it, so the interrupt, the
+in flight there: so no unsignalled dependency, nothing queued before it), is written
+into the ring without publishing WPTR; still in the same lock hold, the submitting
+thread writes the new WPTR to RB_KICK_SYNC_WPTR (nothing else can publish one past it
+meanwhile) and the command processor executes the job on it. Its IRQ_FENCE arrives on
+that thread inside the hold, so the top half retires the fence and marks the job done
+in it, without a second lock hold (_retire_fence_irq); the fences are marked signalled
+there and their callbacks run once the lock is released (lock.py). So the interrupt, the
 retirement and the finished fence's signal all happen before _submit returns, without
-a thread handoff. Everything else is unchanged: the scheduler hands the job to the
+a thread handoff. The lock is held while the job runs: the thresholds below keep that
+short. Everything else is unchanged: the scheduler hands the job to the
 hardware and accounts for it (start at run_job, end at the fence's timestamp) exactly
 as for a job the engine's thread runs; a fault is reported the same way. Long jobs keep
 the engine threads, the job timeout and TDR. The thresholds bound the time the
@@ -232,12 +237,13 @@ class JobMixin:
             finally:
                 self._inline_job = None
                 kick, self._inline_kick = self._inline_kick, None
+            if kick is not None:  # the engine was idle: publish and run the job here
+                ring = self.rings[kick]
+                self.mmio.write(ring.kick_sync_wptr_reg, ring.wptr)
             signals = self._take_signals()
             self._arm_timer(sched)
         if signals:
             fence_mod.signal_all((), None, signals)
-        if kick is not None:  # the engine was idle: run the job here (RB_KICK_SYNC)
-            self.mmio.write(self.rings[kick].kick_sync_reg, 1)
         return job.finished
 
     # ------------------------------------------------------------------ scheduler ops
@@ -270,7 +276,7 @@ class JobMixin:
             # hw_limit jobs fit many times over)
             inline = job is self._inline_job and not sched.in_flight
             fence = fd.emit_with(ring, packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid),
-                                 doorbell=not inline)
+                                 publish=not inline)  # (_submit publishes and runs it)
             self._jobs[fence] = _Job(job, ctx, phys, ib_blocks, slot)
             if inline:
                 self._inline_kick = engine
@@ -370,8 +376,13 @@ class JobMixin:
 
     def _retire_fence_irq(self, fd: FenceDriver, seq: int, timestamp=None) -> None:
         """IRQ_FENCE: retire what the write-back slot (or `seq`) covers and mark those jobs
-        done with the scheduler, in one lock hold (the top half holds no device lock)."""
-        with self.lock:
+        done with the scheduler, in one lock hold: the top half's own, or, for an inline
+        job, the hold of the _submit that kicked it on this thread (the fences are then
+        marked under it, their callbacks wait for its release)."""
+        held = self.lock.owned()
+        if not held:
+            self.lock.acquire()
+        try:
             done = fd.retire_locked(seq)
             if not done:
                 return
@@ -380,6 +391,9 @@ class JobMixin:
             finished = self._retire_locked(fd, done, None, now)
             resume = self._jobs_done_locked(finished, now)
             signals = self._take_signals()
+        finally:
+            if not held:
+                self.lock.release()
         if resume:
             fence_mod.signal_all(done)
             self._resume(resume)
