@@ -154,12 +154,13 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         self.policy = policy
         self.max_queued_jobs = max_queued_jobs
         self.max_client_queued_jobs = max_client_queued_jobs
+        self._signals = []  # every scheduler's queued (fence, error) signals (_take_signals)
         self.schedulers = [
             GpuScheduler(f"gpu{gpu.index}.{regs.ENGINE_NAMES.get(e, e)}", self, engine=e,
                          policy=policy,
                          share_kind="compute" if e == regs.ENGINE_COMPUTE else "copy",
                          hw_limit=hw_limit, timeout_ns=job_timeout_ns, period_ns=period_ns,
-                         time_buffer_ns=time_buffer_ns, now=now)
+                         time_buffer_ns=time_buffer_ns, now=now, signals=self._signals)
             for e in range(regs.NUM_ENGINES)]
         self.vgpus = {}
         self._vgpu_mem = collections.Counter()  # vGPU name -> bytes allocated

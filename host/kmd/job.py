@@ -241,7 +241,8 @@ class JobMixin:
                 ring = self.rings[kick]
                 self.mmio.write(ring.kick_sync_wptr_reg, ring.wptr)
             signals = self._take_signals()
-            self._arm_timer(sched)
+            if sched.in_flight or sched.hold_until is not None:  # (else no deadline)
+                self._arm_timer(sched)
         if signals:
             fence_mod.signal_all((), None, signals)
         return job.finished
@@ -352,12 +353,13 @@ class JobMixin:
             self.submit_wq.queue(sched)
 
     def _take_signals(self) -> list:
-        """The schedulers' queued (fence, error) signals (their take_signals())."""
-        out = []
-        for sched in self.schedulers:
-            if sched.signals:
-                out += sched.signals
-                sched.signals = []
+        """The schedulers' queued (fence, error) signals, in the order they were queued
+        (the schedulers share one list, KmdDevice._signals)."""
+        signals = self._signals
+        if not signals:
+            return []
+        out = signals.copy()
+        signals.clear()
         return out
 
     @staticmethod
