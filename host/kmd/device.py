@@ -136,7 +136,7 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         self.evicted_bytes = 0  # bytes of BOs currently held in host memory
         self.mem_counters = collections.Counter()  # evictions, restores, bytes moved, ...
 
-        self._jobs = {}  # Fence -> _Job
+        self._jobs = {}  # hardware Fence -> the _Job it completes (job.py)
         self._vmids = list(range(1, regs.NUM_VMIDS))  # free VMIDs, sorted
         self.contexts = {}  # ctx id -> Context
         self._next_ctx_id = 1

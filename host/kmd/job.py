@@ -12,7 +12,7 @@ FENCE_IRQ; inside a submission batch (batch.py) the transaction stays open for t
 next jobs on that ring and is committed when the batch exits.
 
 A job's life: Context.submit_* checks its arguments and calls KmdDevice._submit, which
-pushes a SchedJob on the scheduler entity of its timeline (never waiting). The
+pushes a _Job (a SchedJob) on the scheduler entity of its timeline (never waiting). The
 scheduler calls run_job (lock held) once the job may run; its hardware fence retires on
 the interrupt thread (_retire_fence_irq), which hands the completion to the scheduler in
 the same lock hold (_jobs_done_locked); the job's finished fence signals once the lock is
@@ -80,26 +80,25 @@ _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
 
 
-class _Job:
-    """A job on the hardware: what its hardware fence's retirement gives back."""
+class _Job(SchedJob):
+    """A job of this driver around the scheduler's job (amdgpu_job around drm_sched_job):
+    once run_job has put it on the hardware, what its hardware fence's retirement gives
+    back (set by run_job, again at each resubmission)."""
 
-    __slots__ = ("sched_job", "context", "ib", "ib_block", "kernarg")
+    __slots__ = ("ib", "ib_block", "kernarg")
 
-    def __init__(self, sched_job, context, ib, ib_block, kernarg=None):
-        self.sched_job = sched_job  # the scheduler's job, handed back on retirement
-        self.context = context
-        self.ib = ib
-        self.ib_block = ib_block
-        self.kernarg = kernarg  # the parameter-buffer slot of a code launch (kernarg.py)
+    @property
+    def context(self):
+        return self.entity.owner
 
     @property
     def kind(self) -> int:
         """The engine."""
-        return self.sched_job.entity.sched.engine
+        return self.entity.sched.engine
 
     @property
     def timeline(self) -> int:
-        return self.context._timeline_of.get(self.sched_job.entity, 0)
+        return self.entity.owner._timeline_of.get(self.entity, 0)
 
 
 def _ring_idle(sched: GpuScheduler) -> bool:
@@ -218,10 +217,10 @@ class JobMixin:
             if resvs:
                 with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
                     deps += self.prime.implicit_deps(resvs)
-                    job = sched.push(SchedJob(ent, ib, deps, short), now)
+                    job = sched.push(_Job(ent, ib, deps, short), now)
                     self.prime.add_job_fence(resvs, job.finished)
             else:
-                job = sched.push(SchedJob(ent, ib, deps, short), now)
+                job = sched.push(_Job(ent, ib, deps, short), now)
             ent.last_finished = job.finished
             ctx.last_fence = job.finished
             ctx.last_use_ns = now
@@ -278,7 +277,8 @@ class JobMixin:
             inline = job is self._inline_job and not sched.in_flight
             fence = fd.emit_with(ring, packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid),
                                  publish=not inline)  # (_submit publishes and runs it)
-            self._jobs[fence] = _Job(job, ctx, phys, ib_blocks, slot)
+            job.ib, job.ib_block, job.kernarg = phys, ib_blocks, slot
+            self._jobs[fence] = job
             if inline:
                 self._inline_kick = engine
                 self.stats["jobs_inline"] += 1
@@ -307,7 +307,8 @@ class JobMixin:
                 fd.irq_on_last(ring)
             fence = fd.emit(ring)
             staged.quiet = False
-        self._jobs[fence] = _Job(job, ctx, phys, ib_blocks, slot)
+        job.ib, job.ib_block, job.kernarg = phys, ib_blocks, slot
+        self._jobs[fence] = job
         return fence
 
     def _jobs_done_locked(self, finished, now: int) -> list:
@@ -423,13 +424,14 @@ class JobMixin:
             if job is None:
                 continue
             self._ib_free(job.ib, job.ib_block)
+            ctx = job.entity.owner
             if job.kernarg is not None:
-                job.context.kernargs.give_back(job.kernarg)
-            stats = job.context.stats
+                ctx.kernargs.give_back(job.kernarg)
+            stats = ctx.stats
             stats["jobs_completed"] += 1
             if f.error is not None or error is not None:
                 stats["jobs_failed"] += 1
-            finished.append((job.sched_job, f))
+            finished.append((job, f))
         if self._cond.waiting:
             self._cond.notify_all()
         return finished
