@@ -32,7 +32,6 @@ import collections
 import logging
 import struct
 import threading
-from itertools import chain, repeat
 
 from pvgpu.host.hw import packets
 from pvgpu.host.kmd import lock as devlock
@@ -146,21 +145,29 @@ def signal_all(fences, error=None, pairs=()) -> int:
     marked = []
     n = 0
     with _lock:
-        for f, err in chain(zip(fences, repeat(error)), pairs):
-            if f._signaled:
-                continue
-            if err is not None and f.error is None:
-                f.error = err
-            f._signaled = True
-            n += 1
-            if f._event is not None:
-                f._event.set()
-            if f._callbacks:
-                marked.append((f, f._callbacks))
-                f._callbacks = None
+        for f in fences:
+            if not f._signaled:
+                _mark(f, error, marked)
+                n += 1
+        for f, err in pairs:
+            if not f._signaled:
+                _mark(f, err, marked)
+                n += 1
     for f, callbacks in marked:
         _run(f, callbacks)
     return n
+
+
+def _mark(f: Fence, error, marked: list) -> None:
+    """Mark an unsignalled fence signalled (fence lock held); its callbacks go to `marked`."""
+    if error is not None and f.error is None:
+        f.error = error
+    f._signaled = True
+    if f._event is not None:
+        f._event.set()
+    if f._callbacks:
+        marked.append((f, f._callbacks))
+        f._callbacks = None
 
 
 class FenceDriver:
