@@ -49,6 +49,7 @@ from pvgpu.host.hw import regs
 from pvgpu.host.kmd import errors
 from pvgpu.host.kmd.buddy import CONTIGUOUS, TOPDOWN, BuddyAllocator, round_up
 from pvgpu.host.kmd.context import DEFAULT_VGPU, Context
+from pvgpu.host.kmd.counters import Counters
 from pvgpu.host.kmd.dma import DmaMixin
 from pvgpu.host.kmd.errors import (ContextLost, DeviceLost, InvalidArgument, InvalidContext, KmdError,
                              NoVmid)
@@ -142,7 +143,7 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         self._next_ctx_id = 1
         self._deferred = collections.deque()  # (fences, fn) in queue order
         self.unclaimed_errors = []  # faults that matched no pending job
-        self.stats = collections.Counter()
+        self.stats = Counters()
         self.running = False
         self.stopped = False
 

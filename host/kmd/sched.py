@@ -52,6 +52,7 @@ import collections
 import itertools
 from dataclasses import dataclass
 
+from pvgpu.host.kmd.counters import Counters
 from pvgpu.host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut
 from pvgpu.host.kmd.fence import Fence
 from pvgpu.host.kmd.turnaround import Turnaround
@@ -264,7 +265,7 @@ class GpuScheduler:
         self._queued = {}  # owner -> jobs waiting in its entities
         self.n_queued = 0
         self.busy_ns = 0
-        self.stats = collections.Counter()
+        self.stats = Counters()
         self.created_ns = now
 
     def __repr__(self) -> str:
