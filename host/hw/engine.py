@@ -59,7 +59,6 @@ page aligned, or the ring outside VRAM) makes a doorbell raise IRQ_ILLEGAL_PACKE
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -132,9 +131,8 @@ class Engine:
         mmio.define(r(RB_RESET), "RB_RESET", WO, on_write=self._reset_reg)
         mmio.define(r(RB_STATUS), "RB_STATUS", RO, on_read=self.status)
         mmio.define(r(RB_BUSY_NS), "RB_BUSY_NS", RO, on_read=lambda: self.busy_ns)
-        mmio.define(r(RB_KICK_SYNC), "RB_KICK_SYNC", WO, on_write=self.kick_sync)
-        mmio.define(r(RB_KICK_SYNC_WPTR), "RB_KICK_SYNC_WPTR", WO,
-                    on_write=functools.partial(self.kick_sync, publish=True))
+        mmio.define(r(RB_KICK_SYNC), "RB_KICK_SYNC", WO, on_write=lambda _v: self.kick_sync())
+        mmio.define(r(RB_KICK_SYNC_WPTR), "RB_KICK_SYNC_WPTR", WO, on_write=self.kick_sync)
 
     def _set_base(self, value: int) -> None:
         with self._regs:
@@ -169,12 +167,12 @@ class Engine:
             self.doorbells += 1
             self._cond.notify_all()
 
-    def kick_sync(self, value: int = 0, publish: bool = False) -> None:
-        """RB_KICK_SYNC: drain the ring on this thread if the engine is idle; with
-        `publish` (RB_KICK_SYNC_WPTR), `value` is the new WPTR, published first."""
+    def kick_sync(self, wptr: int | None = None) -> None:
+        """RB_KICK_SYNC: drain the ring on this thread if the engine is idle; a `wptr`
+        (RB_KICK_SYNC_WPTR) is published first."""
         with self._regs:
-            if publish:
-                self._wptr = value & self._ptr_mask
+            if wptr is not None:
+                self._wptr = wptr & self._ptr_mask
             if (self._thread is None or self._shutdown or self._exec_gen is not None
                     or self._rptr == self._wptr):
                 self.doorbells += 1
