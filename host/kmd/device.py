@@ -94,6 +94,9 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         self.limits = limits or ContextLimits()  # of contexts created without their own
         self.vram = gpu.vram
         self.mmio = gpu.mmio
+        # clock_ns() -> the device clock (ns, REG_TIMESTAMP), the time base of fence
+        # timestamps; read on every submission, so through the register's own reader
+        self.clock_ns = self.mmio.reader(regs.REG_TIMESTAMP)
         self.timeout = timeout
         self.lock = DeviceLock()  # fence callbacks run after its release (lock.py)
         self._cond = DeviceCondition(self.lock)
@@ -218,10 +221,6 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
     def largest_free_block(self) -> int:
         self.reclaim()
         return self.mm.largest_free_block()
-
-    def clock_ns(self) -> int:
-        """The device clock (ns, REG_TIMESTAMP), the time base of fence timestamps."""
-        return self.mmio.read(regs.REG_TIMESTAMP)
 
     @property
     def num_contexts(self) -> int:

@@ -23,13 +23,14 @@ from pvgpu.spec import kernels
 # vGPU's idle time set in place; 62 after the fifth (publish and kick in one register write
 # and the interrupt retiring the job in the submission's lock hold, one signal list for the
 # device, no timer pass for a ring left idle, one job object), 64 with signal_all marking
-# each fence in a call (cheaper than the iterator chain it replaced).
-CALLS_PER_JOB = 69
+# each fence in a call (cheaper than the iterator chain it replaced), 62 with the device
+# clock read through its register's reader.
+CALLS_PER_JOB = 67
 # ... of a fill of 256 elements: the MMU translation and the kernel on top (158 before the
 # second pass, 133 after it: PTE permissions looked up, no floating-point state for fill;
 # 93 after the third, 85 after the fourth, 83 with fences marked inline, 81 with the timer's test
-# before arm(), 80 after the fifth)
-CALLS_PER_FILL = 86
+# before arm(), 80 after the fifth, 78 with the clock's reader)
+CALLS_PER_FILL = 84
 
 
 @pytest.fixture
