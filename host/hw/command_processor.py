@@ -130,7 +130,7 @@ class CommandProcessor:
         self.irq = irq
         self.fence_cond = fence_cond
         self.name = f"{name}.{ENGINE_NAMES.get(engine, engine)}"
-        self._handlers = {
+        handlers = {
             PKT_NOP: self._nop,
             PKT_INDIRECT_BUFFER: self._indirect_buffer,
             PKT_COPY: self._copy,
@@ -140,6 +140,10 @@ class CommandProcessor:
             PKT_TLB_FLUSH: self._tlb_flush,
             PKT_LAUNCH_CODE: self._launch_code,
         }
+        # what _execute looks a packet up in: opcode -> (handler, body dwords or None), for
+        # a ring packet and for a packet inside an IB (no ring-only packets there)
+        self._ring_ops = {op: (fn, BODY_DW.get(op)) for op, fn in handlers.items()}
+        self._ib_ops = {op: v for op, v in self._ring_ops.items() if op not in RING_ONLY}
         self._kernel_mem = {}  # vmid -> its KernelMemory (stateless: made once)
         self.sm = StreamingMultiprocessors(mmu, clock) if engine == ENGINE_COMPUTE else None
         self.packets = 0
@@ -192,7 +196,8 @@ class CommandProcessor:
             body = head[1:1 + ndw]
         else:
             body = self._ring_dwords(base, size, (rptr + 4) % size, ndw)
-        self._execute(hdr & 0xFF, body, 0, False, ctl, rptr, hdr)
+        ops = self._ring_ops
+        self._execute(hdr & 0xFF, body, 0, ops, ctl, rptr, hdr)
         i = 1 + ndw
         while i < n:  # the packets fetched with it (a job's FENCE, the ring's padding)
             hdr = head[i]
@@ -205,7 +210,7 @@ class CommandProcessor:
             elif ctl.stopped():
                 break
             else:
-                self._execute(hdr & 0xFF, head[i + 1:end], 0, False, ctl, (rptr + 4 * i) % size,
+                self._execute(hdr & 0xFF, head[i + 1:end], 0, ops, ctl, (rptr + 4 * i) % size,
                               hdr)
             i = end
         return (rptr + 4 * i) % size
@@ -214,16 +219,17 @@ class CommandProcessor:
         self._illegal(ctl, 0, base, 0, f"bad ring configuration base={base:#x} size={size:#x}")
 
     # ----------------------------------------------------------- dispatch
-    def _execute(self, opcode, body, vmid, in_ib, ctl, offset, hdr) -> bool:
-        """Run one packet; -> False when the rest of an IB must be skipped."""
+    def _execute(self, opcode, body, vmid, ops, ctl, offset, hdr) -> bool:
+        """Run one packet, looked up in `ops` (_ring_ops or _ib_ops); -> False when the rest
+        of an IB must be skipped."""
         self.packets += 1
         try:
-            handler = self._handlers.get(opcode)
-            if handler is None:
+            op = ops.get(opcode)
+            if op is None:
+                if opcode in self._ring_ops:
+                    raise _Illegal(f"{PKT_NAMES[opcode]} is not allowed in an indirect buffer")
                 raise _Illegal(f"unknown opcode {opcode:#x}")
-            if in_ib and opcode in RING_ONLY:
-                raise _Illegal(f"{PKT_NAMES[opcode]} is not allowed in an indirect buffer")
-            expected = BODY_DW.get(opcode)
+            handler, expected = op
             if expected is not None and len(body) != expected:
                 raise _Illegal(f"{PKT_NAMES[opcode]} body of {len(body)} dwords, want {expected}")
             handler(body, vmid, ctl)
@@ -277,6 +283,7 @@ class CommandProcessor:
         self.ibs += 1
         dws = (_DWORDS[length] if length < len(_DWORDS) else struct.Struct(f"<{length}I")) \
             .unpack_from(self.vram.buf, addr)
+        ops = self._ib_ops
         i = 0
         while i < length:
             if i and ctl.stopped():  # between packets (the IB packet itself just started)
@@ -286,7 +293,7 @@ class CommandProcessor:
             if i + 1 + ndw > length:
                 self._illegal(ctl, ib_vmid, 4 * i, hdr, "packet runs past the end of the IB")
                 return
-            if not self._execute(opcode, dws[i + 1:i + 1 + ndw], ib_vmid, True, ctl, 4 * i, hdr):
+            if not self._execute(opcode, dws[i + 1:i + 1 + ndw], ib_vmid, ops, ctl, 4 * i, hdr):
                 return
             i += 1 + ndw
 

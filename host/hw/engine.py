@@ -29,6 +29,11 @@ doorbell without a new WPTR. The driver publishes WPTR first (RB_WPTR): a short 
 completes without two thread handoffs. Busy time, resets and stop checks are as for the
 engine's own thread.
 
+RB_KICK_SYNC_WPTR (write the new WPTR): publishes the value as RB_WPTR does, then acts as
+RB_KICK_SYNC, in one register write (and one hold of the register lock). A driver that
+nothing else can publish a WPTR past meanwhile (it holds its own lock) uses it to submit
+and run a short job at once.
+
 Whichever thread executes, it drains the ring a fetch at a time: the command processor
 fetches up to RING_FETCH_DW dwords at RPTR and executes the packets wholly inside them
 (a job's IB, its FENCE and the padding NOP are one fetch), checking for a stop between
@@ -61,8 +66,8 @@ import time
 from pvgpu.host.hw.command_processor import CommandProcessor
 from pvgpu.host.hw.kernels import StopToken
 from pvgpu.host.hw.regs import (ENGINE_NAMES, PAGE_SIZE, RB_BASE, RB_BUSY_NS, RB_DOORBELL, RB_RESET,
-                          RB_KICK_SYNC, RB_RPTR, RB_SIZE, RB_STATUS, RB_STATUS_BUSY,
-                          RB_STATUS_IDLE, RB_WPTR, REG_ENGINE)
+                          RB_KICK_SYNC, RB_KICK_SYNC_WPTR, RB_RPTR, RB_SIZE, RB_STATUS,
+                          RB_STATUS_BUSY, RB_STATUS_IDLE, RB_WPTR, REG_ENGINE)
 from pvgpu.host.hw.mmio import RO, RW, WO
 
 log = logging.getLogger("pvgpu.hw.engine")
@@ -126,7 +131,8 @@ class Engine:
         mmio.define(r(RB_RESET), "RB_RESET", WO, on_write=self._reset_reg)
         mmio.define(r(RB_STATUS), "RB_STATUS", RO, on_read=self.status)
         mmio.define(r(RB_BUSY_NS), "RB_BUSY_NS", RO, on_read=lambda: self.busy_ns)
-        mmio.define(r(RB_KICK_SYNC), "RB_KICK_SYNC", WO, on_write=self.kick_sync)
+        mmio.define(r(RB_KICK_SYNC), "RB_KICK_SYNC", WO, on_write=lambda _v: self.kick_sync())
+        mmio.define(r(RB_KICK_SYNC_WPTR), "RB_KICK_SYNC_WPTR", WO, on_write=self.kick_sync)
 
     def _set_base(self, value: int) -> None:
         with self._regs:
@@ -161,9 +167,12 @@ class Engine:
             self.doorbells += 1
             self._cond.notify_all()
 
-    def kick_sync(self, _value: int = 0) -> None:
-        """RB_KICK_SYNC: drain the ring on this thread if the engine is idle."""
+    def kick_sync(self, wptr: int | None = None) -> None:
+        """RB_KICK_SYNC: drain the ring on this thread if the engine is idle; a `wptr`
+        (RB_KICK_SYNC_WPTR) is published first."""
         with self._regs:
+            if wptr is not None:
+                self._wptr = wptr & self._ptr_mask
             if (self._thread is None or self._shutdown or self._exec_gen is not None
                     or self._rptr == self._wptr):
                 self.doorbells += 1

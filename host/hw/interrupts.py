@@ -63,7 +63,7 @@ class InterruptController:
         self.dropped = 0  # latched interrupts lost to overflow
         self.unhandled = 0  # enabled but no handler set
         self.handler_errors = 0
-        self.counts: collections.Counter = collections.Counter()  # by source
+        self.counts = collections.defaultdict(int)  # by source
 
     def set_handler(self, fn) -> None:
         """fn(Interrupt) -> None, or None to detach."""

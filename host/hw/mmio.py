@@ -16,6 +16,7 @@ and the KMD's debug output can spot driver bugs.
 
 from __future__ import annotations
 
+import functools
 import logging
 
 log = logging.getLogger("pvgpu.hw.mmio")
@@ -63,6 +64,16 @@ class RegisterFile:
         if reg.on_read is not None:
             return int(reg.on_read()) & MASK64
         return reg.value
+
+    def reader(self, offset: int):
+        """-> a callable that reads the register at `offset` as read() does, for a driver
+        that reads it on every operation (the clock): a readable register's read hook
+        itself when it has one (its value is then taken as the hook returns it), else
+        read() of that offset."""
+        reg = self._regs.get(offset)
+        if reg is not None and reg.mode != WO and reg.on_read is not None:
+            return reg.on_read
+        return functools.partial(self.read, offset)
 
     def write(self, offset: int, value: int) -> None:
         value = int(value) & MASK64

@@ -74,6 +74,7 @@ RB_RESET = 0x28  # WO: 1 = stop, drop pending packets, rptr = wptr = 0
 RB_STATUS = 0x30  # RO: RB_STATUS_IDLE / RB_STATUS_BUSY
 RB_BUSY_NS = 0x38  # RO: total ns this engine spent executing packets (a stalled WAIT counts)
 RB_KICK_SYNC = 0x40  # WO: an idle engine runs the ring up to WPTR on the writing thread
+RB_KICK_SYNC_WPTR = 0x48  # WO: the value is published as WPTR, then as RB_KICK_SYNC
 
 
 def REG_ENGINE(engine: int, reg: int) -> int:

@@ -13,7 +13,6 @@ VA management (map_system, reserve_va, map_bo_at, ...) is in va.py, submission
 
 from __future__ import annotations
 
-import collections
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -23,6 +22,7 @@ import numpy as np
 from pvgpu.host.hw import regs
 from pvgpu.host.kmd.bo import BufferObject
 from pvgpu.host.kmd.buddy import round_up
+from pvgpu.host.kmd.counters import Counters
 from pvgpu.host.kmd.errors import InvalidArgument, InvalidContext, OutOfMemory
 from pvgpu.host.kmd.job import ContextSubmitMixin
 from pvgpu.host.kmd.sched import PRIORITY_NORMAL, GpuScheduler, VgpuShares
@@ -66,7 +66,7 @@ class Context(ContextVaMixin, ContextSubmitMixin):
         self.error_listener = None
         self.last_fence = None  # finished fence of the most recent job
         self.faults = []  # every error attached to one of this context's jobs
-        self.stats = collections.Counter()
+        self.stats = Counters()
         self.busy_ns = [0] * len(regs.ENGINE_NAMES)  # device time of its finished jobs, per engine
         self.vgpu = DEFAULT_VGPU
         self.limits = device.limits

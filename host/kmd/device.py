@@ -49,6 +49,7 @@ from pvgpu.host.hw import regs
 from pvgpu.host.kmd import errors
 from pvgpu.host.kmd.buddy import CONTIGUOUS, TOPDOWN, BuddyAllocator, round_up
 from pvgpu.host.kmd.context import DEFAULT_VGPU, Context
+from pvgpu.host.kmd.counters import Counters
 from pvgpu.host.kmd.dma import DmaMixin
 from pvgpu.host.kmd.errors import (ContextLost, DeviceLost, InvalidArgument, InvalidContext, KmdError,
                              NoVmid)
@@ -93,6 +94,9 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         self.limits = limits or ContextLimits()  # of contexts created without their own
         self.vram = gpu.vram
         self.mmio = gpu.mmio
+        # clock_ns() -> the device clock (ns, REG_TIMESTAMP), the time base of fence
+        # timestamps; read on every submission, so through the register's own reader
+        self.clock_ns = self.mmio.reader(regs.REG_TIMESTAMP)
         self.timeout = timeout
         self.lock = DeviceLock()  # fence callbacks run after its release (lock.py)
         self._cond = DeviceCondition(self.lock)
@@ -136,13 +140,13 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         self.evicted_bytes = 0  # bytes of BOs currently held in host memory
         self.mem_counters = collections.Counter()  # evictions, restores, bytes moved, ...
 
-        self._jobs = {}  # Fence -> _Job
+        self._jobs = {}  # hardware Fence -> the _Job it completes (job.py)
         self._vmids = list(range(1, regs.NUM_VMIDS))  # free VMIDs, sorted
         self.contexts = {}  # ctx id -> Context
         self._next_ctx_id = 1
         self._deferred = collections.deque()  # (fences, fn) in queue order
         self.unclaimed_errors = []  # faults that matched no pending job
-        self.stats = collections.Counter()
+        self.stats = Counters()
         self.running = False
         self.stopped = False
 
@@ -154,12 +158,13 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
         self.policy = policy
         self.max_queued_jobs = max_queued_jobs
         self.max_client_queued_jobs = max_client_queued_jobs
+        self._signals = []  # every scheduler's queued (fence, error) signals (_take_signals)
         self.schedulers = [
             GpuScheduler(f"gpu{gpu.index}.{regs.ENGINE_NAMES.get(e, e)}", self, engine=e,
                          policy=policy,
                          share_kind="compute" if e == regs.ENGINE_COMPUTE else "copy",
                          hw_limit=hw_limit, timeout_ns=job_timeout_ns, period_ns=period_ns,
-                         time_buffer_ns=time_buffer_ns, now=now)
+                         time_buffer_ns=time_buffer_ns, now=now, signals=self._signals)
             for e in range(regs.NUM_ENGINES)]
         self.vgpus = {}
         self._vgpu_mem = collections.Counter()  # vGPU name -> bytes allocated
@@ -216,10 +221,6 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
     def largest_free_block(self) -> int:
         self.reclaim()
         return self.mm.largest_free_block()
-
-    def clock_ns(self) -> int:
-        """The device clock (ns, REG_TIMESTAMP), the time base of fence timestamps."""
-        return self.mmio.read(regs.REG_TIMESTAMP)
 
     @property
     def num_contexts(self) -> int:

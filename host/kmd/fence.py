@@ -32,7 +32,6 @@ import collections
 import logging
 import struct
 import threading
-from itertools import chain, repeat
 
 from pvgpu.host.hw import packets
 from pvgpu.host.kmd import lock as devlock
@@ -146,21 +145,29 @@ def signal_all(fences, error=None, pairs=()) -> int:
     marked = []
     n = 0
     with _lock:
-        for f, err in chain(zip(fences, repeat(error)), pairs):
-            if f._signaled:
-                continue
-            if err is not None and f.error is None:
-                f.error = err
-            f._signaled = True
-            n += 1
-            if f._event is not None:
-                f._event.set()
-            if f._callbacks:
-                marked.append((f, f._callbacks))
-                f._callbacks = None
+        for f in fences:
+            if not f._signaled:
+                _mark(f, error, marked)
+                n += 1
+        for f, err in pairs:
+            if not f._signaled:
+                _mark(f, err, marked)
+                n += 1
     for f, callbacks in marked:
         _run(f, callbacks)
     return n
+
+
+def _mark(f: Fence, error, marked: list) -> None:
+    """Mark an unsignalled fence signalled (fence lock held); its callbacks go to `marked`."""
+    if error is not None and f.error is None:
+        f.error = error
+    f._signaled = True
+    if f._event is not None:
+        f._event.set()
+    if f._callbacks:
+        marked.append((f, f._callbacks))
+        f._callbacks = None
 
 
 class FenceDriver:
@@ -200,7 +207,7 @@ class FenceDriver:
         self.pending.append(fence)
         return fence
 
-    def emit_with(self, ring, data: bytes, doorbell: bool = True) -> Fence:
+    def emit_with(self, ring, data: bytes, doorbell: bool = True, publish: bool = True) -> Fence:
         """One whole ring transaction (ring.emit): `data` (the job's packets), then a
         FENCE with FENCE_IRQ; -> the new pending fence. Call with the lock held."""
         seq = self.next_seq
@@ -210,7 +217,8 @@ class FenceDriver:
         stamps = self.stamps  # (_packet, inline)
         stamp = None if stamps is None else stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
         try:
-            ring.emit(data + packets.fence(self.wb_addr, seq, packets.FENCE_IRQ, stamp), doorbell)
+            ring.emit(data + packets.fence(self.wb_addr, seq, packets.FENCE_IRQ, stamp), doorbell,
+                      publish)
         except BaseException:
             self.cancel(fence)
             raise

@@ -1,9 +1,11 @@
 """The interrupt handler (top half) of one device.
 
 Interrupts arrive on the engine threads, or on a submitting thread that runs a short job
-itself (job.py), never with a device lock held. IRQ_FENCE retires the jobs whose fences the
-write-back slot covers (their IB space goes back to the pool) and then signals the
-fences. IRQ_PAGE_FAULT becomes a GpuFault attached to the oldest unsignalled job of that
+itself (job.py): that one holds the device lock (the top half then works in its hold), no
+other thread's handler holds one. Whatever runs outside the KMD (the error listener,
+fence callbacks) runs once the device lock is released (lock.py). IRQ_FENCE retires the
+jobs whose fences the write-back slot covers (their IB space goes back to the pool) and
+then signals the fences. IRQ_PAGE_FAULT becomes a GpuFault attached to the oldest unsignalled job of that
 VMID on that engine (the engine is in order, so that is the job that was executing);
 IRQ_ILLEGAL_PACKET attaches a string. The job's fence then signals with `error` set,
 because the command processor skips the rest of a faulting IB and carries on with the
@@ -15,6 +17,7 @@ from __future__ import annotations
 import logging
 
 from pvgpu.host.hw import regs
+from pvgpu.host.kmd import lock as devlock
 from pvgpu.host.kmd.bo import CodeFault, GpuFault
 from pvgpu.host.kmd.fence import FenceDriver
 
@@ -69,7 +72,7 @@ class IrqMixin:
                 job.context.faults.append(error)
             if self.trace is not None:
                 self.trace.fault(self, fd.engine, error, job.context if job is not None else None)
-        if job is not None:
-            job.context.report_error(error, job.timeline, job.kind)
+        if job is not None:  # (after the kicking _submit's hold, for an inline job)
+            devlock.call_soon(job.context.report_error, error, job.timeline, job.kind)
         if not target.set_error(error):
             log.info("gpu%d: second error for %r: %s", self.index, target, error)

@@ -12,7 +12,7 @@ FENCE_IRQ; inside a submission batch (batch.py) the transaction stays open for t
 next jobs on that ring and is committed when the batch exits.
 
 A job's life: Context.submit_* checks its arguments and calls KmdDevice._submit, which
-pushes a SchedJob on the scheduler entity of its timeline (never waiting). The
+pushes a _Job (a SchedJob) on the scheduler entity of its timeline (never waiting). The
 scheduler calls run_job (lock held) once the job may run; its hardware fence retires on
 the interrupt thread (_retire_fence_irq), which hands the completion to the scheduler in
 the same lock hold (_jobs_done_locked); the job's finished fence signals once the lock is
@@ -24,11 +24,16 @@ most INLINE_LAUNCH_ELEMENTS elements, burn for at most INLINE_BURN_US, several l
 in one job (submit_launches) whose shares of those bounds add up to at most 1; never a
 code launch), submitted by a thread
 that holds no device lock, and that the scheduler runs at once on an idle ring (no job
-in flight there: so no unsignalled dependency, nothing queued before it), is committed
-to the ring without a doorbell; once the lock is released, the submitting thread writes
-RB_KICK_SYNC and the command processor executes the job on it, so the interrupt, the
+in flight there: so no unsignalled dependency, nothing queued before it), is written
+into the ring without publishing WPTR; still in the same lock hold, the submitting
+thread writes the new WPTR to RB_KICK_SYNC_WPTR (nothing else can publish one past it
+meanwhile) and the command processor executes the job on it. Its IRQ_FENCE arrives on
+that thread inside the hold, so the top half retires the fence and marks the job done
+in it, without a second lock hold (_retire_fence_irq); the fences are marked signalled
+there and their callbacks run once the lock is released (lock.py). So the interrupt, the
 retirement and the finished fence's signal all happen before _submit returns, without
-a thread handoff. Everything else is unchanged: the scheduler hands the job to the
+a thread handoff. The lock is held while the job runs: the thresholds below keep that
+short. Everything else is unchanged: the scheduler hands the job to the
 hardware and accounts for it (start at run_job, end at the fence's timestamp) exactly
 as for a job the engine's thread runs; a fault is reported the same way. Long jobs keep
 the engine threads, the job timeout and TDR. The thresholds bound the time the
@@ -77,26 +82,25 @@ _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
 
 
-class _Job:
-    """A job on the hardware: what its hardware fence's retirement gives back."""
+class _Job(SchedJob):
+    """A job of this driver around the scheduler's job (amdgpu_job around drm_sched_job):
+    once run_job has put it on the hardware, what its hardware fence's retirement gives
+    back (set by run_job, again at each resubmission)."""
 
-    __slots__ = ("sched_job", "context", "ib", "ib_block", "kernarg")
+    __slots__ = ("ib", "ib_block", "kernarg")
 
-    def __init__(self, sched_job, context, ib, ib_block, kernarg=None):
-        self.sched_job = sched_job  # the scheduler's job, handed back on retirement
-        self.context = context
-        self.ib = ib
-        self.ib_block = ib_block
-        self.kernarg = kernarg  # the parameter-buffer slot of a code launch (kernarg.py)
+    @property
+    def context(self):
+        return self.entity.owner
 
     @property
     def kind(self) -> int:
         """The engine."""
-        return self.sched_job.entity.sched.engine
+        return self.entity.sched.engine
 
     @property
     def timeline(self) -> int:
-        return self.context._timeline_of.get(self.sched_job.entity, 0)
+        return self.entity.owner._timeline_of.get(self.entity, 0)
 
 
 def _ring_idle(sched: GpuScheduler) -> bool:
@@ -216,10 +220,10 @@ class JobMixin:
             if resvs:
                 with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
                     deps += self.prime.implicit_deps(resvs)
-                    job = sched.push(SchedJob(ent, ib, deps, short), now)
+                    job = sched.push(_Job(ent, ib, deps, short), now)
                     self.prime.add_job_fence(resvs, job.finished)
             else:
-                job = sched.push(SchedJob(ent, ib, deps, short), now)
+                job = sched.push(_Job(ent, ib, deps, short), now)
             ent.last_finished = job.finished
             ctx.last_fence = job.finished
             ctx.last_use_ns = now
@@ -235,12 +239,14 @@ class JobMixin:
             finally:
                 self._inline_job = None
                 kick, self._inline_kick = self._inline_kick, None
+            if kick is not None:  # the engine was idle: publish and run the job here
+                ring = self.rings[kick]
+                self.mmio.write(ring.kick_sync_wptr_reg, ring.wptr)
             signals = self._take_signals()
-            self._arm_timer(sched)
+            if sched.in_flight or sched.hold_until is not None:  # (else no deadline)
+                self._arm_timer(sched)
         if signals:
             fence_mod.signal_all((), None, signals)
-        if kick is not None:  # the engine was idle: run the job here (RB_KICK_SYNC)
-            self.mmio.write(self.rings[kick].kick_sync_reg, 1)
         return job.finished
 
     # ------------------------------------------------------------------ scheduler ops
@@ -273,8 +279,9 @@ class JobMixin:
             # hw_limit jobs fit many times over)
             inline = job is self._inline_job and not sched.in_flight
             fence = fd.emit_with(ring, packets.indirect_buffer(phys, len(ib) // 4, ctx.vmid),
-                                 doorbell=not inline)
-            self._jobs[fence] = _Job(job, ctx, phys, ib_blocks, slot)
+                                 publish=not inline)  # (_submit publishes and runs it)
+            job.ib, job.ib_block, job.kernarg = phys, ib_blocks, slot
+            self._jobs[fence] = job
             if inline:
                 self._inline_kick = engine
                 self.stats["jobs_inline"] += 1
@@ -303,7 +310,8 @@ class JobMixin:
                 fd.irq_on_last(ring)
             fence = fd.emit(ring)
             staged.quiet = False
-        self._jobs[fence] = _Job(job, ctx, phys, ib_blocks, slot)
+        job.ib, job.ib_block, job.kernarg = phys, ib_blocks, slot
+        self._jobs[fence] = job
         return fence
 
     def _jobs_done_locked(self, finished, now: int) -> list:
@@ -349,12 +357,13 @@ class JobMixin:
             self.submit_wq.queue(sched)
 
     def _take_signals(self) -> list:
-        """The schedulers' queued (fence, error) signals (their take_signals())."""
-        out = []
-        for sched in self.schedulers:
-            if sched.signals:
-                out += sched.signals
-                sched.signals = []
+        """The schedulers' queued (fence, error) signals, in the order they were queued
+        (the schedulers share one list, KmdDevice._signals)."""
+        signals = self._signals
+        if not signals:
+            return []
+        out = signals.copy()
+        signals.clear()
         return out
 
     @staticmethod
@@ -373,8 +382,13 @@ class JobMixin:
 
     def _retire_fence_irq(self, fd: FenceDriver, seq: int, timestamp=None) -> None:
         """IRQ_FENCE: retire what the write-back slot (or `seq`) covers and mark those jobs
-        done with the scheduler, in one lock hold (the top half holds no device lock)."""
-        with self.lock:
+        done with the scheduler, in one lock hold: the top half's own, or, for an inline
+        job, the hold of the _submit that kicked it on this thread (the fences are then
+        marked under it, their callbacks wait for its release)."""
+        held = self.lock.owned()
+        if not held:
+            self.lock.acquire()
+        try:
             done = fd.retire_locked(seq)
             if not done:
                 return
@@ -383,6 +397,9 @@ class JobMixin:
             finished = self._retire_locked(fd, done, None, now)
             resume = self._jobs_done_locked(finished, now)
             signals = self._take_signals()
+        finally:
+            if not held:
+                self.lock.release()
         if resume:
             fence_mod.signal_all(done)
             self._resume(resume)
@@ -410,13 +427,14 @@ class JobMixin:
             if job is None:
                 continue
             self._ib_free(job.ib, job.ib_block)
+            ctx = job.entity.owner
             if job.kernarg is not None:
-                job.context.kernargs.give_back(job.kernarg)
-            stats = job.context.stats
+                ctx.kernargs.give_back(job.kernarg)
+            stats = ctx.stats
             stats["jobs_completed"] += 1
             if f.error is not None or error is not None:
                 stats["jobs_failed"] += 1
-            finished.append((job.sched_job, f))
+            finished.append((job, f))
         if self._cond.waiting:
             self._cond.notify_all()
         return finished

@@ -66,11 +66,12 @@ class DeviceLock:
     """threading.RLock that counts, per thread, the DeviceLock levels held and runs the
     thread's deferred calls once it holds none. Usable with threading.Condition."""
 
-    __slots__ = ("_lock", "_acquire", "_release")
+    __slots__ = ("_lock", "_acquire", "_release", "owned")
 
     def __init__(self):
         self._lock = threading.RLock()
         self._acquire, self._release = self._lock.acquire, self._lock.release
+        self.owned = self._lock._is_owned  # () -> whether the calling thread holds it
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         if not self._acquire(blocking, timeout):

@@ -23,7 +23,9 @@ The API is transactional, as in amdgpu:
               rewrite() replaces a staged packet by another of the same size.
   commit()    pad with a NOP to the 8-dword fetch alignment, copy the staged bytes into
               the ring in one VRAM write and ring the doorbell (or, with
-              commit(doorbell=False), only publish wptr through RB_WPTR).
+              commit(doorbell=False), only publish wptr through RB_WPTR; with
+              commit(publish=False), publish nothing: the caller writes the new wptr to
+              RB_KICK_SYNC_WPTR itself).
   undo()      drop everything written since alloc(): wptr goes back.
   emit(data)  a whole transaction of one write: alloc(), write(data), commit().
 A packet never straddles the end of the ring: when the reservation would cross it,
@@ -71,6 +73,7 @@ class Ring:
         self._doorbell = regs.REG_ENGINE(engine, regs.RB_DOORBELL)
         self._wptr_reg = regs.REG_ENGINE(engine, regs.RB_WPTR)
         self.kick_sync_reg = regs.REG_ENGINE(engine, regs.RB_KICK_SYNC)
+        self.kick_sync_wptr_reg = regs.REG_ENGINE(engine, regs.RB_KICK_SYNC_WPTR)
         self.max_dw = (self.size - 4 * ALIGN_DW) // 4 - ALIGN_DW  # the largest alloc() ever
 
     def _reg(self, reg: int) -> int:
@@ -186,10 +189,11 @@ class Ring:
         assert self._wptr_old is not None and len(data) == len(self._staged[index])
         self._staged[index] = data
 
-    def commit(self, doorbell: bool = True) -> int:
+    def commit(self, doorbell: bool = True, publish: bool = True) -> int:
         """Pad, publish the new wptr through the doorbell; -> the new wptr. Without
         `doorbell` the wptr is published (RB_WPTR) but the engine is not woken: the caller
-        then runs the ring itself (RB_KICK_SYNC)."""
+        then runs the ring itself (RB_KICK_SYNC). Without `publish`, no register is
+        written: the caller publishes and runs it in one write (RB_KICK_SYNC_WPTR)."""
         assert self._wptr_old is not None, "ring commit() without alloc()"
         pad_dw = (-(self._pos // 4)) % ALIGN_DW
         if pad_dw:
@@ -198,11 +202,13 @@ class Ring:
         self.wptr = self._pos
         self._wptr_old = None
         self.packets_committed += 1
-        self.mmio.write(self._doorbell if doorbell else self._wptr_reg, self.wptr)
+        if publish:
+            self.mmio.write(self._doorbell if doorbell else self._wptr_reg, self.wptr)
         return self.wptr
 
-    def emit(self, data: bytes, doorbell: bool = True) -> int:
-        """alloc(), write(data) and commit(doorbell) as one transaction; -> the new wptr.
+    def emit(self, data: bytes, doorbell: bool = True, publish: bool = True) -> int:
+        """alloc(), write(data) and commit(doorbell, publish) as one transaction; -> the
+        new wptr.
         When the padded data fits before the end of the ring and the last RB_RPTR read
         shows room for it, it goes into VRAM with its padding in one write."""
         assert self._wptr_old is None, "ring emit() while a transaction is open"
@@ -214,11 +220,12 @@ class Ring:
                 or not 0 < ndw <= self.max_dw):
             self.alloc(ndw)  # the general path: it may wrap, wait for room or refuse
             self.write(data)
-            return self.commit(doorbell)
+            return self.commit(doorbell, publish)
         self.vram.write(self.base + wptr, data + _PADS[pad] if pad else data)
         self.wptr = end if end < size else 0
         self.packets_committed += 1
-        self.mmio.write(self._doorbell if doorbell else self._wptr_reg, self.wptr)
+        if publish:
+            self.mmio.write(self._doorbell if doorbell else self._wptr_reg, self.wptr)
         return self.wptr
 
     def undo(self) -> None:

@@ -52,6 +52,7 @@ import collections
 import itertools
 from dataclasses import dataclass
 
+from pvgpu.host.kmd.counters import Counters
 from pvgpu.host.kmd.errors import ContextLost, InvalidArgument, JobTimedOut
 from pvgpu.host.kmd.fence import Fence
 from pvgpu.host.kmd.turnaround import Turnaround
@@ -231,7 +232,8 @@ class GpuScheduler:
                  share_kind: str = "compute", hw_limit: int = DEFAULT_HW_LIMIT,
                  timeout_ns: int = DEFAULT_TIMEOUT_NS, period_ns: int = DEFAULT_PERIOD_NS,
                  time_buffer_ns: int = DEFAULT_TIME_BUFFER_NS,
-                 window_periods: int = DEFAULT_WINDOW_PERIODS, now: int = 0):
+                 window_periods: int = DEFAULT_WINDOW_PERIODS, now: int = 0,
+                 signals: list | None = None):
         if policy not in POLICIES:
             raise InvalidArgument(f"unknown scheduling policy {policy!r} (one of {', '.join(POLICIES)})")
         if hw_limit < 1 or timeout_ns <= 0 or period_ns <= 0 or time_buffer_ns < 0:
@@ -257,11 +259,13 @@ class GpuScheduler:
         self._head_since = None  # when the current head job became the head
         self._last_end = now
         self._seq = itertools.count(1)
-        self.signals = []  # (fence, error) to signal once the lock is released (take_signals)
+        # (fence, error) to signal once the lock is released (take_signals); the driver may
+        # give its schedulers one list, to take them all at once
+        self.signals = signals if signals is not None else []
         self._queued = {}  # owner -> jobs waiting in its entities
         self.n_queued = 0
         self.busy_ns = 0
-        self.stats = collections.Counter()
+        self.stats = Counters()
         self.created_ns = now
 
     def __repr__(self) -> str:
@@ -534,7 +538,8 @@ class GpuScheduler:
 
     def take_signals(self) -> list:
         """-> [(fence, error)] to signal, in order, once the driver's lock is released."""
-        out, self.signals = self.signals, []
+        out = self.signals.copy()
+        self.signals.clear()
         return out
 
     # ------------------------------------------------------------------ timers

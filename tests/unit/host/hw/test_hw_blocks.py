@@ -138,6 +138,19 @@ def test_register_file_modes_and_hooks():
     assert rf.unknown_writes == 1
 
 
+def test_a_register_reader_reads_as_read_does():
+    """reader(offset): a hooked register's hook itself; any other offset reads as read()."""
+    rf = RegisterFile()
+    clock = iter(range(100, 200))
+    rf.define(0x0, "TIMESTAMP", RO, on_read=lambda: next(clock))
+    rf.define(0x8, "ID", RO, 0x1234)
+    rf.define(0x10, "KICK", WO, on_read=lambda: 99)
+    ts = rf.reader(0x0)
+    assert (ts(), ts(), rf.read(0x0)) == (100, 101, 102)
+    assert rf.reader(0x8)() == 0x1234 and rf.reader(0x10)() == 0
+    assert rf.reader(0x1000)() == 0 and rf.unknown_reads == 1
+
+
 # ----------------------------------------------------------------- interrupts
 def test_interrupts_are_delivered_synchronously_when_enabled():
     ic = InterruptController()

@@ -13,8 +13,8 @@ from pvgpu.host.hw import kernels
 from pvgpu.host.hw.regs import (COPY_ENGINES, DEVICE_ID_PVGPU_EMU, ENGINE_COMPUTE, ENGINE_COPY,
                           ENGINE_COPY0, ENGINE_COPY1, ENGINE_NAMES, IRQ_FENCE,
                           IRQ_ILLEGAL_PACKET, IRQ_PAGE_FAULT, NUM_ENGINES, PAGE_SIZE, PTE_SYSTEM,
-                          PTE_WRITE, RB_BUSY_NS, RB_DOORBELL, RB_KICK_SYNC, RB_RESET, RB_RPTR,
-                          RB_SIZE,
+                          PTE_WRITE, RB_BUSY_NS, RB_DOORBELL, RB_KICK_SYNC, RB_KICK_SYNC_WPTR,
+                          RB_RESET, RB_RPTR, RB_SIZE,
                           RB_STATUS, RB_STATUS_BUSY, RB_STATUS_IDLE, RB_WPTR, REG_DEVICE_ID,
                           REG_ENGINE, REG_IRQ_ENABLE, REG_TIMESTAMP, REG_VM_INVALIDATE,
                           REG_VRAM_SIZE)
@@ -688,6 +688,22 @@ def test_kick_sync_runs_the_ring_on_the_writing_thread(dev):
     assert dev.reg(ENGINE_COPY, RB_STATUS) == RB_STATUS_IDLE
     assert engine.sync_kicks == 1 and engine.doorbells == 0
     assert engine.cp.ibs == 1 and dev.reg(ENGINE_COPY, RB_BUSY_NS) > 0
+
+
+def test_kick_sync_wptr_publishes_wptr_and_runs_the_ring_in_one_write(dev):
+    """RB_KICK_SYNC_WPTR: the value written becomes RB_WPTR, and the packets up to it run
+    on the writing thread, as after RB_WPTR and RB_KICK_SYNC."""
+    gpu = dev.gpu
+    threads = []
+    gpu.irq.set_handler(lambda irq: threads.append((irq.data, threading.current_thread())))
+    dev.copy.write(P.fence(fence_addr(0), 5))  # in the ring, WPTR not published
+    assert dev.reg(ENGINE_COPY, RB_WPTR) == 0
+    engine = gpu.engines[ENGINE_COPY]
+    gpu.mmio.write(REG_ENGINE(ENGINE_COPY, RB_KICK_SYNC_WPTR), dev.copy.wptr)
+    assert dev.reg(ENGINE_COPY, RB_WPTR) == dev.copy.wptr == dev.reg(ENGINE_COPY, RB_RPTR)
+    assert gpu.vram.read_u64(fence_addr(0)) == 5
+    assert threads == [(5, threading.current_thread())]
+    assert engine.sync_kicks == 1 and engine.doorbells == 0
 
 
 def test_kick_sync_on_a_busy_engine_is_a_doorbell(dev):

@@ -20,12 +20,17 @@ from pvgpu.spec import kernels
 # (no reclaim pass or timer arming without a reason, the top half's clock from the
 # interrupt's timestamp, no stop check before an IB's first packet or after a burn ends), 67
 # with fences marked inline by signal_all, 65 with the timer's test before arm() and the
-# vGPU's idle time set in place.
-CALLS_PER_JOB = 70
+# vGPU's idle time set in place; 62 after the fifth (publish and kick in one register write
+# and the interrupt retiring the job in the submission's lock hold, one signal list for the
+# device, no timer pass for a ring left idle, one job object), 64 with signal_all marking
+# each fence in a call (cheaper than the iterator chain it replaced), 62 with the device
+# clock read through its register's reader.
+CALLS_PER_JOB = 67
 # ... of a fill of 256 elements: the MMU translation and the kernel on top (158 before the
 # second pass, 133 after it: PTE permissions looked up, no floating-point state for fill;
-# 93 after the third, 85 after the fourth, 83 with fences marked inline, 81 with the timer's test before arm())
-CALLS_PER_FILL = 88
+# 93 after the third, 85 after the fourth, 83 with fences marked inline, 81 with the timer's test
+# before arm(), 80 after the fifth, 78 with the clock's reader)
+CALLS_PER_FILL = 84
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ from pvgpu.host.hw import gpu as gpu_mod
 from pvgpu.host.hw import regs
 from pvgpu.host.kmd import GpuFault
 from pvgpu.host.kmd import job as job_mod
+from pvgpu.host.kmd import lock as devlock
 from pvgpu.host.kmd.sched import VgpuShares
 from pvgpu.spec import wire
 
@@ -184,8 +185,9 @@ def test_threads_submitting_short_jobs_at_once_all_complete(dev):
 
 def test_a_fence_interrupt_retires_and_completes_its_job_in_one_lock_hold(dev):
     """The top half retires the hardware fence and marks the job done with the scheduler
-    under one hold of the device lock: a short job costs two holds on its thread, its
-    submission and its interrupt."""
+    under one hold of the device lock; for a short job that hold is its submission's (it is
+    kicked with RB_KICK_SYNC_WPTR inside it, and its interrupt arrives there): one hold of
+    the device lock on its thread in all."""
     ctx = dev.create_context()
     bo = ctx.alloc(P)
     fill(ctx, bo, 1.0, 64)  # first-use paths (entity, pools) out of the way
@@ -203,6 +205,19 @@ def test_a_fence_interrupt_retires_and_completes_its_job_in_one_lock_hold(dev):
     finally:
         dev.lock._acquire = acquire
     assert f.signaled and f.error is None and dev.stats["jobs_inline"] == 2
-    assert len(holds) == 2
+    assert len(holds) == 1
     sched = dev.schedulers[regs.ENGINE_COMPUTE]
     assert not sched.in_flight and f.job.end_ns is not None  # accounted before it signalled
+
+
+def test_a_short_job_that_faults_tells_its_error_listener_once_the_lock_is_released(dev):
+    """A short job runs, and raises its interrupts, inside its submission's lock hold; the
+    context's error listener (code outside the KMD) still runs with no device lock held."""
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    fill(ctx, bo, 1.0, 64)
+    seen = []
+    ctx.error_listener = lambda c, err, timeline, engine: seen.append((err, devlock.held()))
+    f = ctx.submit_launch(wire.KERNEL_FILL, (1,), (1,), [0x7000_0000_0000, 0, 64])  # unmapped
+    assert f.signaled and isinstance(f.error, GpuFault) and dev.stats["jobs_inline"] == 2
+    assert seen == [(f.error, False)]

@@ -136,10 +136,11 @@ class FailingMoveCopies:
 
     def __init__(self, dev, engine, mode):
         cp = dev.gpu.engines[engine].cp
-        self.cp, self.orig = cp, cp._handlers[packets.PKT_COPY]
+        self.orig, body_dw = cp._ib_ops[packets.PKT_COPY]  # (COPY runs inside an IB)
+        self.cp = cp
         self.mode = mode
         self.active = True
-        cp._handlers[packets.PKT_COPY] = self._copy
+        cp._ib_ops[packets.PKT_COPY] = (self._copy, body_dw)
 
     def _copy(self, body, vmid, ctl):
         if not (self.active and vmid == regs.VMID_KERNEL):
