@@ -222,8 +222,10 @@ class FrontendSession:
         (a 16 MiB copy, a long kernel) leaves every core to the host while it runs, and its
         completion is still seen without a `call`. Blocking to the end costs a `call`
         message and a wakeup, measured at ~250 µs here, more than a short job itself;
-        polling through a 2 ms copy costs its DMA lanes a core. The lead exceeds a
-        `call`'s latency: a wait that a `call` ended counts it, and the next polls in time.
+        polling through a 2 ms copy costs its DMA lanes a core. A long wait that a `call`
+        ended before its poll began counts a lead less (the request completed a call's
+        latency earlier), and a long wait's expectation falls faster than it rises (0.7
+        against 0.3 of the difference), so the next one begins polling in time.
         Between two looks at the rings the poll yields the core (sched_yield): on a
         machine with more runnable threads than cores, the host threads that are to
         answer may be waiting for the very core this loop spins on.
@@ -246,11 +248,15 @@ class FrontendSession:
                 d.reap()
             if cond():
                 took = min(time.monotonic() - start, 1.0)
+                if poll_at is not None:  # seen before the poll began: it ended a lead earlier
+                    took = max(0.0, took - lead)
+                # a long wait's expectation falls faster than it rises: polling too late
+                # costs a `call`, too early a little CPU
+                rate = 0.7 if not polling and took < expected else 0.3
                 if waits is None:
-                    self._wait_ewma += 0.3 * (took - self._wait_ewma)
+                    self._wait_ewma += rate * (took - self._wait_ewma)
                 else:
-                    waits[kind] = took if kind not in waits else \
-                        waits[kind] + 0.3 * (took - waits[kind])
+                    waits[kind] = expected + rate * (took - expected)
                 return
             now = time.monotonic()
             if now < poll_until:

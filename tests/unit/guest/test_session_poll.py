@@ -90,6 +90,24 @@ class TimedDevice:
         return self.clock.now >= self.done_at
 
 
+class CallingChannel:
+    """A host whose `call` arrives at clock time `call_at` (a receive blocked then ends)."""
+
+    heartbeat_ms = 0
+
+    def __init__(self, clock: Clock, call_at: float):
+        self.clock, self.call_at = clock, call_at
+        self.timeouts = []
+
+    def recv_until(self, _pred, timeout):
+        self.timeouts.append(timeout)
+        if self.clock.now + timeout < self.call_at:
+            self.clock.now += timeout
+            raise ChannelTimeout("nothing")
+        self.clock.now = self.call_at
+        return {"op": wire.OP_CALL, "dev": 0, "queue": wire.CONTROLQ}, []
+
+
 class SilentChannel:
     """A host that sends no `call`: each blocking receive times out after its timeout."""
 
@@ -151,7 +169,8 @@ def test_a_wait_of_a_kind_expects_what_earlier_waits_of_that_kind_took(monkeypat
     s.wait_for(lambda: dev.done, kind=("h2d", 25))
     assert s.channel.timeouts == [pytest.approx(0.004 - 0.001)]  # blocked, not polled through
     took = clock.now - 100.0
-    assert s._kind_waits[("h2d", 25)] == pytest.approx(0.004 + 0.3 * (took - 0.004))
+    assert took < 0.004  # polled: seen at once; a long wait's estimate falls at 0.7
+    assert s._kind_waits[("h2d", 25)] == pytest.approx(0.004 + 0.7 * (took - 0.004))
     assert s._wait_ewma == 0.0  # the kind's waits are its own
 
 
@@ -162,3 +181,20 @@ def test_a_short_wait_is_polled_from_the_start(monkeypatch):
     s.devices = [dev]
     s.wait_for(lambda: dev.done)
     assert s.channel.timeouts == []
+
+
+def test_a_long_wait_that_a_call_ended_before_its_poll_lowers_the_expectation_fast(monkeypatch):
+    # seen through a `call`, the request completed up to a call's latency earlier: the
+    # wait counts a lead less, and a long wait's estimate falls at 0.7 (rises at 0.3), so
+    # the next wait of the kind begins its poll before the completion
+    clock = Clock()
+    s = _timed_session(monkeypatch, clock, ewma=0.0)
+    s.mem = None
+    s._kind_waits["d2d"] = 0.010
+    s.channel = CallingChannel(clock, call_at=100.002)
+    dev = TimedDevice(clock, done_at=100.0018)
+    s.devices = [dev]
+    s.wait_for(lambda: dev.done, kind="d2d")
+    assert len(s.channel.timeouts) == 1  # ended by the call, while blocked
+    lead = min(s.POLL_MAX / 2, 0.010 / 4)
+    assert s._kind_waits["d2d"] == pytest.approx(0.010 + 0.7 * ((0.002 - lead) - 0.010))
