@@ -60,6 +60,8 @@ class FrontendSession:
     POLL_SECONDS = 300e-6  # busy-poll the used rings at least this long before blocking
     POLL_MAX = 2e-3  # ... and up to this long when recent waits were that short
     POLL_FROM_START = 1e-3  # a wait expected longer blocks until shortly before its end
+    CHANNEL_TICK = 1e-3  # a blocking receive ends up to this late (whole milliseconds)
+    POLL_NAP = 100e-6  # between two looks at the rings near a long wait's end
     BLOCK_SLICE = 0.05  # while blocked, re-check the rings at least this often
     session_id = None  # the host's name of the session, from its hello reply
     def __init__(self, endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
@@ -207,7 +209,8 @@ class FrontendSession:
         """Block until cond() is true, processing used rings and host notifications.
         `kind` (hashable, from a bounded set): what is waited for, e.g. a copy of a size
         class; its waits are expected to take as long as the earlier ones of that kind
-        did, instead of as long as recent waits of any kind did.
+        did, instead of as long as recent waits of any kind did (a wait whose request was
+        done at the first look says nothing of that, and is not counted).
 
         Shared model: used-buffer notifications stay suppressed (EVENT_IDX used_event /
         NO_INTERRUPT) and the driver polls the used rings in guest memory for up to
@@ -225,10 +228,14 @@ class FrontendSession:
         polling through a 2 ms copy costs its DMA lanes a core. A long wait that a `call`
         ended before its poll began counts a lead less (the request completed a call's
         latency earlier), and a long wait's expectation falls faster than it rises (0.7
-        against 0.3 of the difference), so the next one begins polling in time.
+        against 0.3 of the difference), so the next one begins polling in time. The
+        channel's blocking receive ends on a whole millisecond (rounded up): the block
+        asks for a CHANNEL_TICK less and sleeps the rest.
         Between two looks at the rings the poll yields the core (sched_yield): on a
         machine with more runnable threads than cores, the host threads that are to
-        answer may be waiting for the very core this loop spins on.
+        answer may be waiting for the very core this loop spins on. Near a long wait's
+        end it sleeps POLL_NAP between looks instead: spinning there slowed a 16 MiB
+        copy's DMA lanes more than the naps delay seeing its completion.
         Inline model: the device's writes arrive in `call` messages, so it always blocks.
         """
         self.flush()
@@ -243,10 +250,13 @@ class FrontendSession:
         lead = min(self.POLL_MAX / 2, max(self.POLL_SECONDS, expected / 4))
         poll_at = start + expected - lead if not self.inline and not polling else None
         devices = self.devices
+        first_look = True
         while True:
             for d in devices:
                 d.reap()
             if cond():
+                if first_look and waits is not None:
+                    return  # done before the wait: says nothing of how long its kind takes
                 took = min(time.monotonic() - start, 1.0)
                 if poll_at is not None:  # seen before the poll began: it ended a lead earlier
                     took = max(0.0, took - lead)
@@ -258,14 +268,20 @@ class FrontendSession:
                 else:
                     waits[kind] = expected + rate * (took - expected)
                 return
+            first_look = False
             now = time.monotonic()
             if now < poll_until:
-                os.sched_yield()  # the host threads we wait for may need this core
+                if polling:
+                    os.sched_yield()  # the host threads we wait for may need this core
+                else:  # near a long job's end: its DMA lanes may need every core
+                    time.sleep(self.POLL_NAP)
                 continue
             if deadline is not None and now >= deadline:
                 raise ChannelTimeout(f"the device did not finish within {timeout:g} s")
-            if poll_at is not None and now >= poll_at:
-                poll_at, poll_until = None, now + 2 * lead
+            if poll_at is not None and now >= poll_at - self.CHANNEL_TICK:
+                if now < poll_at:  # the rest is shorter than the channel's tick
+                    time.sleep(poll_at - now)
+                poll_at, poll_until = None, time.monotonic() + 2 * lead
                 continue
             if not self.inline:
                 pending = [d for d in devices if d.queue is not None and not d.queue.enable_interrupts()]
@@ -274,7 +290,7 @@ class FrontendSession:
                     continue
             slice_s = self.BLOCK_SLICE if deadline is None else min(self.BLOCK_SLICE, deadline - now)
             if poll_at is not None:
-                slice_s = min(slice_s, poll_at - now)
+                slice_s = min(slice_s, poll_at - self.CHANNEL_TICK - now)
             try:
                 msg, frames = self.channel.recv_until(
                     lambda m: m.get("op") in (wire.OP_CALL, wire.OP_CONFIG_CHANGED), timeout=slice_s)

@@ -68,9 +68,14 @@ class Clock:
 
     def __init__(self):
         self.now = 100.0
+        self.sleeps = []
 
     def monotonic(self) -> float:
         return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
 
 
 class TimedDevice:
@@ -140,11 +145,15 @@ def test_a_long_wait_blocks_until_shortly_before_its_expected_end_then_polls(mon
     dev = TimedDevice(clock, done_at=100.0098)
     s.devices = [dev]
     s.wait_for(lambda: dev.done)
-    # one block, up to a lead of a quarter of the expected 10 ms (at most POLL_MAX / 2)
+    # one block, up to a lead of a quarter of the expected 10 ms (at most POLL_MAX / 2),
+    # asked a channel tick shorter (its receive ends on a whole millisecond), the rest slept
     lead = min(s.POLL_MAX / 2, 0.010 / 4)
-    assert s.channel.timeouts == [pytest.approx(0.010 - lead)]
-    # the completion was seen by polling, at once, without waiting for a `call`
-    assert clock.now - dev.done_at < 100e-6
+    assert s.channel.timeouts == [pytest.approx(0.010 - lead - s.CHANNEL_TICK)]
+    assert clock.sleeps[0] == pytest.approx(s.CHANNEL_TICK)
+    # then it looked every POLL_NAP (sleeping between looks) and saw the completion
+    # within one nap, without waiting for a `call`
+    assert clock.sleeps[1:] and all(t == s.POLL_NAP for t in clock.sleeps[1:])
+    assert clock.now - dev.done_at <= s.POLL_NAP + 1e-9
 
 
 def test_a_long_wait_that_the_poll_misses_blocks_again(monkeypatch):
@@ -154,7 +163,7 @@ def test_a_long_wait_that_the_poll_misses_blocks_again(monkeypatch):
     s.devices = [dev]
     s.wait_for(lambda: dev.done)
     lead = min(s.POLL_MAX / 2, 0.010 / 4)
-    assert s.channel.timeouts[0] == pytest.approx(0.010 - lead)
+    assert s.channel.timeouts[0] == pytest.approx(0.010 - lead - s.CHANNEL_TICK)
     # polled for twice the lead, then blocked in slices (a `call` would end them)
     assert s.channel.timeouts[1:] and all(t == s.BLOCK_SLICE for t in s.channel.timeouts[1:])
     assert clock.now >= dev.done_at
@@ -167,7 +176,7 @@ def test_a_wait_of_a_kind_expects_what_earlier_waits_of_that_kind_took(monkeypat
     dev = TimedDevice(clock, done_at=100.0039)
     s.devices = [dev]
     s.wait_for(lambda: dev.done, kind=("h2d", 25))
-    assert s.channel.timeouts == [pytest.approx(0.004 - 0.001)]  # blocked, not polled through
+    assert s.channel.timeouts == [pytest.approx(0.004 - 0.001 - s.CHANNEL_TICK)]  # not polled through
     took = clock.now - 100.0
     assert took < 0.004  # polled: seen at once; a long wait's estimate falls at 0.7
     assert s._kind_waits[("h2d", 25)] == pytest.approx(0.004 + 0.7 * (took - 0.004))
@@ -198,3 +207,14 @@ def test_a_long_wait_that_a_call_ended_before_its_poll_lowers_the_expectation_fa
     assert len(s.channel.timeouts) == 1  # ended by the call, while blocked
     lead = min(s.POLL_MAX / 2, 0.010 / 4)
     assert s._kind_waits["d2d"] == pytest.approx(0.010 + 0.7 * ((0.002 - lead) - 0.010))
+
+
+def test_a_wait_of_a_kind_found_done_at_once_leaves_its_expectation_alone(monkeypatch):
+    # the request completed while the caller was elsewhere: no measure of its kind
+    clock = Clock()
+    s = _timed_session(monkeypatch, clock, ewma=0.0)
+    s._kind_waits["d2d"] = 0.002
+    dev = TimedDevice(clock, done_at=0.0)
+    s.devices = [dev]
+    s.wait_for(lambda: dev.done, kind="d2d")
+    assert s._kind_waits["d2d"] == 0.002 and s.channel.timeouts == []
