@@ -15,7 +15,9 @@ A copy goes through guest memory and the host's copy engine, in pieces, one requ
 
 A synchronous copy keeps `dev.staging_depth` (pinned: `dev.pinned_depth`) requests in
 flight, one with pipeline=False, waits for all of them, raises the first error, then the
-stream's earlier asynchronous error. An asynchronous copy submits every piece, its kick
+stream's earlier asynchronous error. Each wait names its kind (direction, pinned or bounce,
+the piece's size class), so the session expects it to take as long as the earlier ones of
+that kind (FrontendSession.wait_for: it sleeps through most of a long one). An asynchronous copy submits every piece, its kick
 deferred (the driver's kick policy, guest/frontend/driver.py), and returns; each piece
 completes on its own (D2H data lands, the chunk goes back to the pool, an error
 is kept for the stream's next synchronize). Bounce chunks of requests that failed without
@@ -138,6 +140,8 @@ class StagingPool:
 class _Bounce:
     """The pieces of a pageable copy: bounce chunks of the device's pool."""
 
+    kind = "bounce"
+
     def __init__(self, pipe: "CopyPipeline", data: np.ndarray):
         self.pipe, self.data = pipe, data  # data: the host array's bytes (uint8)
         self.pool = pipe.ctx.device._staging
@@ -186,6 +190,8 @@ class _Bounce:
 
 class _Pinned:
     """The pieces of a pinned copy: ranges of the pinned block itself (one DMA each)."""
+
+    kind = "pinned"
 
     def __init__(self, pipe: "CopyPipeline", ext):
         self.pipe = pipe
@@ -308,13 +314,14 @@ class CopyPipeline:
         if n == 0:
             return
         depth = max(1, pieces.depth) if self.pipeline else 1
+        kind = (self.direction, pieces.kind)  # + the piece's size class: what a wait expects
         inflight: collections.deque[tuple] = collections.deque()  # (request, offset, size)
         first_error = None
 
         def settle() -> None:
             nonlocal first_error
             req, off, size = inflight[0]
-            self.driver.session.wait_for(lambda: req.done)
+            self.driver.session.wait_for(lambda: req.done, kind=(kind, size.bit_length()))
             inflight.popleft()
             try:
                 req.response()

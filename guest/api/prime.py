@@ -185,7 +185,7 @@ def _copy_d2d_sync(ctx: "Context", dst_va: int, src_va: int, n: int) -> None:
     """One fenced COPY_D2D on the default stream: answered once the copy is done."""
     ctx._check_live()
     ctx._driver.call(ring_command(wire.CMD_COPY_D2D, (src_va, dst_va, n), ctx_id=ctx.ctx_id,
-                                  fence_id=1))
+                                  fence_id=1), kind=("d2d", n.bit_length()))
     ctx.default_stream._raise_async_error()
 
 

@@ -444,14 +444,15 @@ class VirtioGpuDriver:
                 req.on_done(req)
         self._by_head.clear()
 
-    def wait(self, req: Request, timeout: float | None = None):
+    def wait(self, req: Request, timeout: float | None = None, kind=None):
         if not req.done:
-            self.session.wait_for(lambda: req.done, timeout)
+            self.session.wait_for(lambda: req.done, timeout, kind)
         return req.response()
 
-    def call(self, command: bytes, readable=(), writable=(), timeout: float | None = None):
-        """Submit and wait; -> (resp_type, body)."""
-        return self.wait(self.submit(command, readable, writable), timeout)
+    def call(self, command: bytes, readable=(), writable=(), timeout: float | None = None,
+             kind=None):
+        """Submit and wait (`kind`: FrontendSession.wait_for); -> (resp_type, body)."""
+        return self.wait(self.submit(command, readable, writable), timeout, kind)
 
     @property
     def in_flight(self) -> int:

@@ -59,6 +59,9 @@ class ControlRequestError(PvgpuError, RuntimeError):
 class FrontendSession:
     POLL_SECONDS = 300e-6  # busy-poll the used rings at least this long before blocking
     POLL_MAX = 2e-3  # ... and up to this long when recent waits were that short
+    POLL_FROM_START = 1e-3  # a wait expected longer blocks until shortly before its end
+    CHANNEL_TICK = 1e-3  # a blocking receive ends up to this late (whole milliseconds)
+    POLL_NAP = 100e-6  # between two looks at the rings near a long wait's end
     BLOCK_SLICE = 0.05  # while blocked, re-check the rings at least this often
     session_id = None  # the host's name of the session, from its hello reply
     def __init__(self, endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
@@ -81,6 +84,7 @@ class FrontendSession:
         self.devices: list[VirtioGpuDriver] = []
         self.closed = False
         self._wait_ewma = 0.0  # seconds: how long recent waits took (shared model)
+        self._kind_waits: dict = {}  # ... waits of each `kind` (wait_for)
         self._kicks: dict[tuple[int, int], list] = {}  # (dev, queue) -> the encoded kick
         self.host_lost = False
         heartbeat_ms = heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS
@@ -201,8 +205,12 @@ class FrontendSession:
                 return
             self._on_notification(msg, frames)
 
-    def wait_for(self, cond, timeout: float | None = None) -> None:
+    def wait_for(self, cond, timeout: float | None = None, kind=None) -> None:
         """Block until cond() is true, processing used rings and host notifications.
+        `kind` (hashable, from a bounded set): what is waited for, e.g. a copy of a size
+        class; its waits are expected to take as long as the earlier ones of that kind
+        did, instead of as long as recent waits of any kind did (a wait whose request was
+        done at the first look says nothing of that, and is not counted).
 
         Shared model: used-buffer notifications stay suppressed (EVENT_IDX used_event /
         NO_INTERRUPT) and the driver polls the used rings in guest memory for up to
@@ -210,41 +218,79 @@ class FrontendSession:
         notifications, re-check the rings (virtqueue_enable_cb semantics) and block for
         a `call`. A short request therefore completes without any device->driver message.
         The poll window adapts to recent waits: 1.5x their moving average, between
-        POLL_SECONDS and POLL_MAX; when they take longer than POLL_MAX the driver blocks
-        at once, so a long kernel leaves every core to the host. (Blocking costs a `call`
-        message and a wakeup, measured at ~250 µs here, more than a short job itself.)
+        POLL_SECONDS and POLL_MAX. When they take longer than POLL_FROM_START, the driver
+        blocks (notifications enabled: a `call` still ends it early) until a lead before
+        the wait's expected end, a quarter of it (between POLL_SECONDS and POLL_MAX / 2),
+        and polls from there for up to twice the lead before it blocks again: a long job
+        (a 16 MiB copy, a long kernel) leaves every core to the host while it runs, and its
+        completion is still seen without a `call`. Blocking to the end costs a `call`
+        message and a wakeup, measured at ~250 µs here, more than a short job itself;
+        polling through a 2 ms copy costs its DMA lanes a core. A long wait that a `call`
+        ended before its poll began counts a lead less (the request completed a call's
+        latency earlier), and a long wait's expectation falls faster than it rises (0.7
+        against 0.3 of the difference), so the next one begins polling in time. The
+        channel's blocking receive ends on a whole millisecond (rounded up): the block
+        asks for a CHANNEL_TICK less and sleeps the rest.
         Between two looks at the rings the poll yields the core (sched_yield): on a
         machine with more runnable threads than cores, the host threads that are to
-        answer may be waiting for the very core this loop spins on.
+        answer may be waiting for the very core this loop spins on. Near a long wait's
+        end it sleeps POLL_NAP between looks instead: spinning there slowed a 16 MiB
+        copy's DMA lanes more than the naps delay seeing its completion.
         Inline model: the device's writes arrive in `call` messages, so it always blocks.
         """
         self.flush()
         start = time.monotonic()
         deadline = None if timeout is None else start + timeout
-        expected = self._wait_ewma
-        polling = not self.inline and expected <= self.POLL_MAX
+        waits = self._kind_waits if kind is not None else None
+        expected = self._wait_ewma if waits is None else waits.get(kind, self._wait_ewma)
+        polling = not self.inline and expected <= self.POLL_FROM_START
         poll_until = start + min(self.POLL_MAX, max(self.POLL_SECONDS, 1.5 * expected)) \
             if polling else 0.0
+        # a longer wait: block until shortly before its expected end, then poll for it
+        lead = min(self.POLL_MAX / 2, max(self.POLL_SECONDS, expected / 4))
+        poll_at = start + expected - lead if not self.inline and not polling else None
         devices = self.devices
+        first_look = True
         while True:
             for d in devices:
                 d.reap()
             if cond():
-                took = time.monotonic() - start
-                self._wait_ewma += 0.3 * (min(took, 1.0) - self._wait_ewma)
+                if first_look and waits is not None:
+                    return  # done before the wait: says nothing of how long its kind takes
+                took = min(time.monotonic() - start, 1.0)
+                if poll_at is not None:  # seen before the poll began: it ended a lead earlier
+                    took = max(0.0, took - lead)
+                # a long wait's expectation falls faster than it rises: polling too late
+                # costs a `call`, too early a little CPU
+                rate = 0.7 if not polling and took < expected else 0.3
+                if waits is None:
+                    self._wait_ewma += rate * (took - self._wait_ewma)
+                else:
+                    waits[kind] = expected + rate * (took - expected)
                 return
+            first_look = False
             now = time.monotonic()
             if now < poll_until:
-                os.sched_yield()  # the host threads we wait for may need this core
+                if polling:
+                    os.sched_yield()  # the host threads we wait for may need this core
+                else:  # near a long job's end: its DMA lanes may need every core
+                    time.sleep(self.POLL_NAP)
                 continue
             if deadline is not None and now >= deadline:
                 raise ChannelTimeout(f"the device did not finish within {timeout:g} s")
+            if poll_at is not None and now >= poll_at - self.CHANNEL_TICK:
+                if now < poll_at:  # the rest is shorter than the channel's tick
+                    time.sleep(poll_at - now)
+                poll_at, poll_until = None, time.monotonic() + 2 * lead
+                continue
             if not self.inline:
                 pending = [d for d in devices if d.queue is not None and not d.queue.enable_interrupts()]
                 if pending:
                     self._suppress_interrupts()
                     continue
             slice_s = self.BLOCK_SLICE if deadline is None else min(self.BLOCK_SLICE, deadline - now)
+            if poll_at is not None:
+                slice_s = min(slice_s, poll_at - self.CHANNEL_TICK - now)
             try:
                 msg, frames = self.channel.recv_until(
                     lambda m: m.get("op") in (wire.OP_CALL, wire.OP_CONFIG_CHANGED), timeout=slice_s)

@@ -145,5 +145,7 @@ def test_memcpy_peer_with_and_without_peer_access(shared_host):
         same = a.empty(data.size)
         assert a.memcpy_peer(same, src) == "d2d"
         np.testing.assert_array_equal(same.to_host(), data)
+        # a device copy's wait expects what earlier ones of its size class took
+        assert ("d2d", data.nbytes.bit_length()) in conn.session._kind_waits
         with pytest.raises(ValueError):
             b.memcpy_peer(dst, b.empty(10), 4096)  # more than the source holds

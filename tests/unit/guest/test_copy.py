@@ -55,6 +55,7 @@ class FakeDriver:
         self.faulting = set()  # device addresses whose copies fail
         self.needs_reset = False
         self.session = None
+        self.wait_kinds = []  # the `kind` of each wait (FrontendSession.wait_for)
 
     def submit(self, cmd, readable=(), writable=(), kick=True):
         type_, _flags, _fence, _ctx, _ring = _HDR.unpack_from(cmd)
@@ -95,7 +96,8 @@ def make_context():
     mem = GuestMemory(MEM)
     drv = FakeDriver(mem)
 
-    def wait_for(cond, timeout=None):
+    def wait_for(cond, timeout=None, kind=None):
+        drv.wait_kinds.append(kind)
         while not cond():
             assert drv.queue, "waiting for a request the device does not have"
             drv.complete_one()
@@ -224,6 +226,20 @@ def test_pinned_memory_is_its_own_descriptor():
     assert block.busy == 0 and dev.copy_stats["staging_chunks"] == 0
     assert dev.copy_stats["pinned_requests"] == 10
     assert dev.copy_stats["pinned_bytes"] == 2 * p.nbytes
+
+
+def test_each_wait_of_a_synchronous_copy_names_its_kind_and_size_class():
+    # the session expects a wait to take as long as earlier ones of its kind did
+    ctx, drv = make_context()
+    dev = ctx.device
+    dev.pinned_request = 12 << 10
+    p = dev.connection._pinned.empty(24 << 10, np.uint8)
+    ctx.copy_h2d(0x10000, p)
+    ctx.copy_d2h(0x10000, p)
+    ctx.copy_h2d(0x10000, data(16 << 10))  # one bounce chunk of 16 KiB
+    pinned_kinds = [((H2D, "pinned"), (12 << 10).bit_length())] * 2 + \
+        [((D2H, "pinned"), (12 << 10).bit_length())] * 2
+    assert drv.wait_kinds == pinned_kinds + [((H2D, "bounce"), (16 << 10).bit_length())]
 
 
 def test_the_direction_is_checked_and_a_d2h_needs_a_writable_destination():

@@ -62,7 +62,7 @@ class InlineLoopback:
             for gpa, data in self.calls.pop(0):
                 self.mem.mv[gpa:gpa + len(data)] = data
 
-    def wait_for(self, cond, timeout=None):
+    def wait_for(self, cond, timeout=None, kind=None):
         while True:
             self.driver.reap()
             if cond():
