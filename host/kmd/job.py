@@ -79,6 +79,7 @@ INLINE_LAUNCH_ELEMENTS = 1 << 16
 INLINE_BURN_US = 20
 MAX_LAUNCHES_PER_JOB = 1024  # LAUNCH packets in one job's IB (submit_launches)
 _U64 = (1 << 64) - 1
+_I64_MIN = -(1 << 63)
 _U32 = (1 << 32) - 1
 
 
@@ -547,10 +548,13 @@ class ContextSubmitMixin:
                                   f"(max {self.limits.max_kernel_args})")
         if not isinstance(kernel_id, (int, np.integer)) or not 0 <= kernel_id <= _U32:
             raise InvalidArgument(f"bad kernel id {kernel_id!r}")
-        for a in args:
-            if not isinstance(a, (int, np.integer)) or not -(1 << 63) <= a <= _U64:
-                raise InvalidArgument(f"bad kernel argument {a!r}")
-        return int(kernel_id), grid, block, list(map(int, args))
+        ints = [a for a in args if type(a) is int and _I64_MIN <= a <= _U64]
+        if len(ints) != len(args):  # numpy integers, or a bad argument
+            for a in args:
+                if not isinstance(a, (int, np.integer)) or not _I64_MIN <= a <= _U64:
+                    raise InvalidArgument(f"bad kernel argument {a!r}")
+            ints = list(map(int, args))
+        return int(kernel_id), grid, block, ints
 
     @staticmethod
     def _launch_touches(kernel_id: int, args) -> list:
@@ -600,6 +604,11 @@ class ContextSubmitMixin:
     def _dim3(dim, what) -> tuple:
         if type(dim) is int and 0 <= dim <= _U32:
             return (dim, 1, 1)
+        if type(dim) is tuple and len(dim) == 3:  # a triple decoded from the wire
+            x, y, z = dim
+            if type(x) is type(y) is type(z) is int and 0 <= x <= _U32 and 0 <= y <= _U32 \
+                    and 0 <= z <= _U32:
+                return dim
         if isinstance(dim, (int, np.integer)):
             dim = (dim,)
         dim = tuple(int(d) for d in dim)
