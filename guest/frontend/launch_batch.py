@@ -13,7 +13,8 @@ the request slot, its records as a second readable descriptor -- when
   - a launch of another context or ring_idx comes;
   - it holds MAX_BATCH_LAUNCHES records, or the next record does not fit its buffer.
 
-A buffer belongs to its batch until the device has returned the chain. The batch's
+A buffer belongs to its batch until the device has returned the chain. A batch that cannot
+be sent because the device needs a reset fails like the requests in flight did. The batch's
 request completes once for all its launches: `on_done` (the stream's) is called once per
 batch with that request, and an error of any launch in it is the batch's (§6.5.33).
 Without PVGPU_F_LAUNCH_BATCH the driver sends each launch as its own LAUNCH instead.
@@ -92,9 +93,15 @@ class LaunchBatcher:
         cmd = _HDR_BODY.pack(wire.CMD_LAUNCH_BATCH, flags, 0, b.ctx_id, b.ring_idx, b.count)
         try:
             req = driver.submit(cmd, readable=[(b.gpa, b.used)], kick=False)
-        except BaseException:
+        except Exception as e:
             self.free.append(b.buffer)
-            raise
+            if not driver.needs_reset:
+                raise
+            # the device needs a reset: its launches fail as the requests in flight did,
+            # at their stream's next sync, not in whichever call happened to send them
+            if b.on_done is not None:
+                b.on_done(_Failed(e))
+            return None
         on_done, free, buffer = b.on_done, self.free, b.buffer
 
         def done(r):
