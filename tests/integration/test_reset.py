@@ -40,7 +40,8 @@ def test_reset_fails_the_requests_in_flight_and_service_resumes(conn, monkeypatc
         event = slow.record_event()
         for _ in range(3):  # in the driver's open LAUNCH_BATCH, not sent yet
             ctx.launch("fill", 16, 256, (b, 2.0, N), stream=quick)
-        assert dev.driver.batcher.open.count == 3
+        batcher = dev.driver.batcher
+        assert batcher.open.count == 3
         in_flight = [r for r in submitted if not r.done]
         assert len(in_flight) >= 2  # the copies, held behind the burn
         del submitted[:]
@@ -48,7 +49,7 @@ def test_reset_fails_the_requests_in_flight_and_service_resumes(conn, monkeypatc
         dev.reset()
 
         # the launches never sent fail with the reset too, at their stream's next sync
-        assert dev.driver.batcher.open is None
+        assert batcher.open is None  # dropped by the reset (the driver has a new batcher)
         assert isinstance(errors.translate(quick._take_error()), guest.DeviceNeedsReset)
 
         for req in in_flight:
