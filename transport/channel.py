@@ -251,7 +251,12 @@ def clear_stale_ipc(path: str, endpoint: str) -> None:
 class Waker:
     """A self-pipe another thread signals to wake a poll: ``wake()`` from any thread,
     ``fileno()`` in the poll set, ``clear()`` by the poller *before* it looks at the
-    work it was woken for (so a wake that races with the clear is never lost)."""
+    work it was woken for (so a wake that races with the clear is never lost).
+
+    ``wake()`` writes only when no wake is pending. ``clear()`` therefore drains the pipe
+    before it resets the flag: the other order lets a wake that lands between the two
+    write a byte the drain then swallows, leaving the flag set over an empty pipe, and
+    every later wake would be skipped until a poll timed out."""
 
     def __init__(self):
         self._r, self._w = os.pipe()
@@ -272,12 +277,12 @@ class Waker:
             pass
 
     def clear(self) -> None:
-        self._pending = False
         try:
             while os.read(self._r, 4096):
                 pass
         except (BlockingIOError, OSError):
             pass
+        self._pending = False
 
     def close(self) -> None:
         fds = (self._r, self._w)

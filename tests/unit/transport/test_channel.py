@@ -6,6 +6,7 @@ a timeout so a failure cannot hang the suite.
 """
 
 import os
+import select
 import socket
 import threading
 import time
@@ -778,6 +779,42 @@ def test_host_poll_wakes_on_extra_fd(tmp_path):
     finally:
         waker.close()
         host.close()
+
+
+def _readable(fd) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
+
+
+@pytest.mark.parametrize("racing_read", [0, 1])
+def test_a_wake_racing_with_clear_leaves_the_waker_able_to_wake(monkeypatch, racing_read):
+    """A wake from another thread that lands while the poller clears (here: at the
+    clear's first or second read of the pipe) must not leave the Waker marked pending
+    over an empty pipe: every later wake would then be skipped, and a thread asking a
+    socket holder to step aside would wait for the holder's poll to time out."""
+    waker = Waker()
+    real_read = os.read
+    reads = []
+
+    def read_racing(fd, n):
+        if len(reads) == racing_read:
+            waker.wake()  # another thread's wake, interleaved with clear()
+        reads.append(fd)
+        return real_read(fd, n)
+
+    try:
+        waker.wake()
+        monkeypatch.setattr(channel_mod.os, "read", read_racing)
+        waker.clear()
+        monkeypatch.undo()
+        assert len(reads) > racing_read
+        # whatever the interleaving, the Waker's flag and its pipe agree ...
+        assert waker._pending == _readable(waker.fileno())
+        # ... and the next wake wakes a poll
+        waker.clear()
+        waker.wake()
+        assert _readable(waker.fileno())
+    finally:
+        waker.close()
 
 
 def test_closed_host_channel_refuses_poll(tmp_path):
