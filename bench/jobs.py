@@ -8,6 +8,12 @@ the same run.
                   DEALER/ROUTER round trip of a kick-sized message to another process
   h2d 4 KiB       a synchronous 4 KiB host->device copy (`copy_from_host`), against the
                   same round trip
+  NOP             a NOP request (`Device.nop()`), against the same round trip: the cheapest
+                  request the device answers, the protocol's own floor under the two above
+  host CPU        the CPU time the host's main thread (its I/O loop, the backend, and the
+                  short jobs it runs inline) spends per NOP, launch + sync and 4 KiB copy,
+                  from /proc (Linux; the host process's pid given): unlike the times, it
+                  hardly depends on what else the machine runs
   mixed           G guest processes (default 8) x N operations each (default 2,000: tiny
                   launches, 4 KiB copies both ways, device-to-device copies, synchronize),
                   released together against one host: operations/s of all of them, against
@@ -112,6 +118,21 @@ class EchoPeer:
                 self.proc.wait()
 
 
+class ThreadCpu:
+    """CPU time (user + system) of one thread of another process, read from
+    /proc/PID/task/TID/stat; `available` is False where there is no such file."""
+
+    def __init__(self, pid: int, tid: int | None = None):
+        self.path = f"/proc/{pid}/task/{tid or pid}/stat"
+        self.available = os.path.exists(self.path)
+        self.tick = 1 / os.sysconf("SC_CLK_TCK") if self.available else 0.0
+
+    def seconds(self) -> float:
+        with open(self.path) as f:
+            fields = f.read().rpartition(")")[2].split()  # fields 3.. (comm may hold spaces)
+        return (int(fields[11]) + int(fields[12])) * self.tick  # utime, stime: fields 14, 15
+
+
 def kick_size() -> int:
     from pvgpu.bench.hotpaths import _kick_size
     return _kick_size()
@@ -119,13 +140,33 @@ def kick_size() -> int:
 
 # ---------------------------------------------------------------- through a host
 def guest_figures(conn, endpoint_dir: str, *, launches: int = 2000, batch: int = 50,
-                  reps: int = 15, async_reps: int = 5, out=print) -> dict:
-    """Async launches, launch + sync and the 4 KiB copy on `conn`'s device 0, with the
-    bare zmq limits measured beside them (an echo process on an ipc endpoint in
-    `endpoint_dir`). Synchronous figures are per operation, timed over `batch` of them."""
+                  reps: int = 15, async_reps: int = 5, host_pid: int | None = None,
+                  out=print) -> dict:
+    """Async launches, launch + sync, the 4 KiB copy and a NOP on `conn`'s device 0, with
+    the bare zmq limits measured beside them (an echo process on an ipc endpoint in
+    `endpoint_dir`). Synchronous figures are per operation, timed over `batch` of them.
+    With `host_pid` (a local host process), also the host main thread's CPU per operation."""
     peer = EchoPeer(f"ipc://{endpoint_dir}/echo.sock", kick_size())
+    cpu = ThreadCpu(host_pid) if host_pid else None
+    if cpu is not None and not cpu.available:
+        cpu = None
+    host_cpu = {}  # operation -> [host CPU seconds, operations]
+
+    def on_host(name, fn):
+        if cpu is None:
+            return fn
+
+        def measured():
+            t0 = cpu.seconds()
+            fn()
+            acc = host_cpu.setdefault(name, [0.0, 0])
+            acc[0] += cpu.seconds() - t0
+            acc[1] += batch
+        return measured
+
+    dev = conn.devices[0]
     try:
-        with conn.devices[0].create_context("bench-jobs") as ctx:
+        with dev.create_context("bench-jobs") as ctx:
             tiny = ctx.zeros(TINY, np.float32)
             host4k = np.arange(COPY_BYTES // 4, dtype=np.float32)
             dev4k = ctx.empty(COPY_BYTES // 4, np.float32)
@@ -145,12 +186,17 @@ def guest_figures(conn, endpoint_dir: str, *, launches: int = 2000, batch: int =
                 for _ in range(batch):
                     dev4k.copy_from_host(host4k)
 
+            def nops():
+                for _ in range(batch):
+                    dev.nop()
+
             t = rounds({"async": async_launches, "zmq_pipelined": lambda: peer.pipelined(launches)},
                        max_reps=async_reps, warmup=True)
             async_launches()
             if not np.all(tiny.to_host() == float((launches - 1) % 1000)):
                 raise AssertionError("the stream's last fill is not what the device holds")
-            s = rounds({"launch_sync": launch_sync, "h2d": h2d,
+            s = rounds({"launch_sync": on_host("launch_sync", launch_sync),
+                        "h2d": on_host("h2d_4KiB", h2d), "nop": on_host("nop", nops),
                         "zmq_rtt": lambda: peer.round_trips(batch)}, max_reps=reps, warmup=True)
             if not np.array_equal(dev4k.to_host(), host4k):
                 raise AssertionError("the 4 KiB copy did not land")
@@ -161,16 +207,25 @@ def guest_figures(conn, endpoint_dir: str, *, launches: int = 2000, batch: int =
         peer.close()
     a = launches / _median(t["async"])
     z = launches / _median(t["zmq_pipelined"])
-    rtt, ls, hd = (_median(s[k]) / batch for k in ("zmq_rtt", "launch_sync", "h2d"))
+    rtt, ls, hd, nop = (_median(s[k]) / batch for k in ("zmq_rtt", "launch_sync", "h2d", "nop"))
     res = {"async_launches": {"launches": launches, "per_s": a, "zmq_msgs_per_s": z,
                               "vs_zmq": a / z},
            "launch_sync": {"s": ls, "zmq_rtt_s": rtt, "vs_zmq_rtt": ls / rtt},
-           "h2d_4KiB": {"s": hd, "zmq_rtt_s": rtt, "vs_zmq_rtt": hd / rtt}}
+           "h2d_4KiB": {"s": hd, "zmq_rtt_s": rtt, "vs_zmq_rtt": hd / rtt},
+           "nop": {"s": nop, "zmq_rtt_s": rtt, "vs_zmq_rtt": nop / rtt}}
+    if host_cpu:
+        res["host_cpu_us"] = {k: sec / n * 1e6 for k, (sec, n) in host_cpu.items()}
     out(f"async launches ({launches} on one stream): {a:8.0f}/s   bare zmq messages "
         f"(pipelined) {z:8.0f}/s   {a / z:.3f}x")
     out(f"launch + synchronize: {ls * 1e6:7.1f} us   bare zmq round trip {rtt * 1e6:6.1f} us   "
         f"{ls / rtt:.2f}x")
     out(f"synchronous 4 KiB h2d copy: {hd * 1e6:7.1f} us   bare zmq round trip   {hd / rtt:.2f}x")
+    out(f"a NOP request (the protocol's floor): {nop * 1e6:7.1f} us   bare zmq round trip   "
+        f"{nop / rtt:.2f}x")
+    if host_cpu:
+        c = res["host_cpu_us"]
+        out(f"host main thread CPU per request: NOP {c['nop']:6.1f} us   launch + synchronize "
+            f"{c['launch_sync']:6.1f} us   4 KiB h2d {c['h2d_4KiB']:6.1f} us")
     return res
 
 
@@ -389,10 +444,11 @@ def run_bench(json_path: str | None = None, quick: bool = False, out=print, *,
     out(f"{os.cpu_count()} CPUs" + (f", load average {load[0]:.1f}" if load else ""))
     out("Through a host process and the guest API (shared memory model):")
     try:
-        with HostProcess([endpoint], vram="256M"):
+        with HostProcess([endpoint], vram="256M") as host:
             with guest.connect(endpoint, mem_size=32 << 20) as conn:
                 results.update(guest_figures(conn, tmp, launches=launches, reps=reps,
                                              async_reps=max(3, reps // 3),
+                                             host_pid=host.proc.pid,
                                              out=lambda s: out("  " + s)))
             results["mixed"] = mixed_figures(endpoint, tmp, guests=guests, ops=ops,
                                              out=lambda s: out("  " + s))

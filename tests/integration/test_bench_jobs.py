@@ -3,6 +3,8 @@ KMD), checks its results and reports the structure the README's table is made fr
 counts; no timing is asserted, only that the figures exist and are positive."""
 
 import shutil
+import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -25,16 +27,34 @@ def test_the_guest_figures_come_with_their_zmq_limits(shared_host, echo_dir):
     lines = []
     with guest.connect(shared_host.endpoint, mem_size=32 << 20) as conn:
         res = jobs.guest_figures(conn, echo_dir, launches=20, batch=3, reps=2, async_reps=1,
-                                 out=lines.append)
-    assert set(res) == {"async_launches", "launch_sync", "h2d_4KiB"}
+                                 host_pid=shared_host.proc.pid, out=lines.append)
+    assert set(res) == {"async_launches", "launch_sync", "h2d_4KiB", "nop", "host_cpu_us"}
     a = res["async_launches"]
     assert a["launches"] == 20 and a["per_s"] > 0 and a["zmq_msgs_per_s"] > 0
     assert a["vs_zmq"] == pytest.approx(a["per_s"] / a["zmq_msgs_per_s"])
-    for name in ("launch_sync", "h2d_4KiB"):
+    for name in ("launch_sync", "h2d_4KiB", "nop"):
         r = res[name]
         assert r["s"] > 0 and r["zmq_rtt_s"] > 0
         assert r["vs_zmq_rtt"] == pytest.approx(r["s"] / r["zmq_rtt_s"])
-    assert len(lines) == 3
+    # the host's CPU per request: ticks are coarse, so a few requests may read as 0
+    assert set(res["host_cpu_us"]) == {"nop", "launch_sync", "h2d_4KiB"}
+    assert all(v >= 0 for v in res["host_cpu_us"].values())
+    assert len(lines) == 5
+
+
+def test_the_host_cpu_figure_reads_a_thread_of_another_process():
+    busy = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt = time.process_time()\n"
+         "while time.process_time() - t < 0.3: pass\nprint('done', flush=True)\ninput()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        cpu = jobs.ThreadCpu(busy.pid)
+        assert cpu.available
+        assert busy.stdout.readline() == b"done\n"
+        assert cpu.seconds() >= 0.3 - 2 * cpu.tick  # its main thread burnt 0.3 s of CPU
+    finally:
+        busy.communicate(b"\n", timeout=30)
+    assert not jobs.ThreadCpu(busy.pid).available  # reaped: no such thread
 
 
 def test_mixed_guests_run_together_and_are_verified(shared_host, echo_dir):
