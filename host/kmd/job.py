@@ -243,7 +243,8 @@ class JobMixin:
             if kick is not None:  # the engine was idle: publish and run the job here
                 ring = self.rings[kick]
                 self.mmio.write(ring.kick_sync_wptr_reg, ring.wptr)
-            signals = self._take_signals()
+            signals = self._take_signals() if self._signals else None  # (an inline job's
+            # were taken by its interrupt)
             if sched.in_flight or sched.hold_until is not None:  # (else no deadline)
                 self._arm_timer(sched)
         if signals:
