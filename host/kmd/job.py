@@ -218,28 +218,35 @@ class JobMixin:
                 resvs = self.prime.shared_resvs(ctx)
             else:
                 resvs = self.prime.touched(ctx, touches)
-            if resvs:
-                with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
-                    deps += self.prime.implicit_deps(resvs)
-                    job = sched.push(_Job(ent, ib, deps, short), now)
-                    self.prime.add_job_fence(resvs, job.finished)
-            else:
-                job = sched.push(_Job(ent, ib, deps, short), now)
+            # a short job may run on this thread: now if it holds no device lock, or when
+            # the batch it is in exits (batch.py)
+            batch = self._batch
+            inline = short and (free or batch is not None
+                                and batch.owner == threading.get_ident())
+            try:
+                if resvs:
+                    with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
+                        deps += self.prime.implicit_deps(resvs)
+                        job = _Job(ent, ib, deps, short)
+                        if inline:
+                            self._inline_job = job
+                        sched.push(job, now)
+                        self.prime.add_job_fence(resvs, job.finished)
+                else:
+                    job = _Job(ent, ib, deps, short)
+                    if inline:
+                        self._inline_job = job
+                    sched.push(job, now, run=True)  # (what schedule() would do at once)
+                if job.hw_fence is None:
+                    sched.schedule(now)
+            finally:
+                self._inline_job = None
+                kick, self._inline_kick = self._inline_kick, None
             ent.last_finished = job.finished
             ctx.last_fence = job.finished
             ctx.last_use_ns = now
             ctx.stats["jobs_submitted"] += 1
             self.stats["jobs_submitted"] += 1
-            # a short job may run on this thread: now if it holds no device lock, or when
-            # the batch it is in exits (batch.py)
-            batch = self._batch
-            if short and (free or batch is not None and batch.owner == threading.get_ident()):
-                self._inline_job = job
-            try:
-                sched.schedule(now)
-            finally:
-                self._inline_job = None
-                kick, self._inline_kick = self._inline_kick, None
             if kick is not None:  # the engine was idle: publish and run the job here
                 ring = self.rings[kick]
                 self.mmio.write(ring.kick_sync_wptr_reg, ring.wptr)
