@@ -108,8 +108,7 @@ class SubmissionBatch:
             kicks = self._commit()
             while kicks:
                 for engine in kicks:  # publish and run (nothing else publishes meanwhile)
-                    ring = dev.rings[engine]
-                    dev.mmio.write(ring.kick_sync_wptr_reg, ring.wptr)
+                    dev.kick_sync_wptr[engine](dev.rings[engine].wptr)
                 # the kicked jobs' completions handed the schedulers with jobs queued
                 # behind them to this batch (resume): stage those jobs, commit, run them
                 self._schedule_resumed()

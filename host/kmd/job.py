@@ -248,8 +248,7 @@ class JobMixin:
             ctx.stats["jobs_submitted"] += 1
             self.stats["jobs_submitted"] += 1
             if kick is not None:  # the engine was idle: publish and run the job here
-                ring = self.rings[kick]
-                self.mmio.write(ring.kick_sync_wptr_reg, ring.wptr)
+                self.kick_sync_wptr[kick](self.rings[kick].wptr)
             signals = self._take_signals() if self._signals else None  # (an inline job's
             # were taken by its interrupt)
             if sched.in_flight or sched.hold_until is not None:  # (else no deadline)
