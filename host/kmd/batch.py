@@ -111,6 +111,8 @@ class SubmissionBatch:
                     dev.kick_sync_wptr[engine](dev.rings[engine].wptr)
                 # the kicked jobs' completions handed the schedulers with jobs queued
                 # behind them to this batch (resume): stage those jobs, commit, run them
+                if not self.resume:
+                    break
                 self._schedule_resumed()
                 kicks = self._commit()
             signals = dev._take_signals()

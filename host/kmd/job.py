@@ -113,20 +113,25 @@ def _ring_idle(sched: GpuScheduler) -> bool:
     return True
 
 
+# built-in kernel -> (its argument count, the indices of its size (ARG_U32) arguments)
+_SIZE_ARGS = {k: (len(sig.args), tuple(i for i, (_n, kind) in enumerate(sig.args)
+                                       if kind == kernels.ARG_U32))
+              for k, sig in kernels.BUILTIN_KERNELS.items()}
+
+
 def launch_load(kernel_id: int, args) -> float:
     """A built-in launch's work as a fraction of what runs on the submitting thread: the
     product of its size arguments (n; m*n*k; rows*cols) over INLINE_LAUNCH_ELEMENTS, a
     burn's microseconds over INLINE_BURN_US. A job whose launches add up to at most 1 is
     short (module docstring)."""
-    sig = kernels.BUILTIN_KERNELS.get(kernel_id)
-    if sig is None or len(args) != len(sig.args):
+    nargs, sizes = _SIZE_ARGS.get(kernel_id, (None, ()))
+    if len(args) != nargs:
         return 0.0  # the hardware refuses it at once (an illegal packet)
     if kernel_id == kernels.KERNEL_BURN:
         return (args[0] & _U32) / INLINE_BURN_US
     work = 1
-    for (_name, kind), a in zip(sig.args, args):
-        if kind == kernels.ARG_U32:
-            work *= a & _U32
+    for i in sizes:
+        work *= args[i] & _U32
     return work / INLINE_LAUNCH_ELEMENTS
 
 
@@ -527,19 +532,24 @@ class ContextSubmitMixin:
         submitted. A fault in one skips the rest of the IB (the command processor's rule),
         so the job fails with that fault and the launches after it do not run. The job is
         short when the launches' loads add up to at most 1 (launch_load)."""
-        checked = [self._check_launch(*launch) for launch in launches]
-        if not checked:
+        parts = []  # each launch checked, packed and weighed in one pass
+        touches = [] if self.shared else ()
+        load = 0.0
+        for launch in launches:
+            k, g, b, a = self._check_launch(*launch)
+            parts.append(packets.launch(k, g, b, a))
+            load += launch_load(k, a)
+            if self.shared:
+                touches += self._launch_touches(k, a)
+        if not parts:
             raise InvalidArgument("no launches")
-        if len(checked) > MAX_LAUNCHES_PER_JOB:
-            raise InvalidArgument(f"{len(checked)} launches in one job "
+        if len(parts) > MAX_LAUNCHES_PER_JOB:
+            raise InvalidArgument(f"{len(parts)} launches in one job "
                                   f"(at most {MAX_LAUNCHES_PER_JOB})")
-        ib = b"".join([packets.launch(k, g, b, a) for k, g, b, a in checked])
-        touches = [t for k, _g, _b, a in checked for t in self._launch_touches(k, a)] \
-            if self.shared else ()
-        load = sum(launch_load(k, a) for k, _g, _b, a in checked)
+        ib = parts[0] if len(parts) == 1 else b"".join(parts)
         fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches,
                                     short=load <= 1.0)
-        self.stats["launches"] += len(checked)
+        self.stats["launches"] += len(parts)
         return fence
 
     def _check_launch(self, kernel_id, grid, block, args) -> tuple:
