@@ -439,7 +439,10 @@ class JobMixin:
             job = jobs.pop(f, None)
             if job is None:
                 continue
-            self._ib_free(job.ib, job.ib_block)
+            if job.ib_block is None:  # from the IB pool (else its own VRAM blocks)
+                self.ib_pool.free(job.ib)
+            else:
+                self._release_vram(job.ib_block)
             ctx = job.entity.owner
             if job.kernarg is not None:
                 ctx.kernargs.give_back(job.kernarg)
