@@ -110,9 +110,6 @@ class FenceCondition(threading.Condition):
         self.waiting = 0  # WAIT packets waiting now (changed with the condition held)
 
 
-_QWORDS = [struct.Struct(f"<{n}Q") for n in range(RING_FETCH_DW + 1)]  # launch arguments
-
-
 def _dwords(buf, addr: int, ndw: int) -> tuple:
     """ndw little-endian dwords of VRAM at physical addr (the caller checked the range)."""
     fmt = _DWORDS[ndw] if ndw < len(_DWORDS) else struct.Struct(f"<{ndw}I")
@@ -335,17 +332,14 @@ class CommandProcessor:
         grid, block, nargs = body[1:4], body[4:7], body[7]
         if len(body) != LAUNCH_FIXED_DW + 2 * nargs:
             raise _Illegal(f"LAUNCH body of {len(body)} dwords for {nargs} arguments")
-        if nargs < len(_QWORDS):  # the argument dwords, read again as u64s
-            dw, qw = _DWORDS[2 * nargs], _QWORDS[nargs]
-        else:
-            dw, qw = struct.Struct(f"<{2 * nargs}I"), struct.Struct(f"<{nargs}Q")
-        args = list(qw.unpack(dw.pack(*body[LAUNCH_FIXED_DW:])))
+        dw = _DWORDS[2 * nargs] if 2 * nargs < len(_DWORDS) else struct.Struct(f"<{2 * nargs}I")
         self.launches += 1
         mem = self._kernel_mem.get(vmid)
         if mem is None:
             mem = self._kernel_mem[vmid] = kernels.KernelMemory(self.mmu, vmid, self.cus)
-        try:
-            kernels.launch(kernel_id, grid, block, args, mem, ctl)
+        try:  # the argument slots, as the packet's bytes
+            kernels.launch_slots(kernel_id, grid, block, dw.pack(*body[LAUNCH_FIXED_DW:]), mem,
+                                 ctl)
         except kernels.InvalidLaunch as e:
             raise _Illegal(str(e)) from None
 

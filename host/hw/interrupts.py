@@ -102,8 +102,18 @@ class InterruptController:
                     self.dropped += 1
                 self._latched.append(irq)
                 return
-            handler = self._pick_handler_locked()
-        self._call(handler, irq)
+            handler = self._handler  # (_pick_handler_locked and _call, without the calls)
+            if handler is not None:
+                self.delivered += 1
+            else:
+                self.unhandled += 1
+        if handler is None:
+            log.debug("%s: no handler for %s", self.name, irq)
+            return
+        try:
+            handler(irq)
+        except Exception:  # noqa: BLE001 - the handler must never kill an engine thread
+            self._failed(irq)
 
     def _deliver(self, irq: Interrupt) -> None:
         """A latched interrupt, once enabled."""

@@ -60,7 +60,7 @@ import time
 
 import numpy as np
 
-from pvgpu.host.hw.compute_units import SERIAL, ComputeUnits
+from pvgpu.host.hw.compute_units import MIN_SPLIT, SERIAL, ComputeUnits
 from pvgpu.spec.kernels import (ACCESS_READ, ACCESS_WRITE, ARG_F32, ARG_PTR, ARG_U32, BUILTIN_KERNELS,
                           BURN_FOREVER, KERNEL_BURN, KERNEL_FILL, KERNEL_GEMM, KERNEL_REDUCE_SUM,
                           KERNEL_RELU, KERNEL_SAXPY, KERNEL_SCALE, KERNEL_SOFTMAX,
@@ -122,6 +122,10 @@ class KernelMemory:
         piece is only right when no output partially overlaps an input: pass the inputs
         through unshare() first."""
         chunk = ELEMENTWISE_CHUNK
+        if count <= chunk and count < MIN_SPLIT:  # one piece of one chunk: on this thread
+            if count and not ctl.stopped():
+                fn(0, count)
+            return
 
         def piece(lo, hi):
             for start in range(lo, hi, chunk):
@@ -152,12 +156,14 @@ class KernelMemory:
 
     def input(self, va: int, count: int, dtype=F32) -> np.ndarray:
         dtype, nbytes, ext = self._translate(va, count, dtype, ACCESS_READ)
-        return _gather(ext).view(dtype)
+        return (ext[0] if len(ext) == 1 else _gather(ext)).view(dtype)
 
     def output(self, va: int, count: int, dtype=F32):
         """-> (array, commit): write the results into array, then call commit()."""
         dtype, nbytes, ext = self._translate(va, count, dtype, ACCESS_WRITE)
-        if len(ext) <= 1:
+        if len(ext) == 1:  # in place
+            return ext[0].view(dtype), _noop
+        if not ext:
             return _gather(ext).view(dtype), _noop
         tmp = np.empty(nbytes, dtype=np.uint8)
         return tmp.view(dtype), lambda: _scatter(tmp, ext)
@@ -178,7 +184,7 @@ def _same_memory(a: np.ndarray, b: np.ndarray) -> bool:
 
 def _finish(ctl, commit) -> None:
     """Scatter a temporary output unless the kernel was stopped (then it stays unwritten)."""
-    if not ctl.stopped():
+    if commit is not _noop and not ctl.stopped():
         commit()
 
 
@@ -334,31 +340,49 @@ _NO_ARITHMETIC = frozenset({KERNEL_FILL, KERNEL_BURN})  # they only store or wai
 assert all(KERNEL_IMPLS[k].__name__ == s.name for k, s in BUILTIN_KERNELS.items())
 
 
-def decode_args(signature, raw_args) -> list:
-    out = []
-    for (_, kind), raw in zip(signature.args, raw_args):
-        if kind == ARG_PTR:
-            out.append(raw & 0xFFFFFFFFFFFFFFFF)
-        elif kind == ARG_U32:
-            out.append(raw & 0xFFFFFFFF)
-        elif kind == ARG_F32:
-            out.append(np.float32(struct.unpack("<f", struct.pack("<I", raw & 0xFFFFFFFF))[0]))
-        else:  # pragma: no cover - pvgpu.spec.kernels defines only these kinds
-            raise InvalidLaunch(f"unknown argument kind {kind!r}")
-    return out
+# A LAUNCH's argument slots, decoded by one struct per kernel: u64 for ARG_PTR, the low 32
+# bits for ARG_U32 and ARG_F32 (as a float, made np.float32), padding for the high ones
+_SLOT_FORMAT = {ARG_PTR: "Q", ARG_U32: "I4x", ARG_F32: "f4x"}
+_ARG_STRUCTS = {k: struct.Struct("<" + "".join(_SLOT_FORMAT[kind] for _, kind in s.args))
+                for k, s in BUILTIN_KERNELS.items()}
+_F32_SLOTS = {k: tuple(i for i, (_, kind) in enumerate(s.args) if kind == ARG_F32)
+              for k, s in BUILTIN_KERNELS.items()}
+
+
+def decode_args(kernel_id: int, slots) -> list:
+    """A LAUNCH's argument slots (little-endian u64s, as bytes) -> the kernel's arguments;
+    raises InvalidLaunch for an unknown kernel or a wrong argument count."""
+    fmt = _ARG_STRUCTS.get(kernel_id)
+    if fmt is None:
+        raise InvalidLaunch(f"unknown kernel id {kernel_id}")
+    if len(slots) != fmt.size:
+        sig = BUILTIN_KERNELS[kernel_id]
+        raise InvalidLaunch(f"{sig.name} takes {len(sig.args)} arguments, got {len(slots) // 8}")
+    args = fmt.unpack(slots)
+    f32 = _F32_SLOTS[kernel_id]
+    if not f32:
+        return args
+    args = list(args)
+    for i in f32:
+        args[i] = np.float32(args[i])
+    return args
 
 
 def launch(kernel_id: int, grid, block, raw_args, mem: KernelMemory,
            ctl: StopToken = NEVER_STOP) -> None:
-    """Run a built-in kernel. Raises InvalidLaunch, or MmuFault before writing anything."""
-    sig = BUILTIN_KERNELS.get(kernel_id)
-    if sig is None:
-        raise InvalidLaunch(f"unknown kernel id {kernel_id}")
-    if len(raw_args) != len(sig.args):
-        raise InvalidLaunch(f"{sig.name} takes {len(sig.args)} arguments, got {len(raw_args)}")
+    """Run a built-in kernel (raw_args: the u64 argument slots). Raises InvalidLaunch, or
+    MmuFault before writing anything."""
+    slots = struct.pack(f"<{len(raw_args)}Q", *[a & 0xFFFFFFFFFFFFFFFF for a in raw_args])
+    launch_slots(kernel_id, grid, block, slots, mem, ctl)
+
+
+def launch_slots(kernel_id: int, grid, block, slots, mem: KernelMemory,
+                 ctl: StopToken = NEVER_STOP) -> None:
+    """launch() with the argument slots as a LAUNCH packet carries them (bytes)."""
+    args = decode_args(kernel_id, slots)
     threads = math.prod(grid) * math.prod(block)
     if kernel_id in _NO_ARITHMETIC:  # no floating-point state to set up
-        KERNEL_IMPLS[kernel_id](mem, ctl, threads, *decode_args(sig, raw_args))
+        KERNEL_IMPLS[kernel_id](mem, ctl, threads, *args)
         return
     with np.errstate(all="ignore"):
-        KERNEL_IMPLS[kernel_id](mem, ctl, threads, *decode_args(sig, raw_args))
+        KERNEL_IMPLS[kernel_id](mem, ctl, threads, *args)

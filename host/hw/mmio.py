@@ -75,6 +75,16 @@ class RegisterFile:
             return reg.on_read
         return functools.partial(self.read, offset)
 
+    def writer(self, offset: int):
+        """-> a callable that writes the register at `offset` as write() does, for a driver
+        that writes it on every operation (a ring's kick): a write-only register's write
+        hook itself when it has one (the value it would store is never read back; the
+        caller passes values of 64 bits at most), else write() of that offset."""
+        reg = self._regs.get(offset)
+        if reg is not None and reg.mode == WO and reg.on_write is not None:
+            return reg.on_write
+        return functools.partial(self.write, offset)
+
     def write(self, offset: int, value: int) -> None:
         value = int(value) & MASK64
         reg = self._regs.get(offset)

@@ -292,19 +292,28 @@ class Mmu:
         """The common small case: a range inside one page, with plain ints."""
         chunk = va >> LEAF_SHIFT
         index = (va >> PAGE_SHIFT) & _IDX
-        for use_tlb in (True, False):
-            ptes, cached = self._leaf(vmid, chunk, use_tlb)
-            if ptes is None:
-                self._fault(vmid, va, access, "no page table")
+        with self._lock:  # the TLB first (_leaf's hit path, without the call)
+            ptes = self._tlb[vmid].get(chunk)
+            if ptes is not None:
+                self.tlb_hits += 1
+        cached = ptes is not None
+        while True:
+            if ptes is None:  # a miss, or a cached leaf re-read once
+                ptes, cached = self._leaf(vmid, chunk, False)
+                if ptes is None:
+                    self._fault(vmid, va, access, "no page table")
             pte = int(ptes[index])
             addr = pte & PTE_ADDR_MASK
             kind = pte & _KINDS
-            if (pte & need) == need and (addr + PAGE_SIZE <= self.vram.size if kind == _VRAM
-                                         else kind in self._bus_kinds):
-                runs = [(kind, addr, va & ~_PAGE_MASK, 1)]
-                return self._views(vmid, runs, va, end, access)
+            if kind == _VRAM:
+                if (pte & need) == need and addr + PAGE_SIZE <= self.vram.size:
+                    addr += va & _PAGE_MASK
+                    return [self.vram.mem[addr:addr + end - va]]  # (_views of a VRAM page)
+            elif (pte & need) == need and kind in self._bus_kinds:
+                return self._views(vmid, [(kind, addr, va & ~_PAGE_MASK, 1)], va, end, access)
             if not cached:
                 break
+            ptes = None
         self._bad_pte(vmid, va, pte, access)
 
     def _translate_range(self, vmid, va, end, access, need, first, last) -> list:

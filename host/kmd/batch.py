@@ -16,14 +16,17 @@ its seqno, fence.py); each still writes its own completion time into its timesta
 so the scheduler's accounting sees when each job ended.
 
 An engine that was idle when the batch's first job for it ran, and whose batched jobs are
-all short (job.py), gets RB_KICK_SYNC once the lock is released, so they run to
-completion on this thread as a lone short job would; any other engine gets a doorbell.
-The batch stays open while the kicked jobs run, and its thread stays the device's
-submission context (submit.py): a completion it retires that leaves jobs queued behind
-the scheduler's hw_limit hands that scheduler to the batch (`resume`) rather than to the
-submission worker; the exit schedules it under the lock, which stages the jobs in turn,
-and commits and kicks again until a round stages nothing to kick. So a batch of many
-short jobs runs them all on this thread, hw_limit at a time.
+all short (job.py), gets its new WPTR written to RB_KICK_SYNC_WPTR before the lock is
+released (the hold keeps anything else from publishing past it), so they run to
+completion on this thread, their interrupt handled in the same hold, as a lone short
+job's is; any other engine gets a doorbell. The batch stays open while the kicked jobs
+run, and its thread stays the device's submission context (submit.py): a completion it
+retires that leaves jobs queued behind the scheduler's hw_limit hands that scheduler to
+the batch (`resume`) rather than to the submission worker; the exit then schedules it,
+which stages the jobs in turn, and commits and kicks again until a round stages nothing
+to kick, all in its one lock hold. So a batch of many short jobs runs them all on this
+thread, hw_limit at a time, and holds the lock while they run (as a lone short job
+does: they are bounded).
 
 The batch is the device's, not the thread's: if another thread reaches run_job while the
 batch is open (the batch's thread released the lock in a Condition wait), that job is not
@@ -55,10 +58,12 @@ class EngineBatch:
         self.jobs = []  # their SchedJobs
         self.quiet = False  # the last staged FENCE raises no interrupt (yet)
 
-    def commit(self, device, engine: int, doorbell: bool) -> None:
+    def commit(self, device, engine: int, kick: bool) -> None:
         """Commit the engine's transaction: its last FENCE raises the interrupt. The jobs
         reach the hardware now, so their device time starts now (the scheduler charges
-        a job from its run_ns or its predecessor's end, whichever is later)."""
+        a job from its run_ns or its predecessor's end, whichever is later). With `kick`
+        the new WPTR is not published: the caller publishes it and runs the jobs in one
+        write (RB_KICK_SYNC_WPTR); else a doorbell publishes it."""
         ring = device.rings[engine]
         if not ring.in_transaction:  # an engine reset dropped it (TDR resubmits the jobs)
             return
@@ -67,7 +72,7 @@ class EngineBatch:
         now = device.clock_ns()
         for job in self.jobs:
             job.run_ns = now
-        ring.commit(doorbell=doorbell)
+        ring.commit(publish=not kick)
 
 
 class SubmissionBatch:
@@ -99,29 +104,22 @@ class SubmissionBatch:
         if not self._outer:
             dev.lock.release()
             return
-        kicks = ()
         try:
             kicks = self._commit()
+            while kicks:
+                for engine in kicks:  # publish and run (nothing else publishes meanwhile)
+                    dev.kick_sync_wptr[engine](dev.rings[engine].wptr)
+                # the kicked jobs' completions handed the schedulers with jobs queued
+                # behind them to this batch (resume): stage those jobs, commit, run them
+                if not self.resume:
+                    break
+                self._schedule_resumed()
+                kicks = self._commit()
             signals = dev._take_signals()
         finally:
-            if not kicks:
-                dev._batch = None
+            dev._batch = None
             dev.lock.release()
         dev._signal(signals)
-        while kicks:
-            for engine in kicks:
-                dev.mmio.write(dev.rings[engine].kick_sync_reg, 1)
-            # the kicked jobs' completions handed the schedulers with jobs queued behind
-            # them to this batch (resume): stage those jobs, commit and run them too
-            with dev.lock:
-                try:
-                    self._schedule_resumed()
-                    kicks = self._commit()
-                    signals = dev._take_signals()
-                finally:
-                    if not kicks:
-                        dev._batch = None
-            dev._signal(signals)
 
     def _schedule_resumed(self) -> None:
         """Hand the jobs queued behind this thread's completions to run_job (lock held)."""
@@ -143,7 +141,7 @@ class SubmissionBatch:
             if not dev.rings[engine].in_transaction:
                 continue
             kick = staged.inline and self.may_inline
-            staged.commit(dev, engine, doorbell=not kick)
+            staged.commit(dev, engine, kick)
             if kick:
                 kicks.append(engine)
                 dev.stats["jobs_inline"] += len(staged.jobs)
@@ -153,4 +151,4 @@ class SubmissionBatch:
         """Commit the engine's staged jobs now, with a doorbell (lock held)."""
         staged = self.engines.pop(engine, None)
         if staged is not None:
-            staged.commit(self.device, engine, doorbell=True)
+            staged.commit(self.device, engine, kick=False)

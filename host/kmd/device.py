@@ -152,6 +152,9 @@ class KmdDevice(JobMixin, IbPoolMixin, EvictMixin, TdrMixin, IrqMixin, DmaMixin)
 
         for ring in self.rings:
             ring.init()
+        # per engine: publish a WPTR and run the ring on this thread (RB_KICK_SYNC_WPTR),
+        # written for every short job, so through the register's own writer
+        self.kick_sync_wptr = [self.mmio.writer(ring.kick_sync_wptr_reg) for ring in self.rings]
 
         # the GPU scheduler: one per ring, and the device's submission context (submit.py)
         now = self.clock_ns()

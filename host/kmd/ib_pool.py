@@ -85,9 +85,3 @@ class IbPoolMixin:
             self.stats["ib_pool_full"] += 1
         blocks = self.mm.alloc_blocks(round_up(nbytes, PAGE_SIZE), flags=CONTIGUOUS | TOPDOWN)
         return min(b.offset for b in blocks), blocks
-
-    def _ib_free(self, phys: int, blocks) -> None:
-        if blocks is not None:
-            self._release_vram(blocks)
-        else:
-            self.ib_pool.free(phys)

@@ -113,20 +113,25 @@ def _ring_idle(sched: GpuScheduler) -> bool:
     return True
 
 
+# built-in kernel -> (its argument count, the indices of its size (ARG_U32) arguments)
+_SIZE_ARGS = {k: (len(sig.args), tuple(i for i, (_n, kind) in enumerate(sig.args)
+                                       if kind == kernels.ARG_U32))
+              for k, sig in kernels.BUILTIN_KERNELS.items()}
+
+
 def launch_load(kernel_id: int, args) -> float:
     """A built-in launch's work as a fraction of what runs on the submitting thread: the
     product of its size arguments (n; m*n*k; rows*cols) over INLINE_LAUNCH_ELEMENTS, a
     burn's microseconds over INLINE_BURN_US. A job whose launches add up to at most 1 is
     short (module docstring)."""
-    sig = kernels.BUILTIN_KERNELS.get(kernel_id)
-    if sig is None or len(args) != len(sig.args):
+    nargs, sizes = _SIZE_ARGS.get(kernel_id, (None, ()))
+    if len(args) != nargs:
         return 0.0  # the hardware refuses it at once (an illegal packet)
     if kernel_id == kernels.KERNEL_BURN:
         return (args[0] & _U32) / INLINE_BURN_US
     work = 1
-    for (_name, kind), a in zip(sig.args, args):
-        if kind == kernels.ARG_U32:
-            work *= a & _U32
+    for i in sizes:
+        work *= args[i] & _U32
     return work / INLINE_LAUNCH_ELEMENTS
 
 
@@ -218,32 +223,39 @@ class JobMixin:
                 resvs = self.prime.shared_resvs(ctx)
             else:
                 resvs = self.prime.touched(ctx, touches)
-            if resvs:
-                with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
-                    deps += self.prime.implicit_deps(resvs)
-                    job = sched.push(_Job(ent, ib, deps, short), now)
-                    self.prime.add_job_fence(resvs, job.finished)
-            else:
-                job = sched.push(_Job(ent, ib, deps, short), now)
+            # a short job may run on this thread: now if it holds no device lock, or when
+            # the batch it is in exits (batch.py)
+            batch = self._batch
+            inline = short and (free or batch is not None
+                                and batch.owner == threading.get_ident())
+            try:
+                if resvs:
+                    with RESV_LOCK:  # deps, push and fence as one step (see resv.py)
+                        deps += self.prime.implicit_deps(resvs)
+                        job = _Job(ent, ib, deps, short)
+                        if inline:
+                            self._inline_job = job
+                        sched.push(job, now)
+                        self.prime.add_job_fence(resvs, job.finished)
+                else:
+                    job = _Job(ent, ib, deps, short)
+                    if inline:
+                        self._inline_job = job
+                    sched.push(job, now, run=True)  # (what schedule() would do at once)
+                if job.hw_fence is None:
+                    sched.schedule(now)
+            finally:
+                self._inline_job = None
+                kick, self._inline_kick = self._inline_kick, None
             ent.last_finished = job.finished
             ctx.last_fence = job.finished
             ctx.last_use_ns = now
             ctx.stats["jobs_submitted"] += 1
             self.stats["jobs_submitted"] += 1
-            # a short job may run on this thread: now if it holds no device lock, or when
-            # the batch it is in exits (batch.py)
-            batch = self._batch
-            if short and (free or batch is not None and batch.owner == threading.get_ident()):
-                self._inline_job = job
-            try:
-                sched.schedule(now)
-            finally:
-                self._inline_job = None
-                kick, self._inline_kick = self._inline_kick, None
             if kick is not None:  # the engine was idle: publish and run the job here
-                ring = self.rings[kick]
-                self.mmio.write(ring.kick_sync_wptr_reg, ring.wptr)
-            signals = self._take_signals()
+                self.kick_sync_wptr[kick](self.rings[kick].wptr)
+            signals = self._take_signals() if self._signals else None  # (an inline job's
+            # were taken by its interrupt)
             if sched.in_flight or sched.hold_until is not None:  # (else no deadline)
                 self._arm_timer(sched)
         if signals:
@@ -427,7 +439,10 @@ class JobMixin:
             job = jobs.pop(f, None)
             if job is None:
                 continue
-            self._ib_free(job.ib, job.ib_block)
+            if job.ib_block is None:  # from the IB pool (else its own VRAM blocks)
+                self.ib_pool.free(job.ib)
+            else:
+                self._release_vram(job.ib_block)
             ctx = job.entity.owner
             if job.kernarg is not None:
                 ctx.kernargs.give_back(job.kernarg)
@@ -520,19 +535,24 @@ class ContextSubmitMixin:
         submitted. A fault in one skips the rest of the IB (the command processor's rule),
         so the job fails with that fault and the launches after it do not run. The job is
         short when the launches' loads add up to at most 1 (launch_load)."""
-        checked = [self._check_launch(*launch) for launch in launches]
-        if not checked:
+        parts = []  # each launch checked, packed and weighed in one pass
+        touches = [] if self.shared else ()
+        load = 0.0
+        for launch in launches:
+            k, g, b, a = self._check_launch(*launch)
+            parts.append(packets.launch(k, g, b, a))
+            load += launch_load(k, a)
+            if self.shared:
+                touches += self._launch_touches(k, a)
+        if not parts:
             raise InvalidArgument("no launches")
-        if len(checked) > MAX_LAUNCHES_PER_JOB:
-            raise InvalidArgument(f"{len(checked)} launches in one job "
+        if len(parts) > MAX_LAUNCHES_PER_JOB:
+            raise InvalidArgument(f"{len(parts)} launches in one job "
                                   f"(at most {MAX_LAUNCHES_PER_JOB})")
-        ib = b"".join([packets.launch(k, g, b, a) for k, g, b, a in checked])
-        touches = [t for k, _g, _b, a in checked for t in self._launch_touches(k, a)] \
-            if self.shared else ()
-        load = sum(launch_load(k, a) for k, _g, _b, a in checked)
+        ib = parts[0] if len(parts) == 1 else b"".join(parts)
         fence = self.device._submit(self, regs.ENGINE_COMPUTE, ib, wait, timeline, touches,
                                     short=load <= 1.0)
-        self.stats["launches"] += len(checked)
+        self.stats["launches"] += len(parts)
         return fence
 
     def _check_launch(self, kernel_id, grid, block, args) -> tuple:

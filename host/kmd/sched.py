@@ -303,8 +303,11 @@ class GpuScheduler:
             self.entities.remove(ent)
 
     # ------------------------------------------------------------------ submission
-    def push(self, job: SchedJob, now: int) -> SchedJob:
-        """drm_sched_entity_push_job: queue a job; -> it, with its fences created."""
+    def push(self, job: SchedJob, now: int, run: bool = False) -> SchedJob:
+        """drm_sched_entity_push_job: queue a job; -> it, with its fences created. With
+        `run`, a job that schedule(now) would hand to the hardware at once (fifo, nothing
+        queued on the ring, room in flight, no dependency) is handed over here instead,
+        without going through the queue (its job.hw_fence is set on return)."""
         ent = job.entity
         if ent.sched is not self or ent.closed:
             raise InvalidArgument(f"{ent!r} is not an open entity of {self.name}")
@@ -314,6 +317,15 @@ class GpuScheduler:
         if ent.guilty:
             self._finish(job, ContextLost(f"{ent.name} is guilty of a GPU hang"), now)
             return job
+        v = self.vgpus[ent.vgpu]
+        v.last_active = now
+        if v.turnaround.idle_since is not None:  # it was idle: the gap is a sample
+            v.turnaround.pushed(now)
+        self.stats["jobs_pushed"] += 1
+        if (run and not self.n_queued and not job.deps and self.policy == "fifo"
+                and len(self.in_flight) < self.hw_limit and not self.stopped):
+            self._run(job, now)
+            return job
         for dep in job.deps:
             if not dep.signaled:
                 self.stats["dependencies"] += 1
@@ -321,15 +333,10 @@ class GpuScheduler:
                 # is released, not here (host/kmd/lock.py)
                 dep.add_done_callback(self._dependency_signalled)
         ent.jobs.append(job)
-        v = self.vgpus[ent.vgpu]
         self.n_queued += 1  # (_count_queued)
         v.queued += 1
         queued = self._queued
         queued[ent.owner] = queued.get(ent.owner, 0) + 1
-        v.last_active = now
-        if v.turnaround.idle_since is not None:  # it was idle: the gap is a sample
-            v.turnaround.pushed(now)
-        self.stats["jobs_pushed"] += 1
         return job
 
     def _dependency_signalled(self, _fence) -> None:

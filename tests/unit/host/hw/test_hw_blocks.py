@@ -151,6 +151,26 @@ def test_a_register_reader_reads_as_read_does():
     assert rf.reader(0x1000)() == 0 and rf.unknown_reads == 1
 
 
+def test_a_register_writer_writes_as_write_does():
+    """writer(offset): a write-only register's hook itself; any other offset writes as
+    write() (stored, masked, read-only and unknown ones ignored)."""
+    rf = RegisterFile()
+    kicked, stored = [], []
+    rf.define(0x0, "KICK", WO, on_write=kicked.append)
+    rf.define(0x8, "WPTR", RW, on_write=stored.append)
+    rf.define(0x10, "ID", RO, 0x1234)
+    kick = rf.writer(0x0)
+    assert kick == kicked.append  # no register file in between
+    kick(5)
+    rf.write(0x0, 6)
+    assert kicked == [5, 6] and rf.read(0x0) == 0  # (write-only: reads as 0)
+    rf.writer(0x8)(-1)
+    assert stored == [(1 << 64) - 1] and rf.read(0x8) == (1 << 64) - 1
+    rf.writer(0x10)(7)
+    rf.writer(0x1000)(7)
+    assert rf.read(0x10) == 0x1234 and rf.ignored_writes == 1 and rf.unknown_writes == 1
+
+
 # ----------------------------------------------------------------- interrupts
 def test_interrupts_are_delivered_synchronously_when_enabled():
     ic = InterruptController()

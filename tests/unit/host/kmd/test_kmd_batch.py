@@ -49,6 +49,30 @@ def test_sixteen_short_launches_in_a_batch_are_one_ring_commit_run_on_this_threa
     assert ctx.stats["jobs_completed"] == 17
 
 
+def test_a_batchs_short_jobs_run_and_retire_in_its_own_lock_hold(dev):
+    """The exit publishes WPTR and kicks in one register write while it still holds the
+    lock, so the kicked jobs' interrupt is handled in that hold: no lock round trip for
+    their retirement, none for the exit's look at what they left queued."""
+    ctx = dev.create_context()
+    bo = ctx.alloc(P)
+    fill(ctx, bo.va, 0.0, 1024).wait(10)
+    acquire = dev.lock._acquire
+    acquired = []
+
+    def counting(*args):
+        acquired.append(threading.get_ident())
+        return acquire(*args)
+    dev.lock._acquire = counting
+    try:
+        with dev.submission_batch():
+            fences = [fill(ctx, bo.va + 4 * i, 1.0) for i in range(2)]
+    finally:
+        dev.lock._acquire = acquire
+    assert all(f.signaled and f.error is None for f in fences)
+    mine = acquired.count(threading.get_ident())
+    assert mine == 3  # the batch's hold, and each submission's re-entrant one
+
+
 def test_a_batch_with_a_long_job_rings_one_doorbell(dev):
     ctx = dev.create_context()
     bo = ctx.alloc(P)

@@ -24,13 +24,25 @@ from pvgpu.spec import kernels
 # and the interrupt retiring the job in the submission's lock hold, one signal list for the
 # device, no timer pass for a ring left idle, one job object), 64 with signal_all marking
 # each fence in a call (cheaper than the iterator chain it replaced), 62 with the device
-# clock read through its register's reader.
-CALLS_PER_JOB = 67
+# clock read through its register's reader; 55 after the sixth (the job handed to
+# the hardware at push when schedule() would do it at once, the kick written through the
+# register's own writer, no second signal take, the interrupt delivered without helper
+# calls, the IB's space given back without a helper). (The counts above are of the job;
+# the test's own wrapper adds 2.)
+CALLS_PER_JOB = 59
 # ... of a fill of 256 elements: the MMU translation and the kernel on top (158 before the
 # second pass, 133 after it: PTE permissions looked up, no floating-point state for fill;
 # 93 after the third, 85 after the fourth, 83 with fences marked inline, 81 with the timer's test
-# before arm(), 80 after the fifth, 78 with the clock's reader)
-CALLS_PER_FILL = 84
+# before arm(), 80 after the fifth, 78 with the clock's reader, 63 after the sixth: the
+# arguments decoded by one struct, a one-page TLB hit without the walk's calls, a
+# one-chunk elementwise kernel without the CU split)
+CALLS_PER_FILL = 68
+# ... of the same fill as one LAUNCH_BATCH job in a submission batch, as the host submits
+# a kick's chains (batch.py): 123 before the sixth pass, 100 after it (the batch's kick
+# and the job's retirement in its one lock hold, besides the cuts above), 94 with the
+# launches checked, packed and weighed in one loop and no resume pass when none is due,
+# 93 with the IB's space given back without a helper
+CALLS_PER_BATCHED_FILL = 97
 
 
 @pytest.fixture
@@ -82,3 +94,21 @@ def test_a_short_fill_stays_within_its_call_budget(dev):
     calls = _python_calls(launch, 20)
     assert dev.stats["jobs_inline"] == 25
     assert calls <= CALLS_PER_FILL, f"{calls} Python calls per fill (budget {CALLS_PER_FILL})"
+
+
+def test_a_short_fill_in_a_submission_batch_stays_within_its_call_budget(dev):
+    ctx = dev.create_context()
+    bo = ctx.alloc(4096)
+    one = 0x3F800000  # 1.0f
+
+    def kick():
+        with dev.submission_batch():
+            f = ctx.submit_launches([(kernels.KERNEL_FILL, 1, 256, [bo.va, one, 256])])
+        assert f.signaled and f.error is None  # ran on this thread at the batch's exit
+
+    for _ in range(5):
+        kick()
+    calls = _python_calls(kick, 20)
+    assert dev.stats["jobs_inline"] == 25
+    assert calls <= CALLS_PER_BATCHED_FILL, \
+        f"{calls} Python calls per batched fill (budget {CALLS_PER_BATCHED_FILL})"

@@ -80,6 +80,49 @@ def test_priority_beats_arrival_order():
     assert ring.ran == [jh, jl]
 
 
+def _state(sched, ent):
+    v = sched.vgpus[ent.vgpu]
+    return (dict(sched.stats), sched.n_queued, len(sched.in_flight), ent.in_flight, v.queued,
+            v.in_flight, v.last_active, dict(sched._queued))
+
+
+def test_push_with_run_hands_over_what_schedule_would_and_accounts_alike():
+    """push(run=True) on an idle fifo ring runs the job at once, leaving the scheduler as
+    push() and schedule() would; otherwise it only queues, and schedule() decides."""
+    ring_a, a = make(hw_limit=1)
+    ring_b, b = make(hw_limit=1)
+    ea, eb = a.entity("e", A), b.entity("e", A)
+    ja = a.push(SchedJob(ea, payload=None), 7, run=True)
+    assert ring_a.ran == [ja] and ja.hw_fence is not None and ja.run_ns == 7
+    jb = b.push(SchedJob(eb, payload=None), 7)
+    assert b.schedule(7) == 1
+    assert _state(a, ea) == _state(b, eb)
+    # the ring is full: the next one queues and waits for schedule()
+    ja2 = a.push(SchedJob(ea, payload=None), 8, run=True)
+    assert ja2.hw_fence is None and a.n_queued == 1
+    complete(a, ja, 9)
+    complete(b, jb, 9)
+    assert a.schedule(9) == 1 and ring_a.ran == [ja, ja2]
+
+
+def test_push_with_run_leaves_queued_work_dependencies_and_other_policies_to_schedule():
+    ring, s = make(hw_limit=2)
+    low = s.entity("low", A, priority=PRIORITY_LOW)
+    high = s.entity("high", A, priority=PRIORITY_HIGH)
+    gate = Fence(1, 1)
+    jd = s.push(SchedJob(low, payload=None, deps=[gate]), 0, run=True)  # not ready
+    assert ring.ran == [] and s.n_queued == 1
+    jh = s.push(SchedJob(high, payload=None), 0, run=True)  # something is queued already
+    assert ring.ran == [] and s.n_queued == 2
+    assert s.schedule(0) == 1 and ring.ran == [jh]
+    gate.signal()
+    assert s.schedule(0) == 1 and ring.ran == [jh, jd]
+    ring_c, c = make(policy="credit", hw_limit=1)
+    ec = c.entity("e", A)
+    jc = c.push(SchedJob(ec, payload=None), 0, run=True)  # the policy picks, in schedule()
+    assert ring_c.ran == [] and c.schedule(0) == 1 and ring_c.ran == [jc]
+
+
 def test_job_waits_for_a_foreign_dependency_and_wakes_the_scheduler():
     ring, s = make()
     dep = Fence(9, 1)
