@@ -98,3 +98,40 @@ def test_an_unfenced_launch_chain_costs_the_backend_few_calls(guest):
                extra=struct.pack("<Q", 0))
     one(burn)
     assert one(burn, measure=True) <= LAUNCH_CHAIN_CALLS
+
+
+# a kick of an unfenced LAUNCH and a CTX_SYNC, the backend's and transport's own calls
+SYNC_KICK_CALLS = 170  # (182 when the sync point was held for the fence's callback)
+
+
+def test_a_sync_behind_a_short_launch_is_answered_in_its_kick(guest):
+    """A kick of an unfenced LAUNCH and a CTX_SYNC behind it: the batch's exit runs the
+    short job on the backend thread, and the sync point is answered right there, in the
+    kick, without holding its chain for a fence callback (device.py `_answer`)."""
+    at = 1 << 20
+    kick = codec.encode({"op": wire.OP_KICK, "dev": 0, "queue": 0})
+    dev = guest.backend.sessions[guest.peer].devices[0]
+    held = []
+    hold = dev._hold
+    dev._hold = lambda *a: (held.append(a), hold(*a))  # noqa: E731
+
+    def kick_of(*commands, measure=False) -> int:
+        heads = []
+        for i, command in enumerate(commands):
+            guest.mem.write(at + 8192 * i, command)
+            heads.append(guest.queue.add_chain([(at + 8192 * i, len(command))],
+                                               [(at + 8192 * i + 4096, wire.MIN_RESPONSE_SIZE)]))
+        handle = lambda: guest.backend.handle(guest.peer, kick, 0.0)  # noqa: E731
+        calls = own_calls(handle) if measure else (handle(), 0)[1]
+        assert [h for h, _n in guest.queue.pop_used()] == heads  # all answered in the kick
+        return calls
+
+    kick_of(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
+    burn = cmd(wire.CMD_LAUNCH, (wire.KERNEL_BURN, 1, 1, 1, 1, 1, 1, 1), ctx_id=1,
+               extra=struct.pack("<Q", 0))
+    sync = cmd(wire.CMD_CTX_SYNC, ctx_id=1)
+    kick_of(burn, sync)
+    calls = kick_of(burn, sync, measure=True)
+    kick_of(burn, sync, burn, sync)  # the chains after a sync point run in the same kick
+    assert held == []
+    assert calls <= SYNC_KICK_CALLS
