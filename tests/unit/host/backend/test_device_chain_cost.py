@@ -101,7 +101,7 @@ def test_an_unfenced_launch_chain_costs_the_backend_few_calls(guest):
 
 
 # a kick of an unfenced LAUNCH and a CTX_SYNC, the backend's and transport's own calls
-SYNC_KICK_CALLS = 160  # (182 with the sync point held for its fence callback, 167 with the
+SYNC_KICK_CALLS = 162  # (182 with the sync point held for its fence callback, 167 with the
 # kick decoded again each time)
 
 
@@ -136,3 +136,36 @@ def test_a_sync_behind_a_short_launch_is_answered_in_its_kick(guest):
     kick_of(burn, sync, burn, sync)  # the chains after a sync point run in the same kick
     assert held == []
     assert calls <= SYNC_KICK_CALLS
+
+
+ONE_NOP_KICK_CALLS = 74  # every call, the KMD's included (86 when each kick opened a batch)
+
+
+def test_a_kick_without_jobs_opens_no_submission_batch(guest):
+    """The kick's submission batch (one KMD lock hold, commit and doorbell for its jobs)
+    is opened by the first command that submits a job: a kick of NOPs never takes the
+    KMD's lock."""
+    at = 1 << 20
+    kick = codec.encode({"op": wire.OP_KICK, "dev": 0, "queue": 0})
+    kmd = guest.backend.kmds[0]
+    batches = []
+    submission_batch = kmd.submission_batch
+    kmd.submission_batch = lambda: (batches.append(1), submission_batch())[1]
+
+    def kick_of(command, measure=False) -> int:
+        guest.mem.write(at, command)
+        head = guest.queue.add_chain([(at, len(command))], [(at + 4096, wire.MIN_RESPONSE_SIZE)])
+        handle = lambda: guest.backend.handle(guest.peer, kick, 0.0)  # noqa: E731
+        calls = python_calls(handle) if measure else (handle(), 0)[1]
+        assert [h for h, _n in guest.queue.pop_used()] == [head]
+        return calls
+
+    kick_of(cmd(wire.CMD_NOP))
+    assert kick_of(cmd(wire.CMD_NOP), measure=True) <= ONE_NOP_KICK_CALLS
+    assert batches == []
+    kick_of(cmd(wire.CMD_CTX_CREATE, (0, b""), ctx_id=1))
+    kick_of(cmd(wire.CMD_CTX_SYNC, ctx_id=1))  # a sync point without jobs before it
+    assert batches == []
+    kick_of(cmd(wire.CMD_LAUNCH, (wire.KERNEL_BURN, 1, 1, 1, 1, 1, 1, 1), ctx_id=1,
+                extra=struct.pack("<Q", 0)))
+    assert batches == [1]
