@@ -8,9 +8,9 @@ chain's writable part and the chain is returned on the used ring. The jobs of a 
 chains are submitted in one KMD submission batch, opened by the first command that
 submits one; a sync point met in it (CTX_SYNC, a fenced command) ends the batch, whose
 exit runs the short jobs before it on this thread, and is answered at once if they are
-done. A chain still waiting for a fence is held and answered by the
-thread that signals it, under the session's queue lock (GuestSession.complete_now), or
-by the backend thread when that holds the lock.
+done. A chain still waiting for a fence is held and answered by the thread that signals
+it, under the session's queue lock (GuestSession.complete_now), or by the backend thread
+when that holds the lock.
 
 The host's I/O loop never waits inside the KMD: commands run in the KMD's non-blocking
 mode (host/kmd/wouldblock.py). One that would wait for the GPU (MEM_ALLOC or SHM_GET
