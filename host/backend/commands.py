@@ -747,14 +747,16 @@ class ComputeDevice:
         """Answer once everything on the timelines so far has completed, including the
         events they wait for (spec §7); report the first remembered error."""
         earlier = []
+        fences = []
         for t in timelines:
-            earlier += t.unreported
-            t.unreported = []
-            t.waits = [f for f in t.waits if not f.signaled]
-        # own fence is usually also the timeline's last one: wait on each fence once
-        fences = list(dict.fromkeys(
-            f for f in earlier + own + [t.last_fence for t in timelines]
-            + [w for t in timelines for w in t.waits] if f is not None))
+            if t.unreported:
+                earlier += t.unreported
+                t.unreported = []
+            if t.last_fence is not None:
+                fences.append(t.last_fence)
+            if t.waits:
+                t.waits = [f for f in t.waits if not f.signaled]
+                fences += t.waits
 
         def finish() -> Response:
             for f in earlier + own:
@@ -762,9 +764,9 @@ class ComputeDevice:
                     raise fault_to_error(f.error)
             return p.OkNoData(copied=data_len)
 
-        if all(f.signaled for f in fences):
-            return finish()
-        return Pending(fences, finish)
+        # own fence is usually also the timeline's last one: wait on each fence once
+        fences = [f for f in dict.fromkeys(earlier + own + fences) if not f.signaled]
+        return Pending(fences, finish) if fences else finish()
 
     # ------------------------------------------------------------------ teardown
     def _destroy(self, ctx: ContextState, cancel: bool = False) -> None:

@@ -4,9 +4,13 @@ Owns what virtio says a device owns: the status byte and its state machine (virt
 §2.1, §3.1), feature negotiation, the queue configuration and the device side of the
 control virtqueue. Chains popped from the queue are decoded into typed commands
 (host/backend/protocol.py) and handed to `ComputeDevice`; responses are encoded into the
-chain's writable part and the chain is returned on the used ring. A chain held for a
-fence is answered by the thread that signals it, under the session's queue lock
-(GuestSession.complete_now), or by the backend thread when that holds the lock.
+chain's writable part and the chain is returned on the used ring. The jobs of a kick's
+chains are submitted in one KMD submission batch, opened by the first command that
+submits one; a sync point met in it (CTX_SYNC, a fenced command) ends the batch, whose
+exit runs the short jobs before it on this thread, and is answered at once if they are
+done. A chain still waiting for a fence is held and answered by the thread that signals
+it, under the session's queue lock (GuestSession.complete_now), or by the backend thread
+when that holds the lock.
 
 The host's I/O loop never waits inside the KMD: commands run in the KMD's non-blocking
 mode (host/kmd/wouldblock.py). One that would wait for the GPU (MEM_ALLOC or SHM_GET
@@ -84,6 +88,8 @@ class VirtioGpuDevice:
         self.blocked = False  # holding back chains behind one that would wait in the KMD
         self.requeued = False  # processing goes on at the I/O loop's next turn (weight spent)
         self.abandoned = []  # fences of work torn down by DEVICE_NEEDS_RESET
+        self._batch = None  # the KMD SubmissionBatch of the kick process_queue runs
+        self._sync = None  # (generation, chain, hdr, Pending): a sync point met in it
         self.stats = {"chains": 0, "bad_chains": 0, "unanswerable": 0, "ignored_kicks": 0,
                       "stalls": 0, "blocked": 0, "requeues": 0, "events": 0, "events_posted": 0,
                       "events_dropped": 0, "bad_event_buffers": 0}
@@ -254,32 +260,46 @@ class VirtioGpuDevice:
         added = False
         mem = self.session.mem
         weight = self.queue_layout.size
-        # the kick's jobs: one KMD lock hold, one ring commit and doorbell per engine
-        with self.kmd.submission_batch():
+        try:
             while True:
                 if self.blocked:
-                    return added  # a command waits for the GPU: the chains behind it stay
+                    break  # a command waits for the GPU: the chains behind it stay
                 if (not self.compute.jobs.room() and not self.kmd.has_headroom(self.session)
                         and self._stall()):
                     # Backpressure: leave the chains in the avail ring (the driver sees its
                     # queue fill up) and resume when the oldest job on the GPU completes, so
                     # the host's I/O loop never waits inside the KMD. The KMD is asked only
                     # when the session's unfinished jobs might have filled it (inflight.py).
-                    return added
+                    break
                 try:
                     chain = self.queue.pop()
                 except VirtqError as e:
                     self.stats["bad_chains"] += 1
                     self.needs_reset(f"[{e.clause}] {e.message}")
-                    return added
+                    break
                 if chain is None:
-                    return added
+                    break
                 self.stats["chains"] += 1
                 added |= self._execute(chain, mem)
+                if self._sync is not None:
+                    added |= self._end_batch()
                 weight -= 1
                 if not weight:
                     self._requeue()
-                    return added
+                    break
+        finally:
+            if self._batch is not None:
+                added |= self._end_batch()
+        return added
+
+    def _end_batch(self) -> bool:
+        """Close the kick's submission batch, whose exit runs its short jobs on this
+        thread (host/kmd/batch.py); then answer the sync point that ended it, if one did:
+        usually at once, without holding its chain for a fence callback."""
+        batch, self._batch = self._batch, None
+        batch.__exit__(None, None, None)
+        sync, self._sync = self._sync, None
+        return self._answer(*sync) if sync is not None else False
 
     def _requeue(self) -> None:
         """The weight is spent: go on with the queue at the I/O loop's next turn."""
@@ -305,6 +325,11 @@ class VirtioGpuDevice:
             cmd = self.compute.decode(protocol.Reader(chain, mem))
         except protocol.MalformedCommand as e:
             return self._complete(chain, e.hdr, error=e)
+        if cmd.SUBMITS and self._batch is None:
+            # the kick's jobs from here on: one KMD lock hold, one ring commit and
+            # doorbell per engine (a kick without jobs opens no batch)
+            self._batch = self.kmd.submission_batch()
+            self._batch.__enter__()
         return self._run(chain, cmd, None)
 
     def _run(self, chain, cmd, deadline: float | None) -> bool:
@@ -323,7 +348,10 @@ class VirtioGpuDevice:
             self._block(chain, cmd, e.fence, deadline)
             return False
         if isinstance(result, Pending):
-            self._hold(chain, cmd.hdr, result)
+            if self._batch is not None:  # answered once the batch has run (_end_batch)
+                self._sync = (self.generation, chain, cmd.hdr, result)
+            else:
+                self._hold(chain, cmd.hdr, result)
             return False
         return self._complete(chain, cmd.hdr, response=result)
 
@@ -479,6 +507,20 @@ class VirtioGpuDevice:
         if generation != self.generation:
             return False  # the device was reset meanwhile: the chain is dropped
         self.held -= 1
+        return self._finish(chain, hdr, pending, events)
+
+    def _answer(self, generation: int, chain, hdr: Header, pending: Pending) -> bool:
+        """A sync point met in a kick's batch, once the batch has run: answered now if its
+        fences have signalled, else held until they do."""
+        if generation != self.generation:
+            return False  # the device was reset meanwhile: the chain is dropped
+        for f in pending.fences:
+            if not f.signaled:
+                self._hold(chain, hdr, pending)
+                return False
+        return self._finish(chain, hdr, pending)
+
+    def _finish(self, chain, hdr: Header, pending: Pending, events: bool = True) -> bool:
         try:
             resp = pending.finish()
         except CommandError as e:

@@ -143,9 +143,10 @@ COMMANDS: dict = {}  # CMD_* code -> Command subclass
 
 
 def command(type_: int, *, needs_context: bool = False, compute: bool = False,
-            batch: bool = False):
+            batch: bool = False, submits: bool = False):
     """Class decorator: a dataclass for command `type_` whose fields after `hdr` are its
-    body fields in wire order (a tuple field takes three le32 values). Commands and
+    body fields in wire order (a tuple field takes three le32 values); `submits`: its
+    handler submits a GPU job (a launch or a copy). Commands and
     responses are values: nothing changes them after they are made (slots, not frozen,
     which would cost a slow __init__ per command)."""
     def register(cls):
@@ -155,6 +156,7 @@ def command(type_: int, *, needs_context: bool = False, compute: bool = False,
         cls.NEEDS_CONTEXT = needs_context
         cls.COMPUTE = compute
         cls.BATCH = batch
+        cls.SUBMITS = submits
         body = [f for f in dataclasses.fields(cls) if f.name not in ("hdr", "tail")]
         cls.FIELDS = tuple(f.name for f in body)
         cls.TRIPLES = tuple(i for i, f in enumerate(body) if f.type in ("tuple", tuple))
@@ -173,6 +175,7 @@ class Command:
     NEEDS_CONTEXT: ClassVar[bool]  # [CMD-CHECK-1] step 5, the "needs context" column
     COMPUTE: ClassVar[bool]  # exists only with PVGPU_F_COMPUTE
     BATCH: ClassVar[bool]  # ... and PVGPU_F_LAUNCH_BATCH
+    SUBMITS: ClassVar[bool]  # its handler submits a GPU job
     FIELDS: ClassVar[tuple]  # body field names in wire order
     TRIPLES: ClassVar[tuple]  # indexes of the fields that take three values (grid, block)
     HAS_TAIL: ClassVar[bool]  # data follows the body
@@ -252,7 +255,7 @@ class MemFree(Command):
     resource_id: int
 
 
-@command(wire.CMD_COPY_H2D, needs_context=True)
+@command(wire.CMD_COPY_H2D, needs_context=True, submits=True)
 class CopyH2D(Command):
     dst_va: int
     size: int
@@ -267,20 +270,20 @@ class CopyH2D(Command):
         return self.tail.extents(self.size)
 
 
-@command(wire.CMD_COPY_D2H, needs_context=True)
+@command(wire.CMD_COPY_D2H, needs_context=True, submits=True)
 class CopyD2H(Command):
     src_va: int
     size: int
 
 
-@command(wire.CMD_COPY_D2D, needs_context=True)
+@command(wire.CMD_COPY_D2D, needs_context=True, submits=True)
 class CopyD2D(Command):
     src_va: int
     dst_va: int
     size: int
 
 
-@command(wire.CMD_LAUNCH, needs_context=True, compute=True)
+@command(wire.CMD_LAUNCH, needs_context=True, compute=True, submits=True)
 class Launch(Command):
     kernel_id: int
     grid: tuple
@@ -321,7 +324,7 @@ _RECORD = struct.Struct(wire.LAUNCH_RECORD_FORMAT)
 _MAX_RECORD = wire.LAUNCH_RECORD_SIZE + wire.MAX_KERNEL_ARGS * wire.LAUNCH_ARG_SIZE
 
 
-@command(wire.CMD_LAUNCH_BATCH, needs_context=True, compute=True, batch=True)
+@command(wire.CMD_LAUNCH_BATCH, needs_context=True, compute=True, batch=True, submits=True)
 class LaunchBatch(Command):
     count: int
     tail: Reader | None = field(default=None, compare=False, repr=False)
@@ -364,7 +367,7 @@ class LaunchBatch(Command):
         return out
 
 
-@command(wire.CMD_LAUNCH_CODE, needs_context=True, compute=True)
+@command(wire.CMD_LAUNCH_CODE, needs_context=True, compute=True, submits=True)
 class LaunchCode(Command):
     object_va: int
     entry_va: int
