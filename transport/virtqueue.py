@@ -282,7 +282,7 @@ class DriverQueue(_SplitRing):
             if not free:
                 raise QueueFull("no free descriptor for the indirect chain")
             table_len = n * VIRTQ_DESC_SIZE
-            if not mem.check_range(indirect_table, table_len):
+            if not (0 <= indirect_table <= size - table_len):  # mem.check_range
                 raise ValueError(f"indirect table at {indirect_table:#x} outside guest memory")
             mv = mem.mv
             last = n - 1

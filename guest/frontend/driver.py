@@ -324,7 +324,8 @@ class VirtioGpuDriver:
         size = len(command)
         assert size <= SLOT_CMD
         mem.mv[base:base + size] = command
-        mem.mark_dirty(base, size)
+        if mem.tracks_dirty:  # the inline model: the kick carries it
+            mem.mark_dirty(base, size)
         rd = [(base, size)]
         if readable:
             rd.extend(readable)
