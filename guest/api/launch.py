@@ -64,7 +64,8 @@ def builtin(ctx, s, kernel, grid, block, args) -> None:
                         f"{len(sig.args)} arguments, got {len(args)}")
     values = [argument_value(ctx, sig.name, name, kind, want, value)
               for (name, kind, want), value in zip(plan.args, args)]
-    g, b = dim3(grid), dim3(block)
+    g = (grid, 1, 1) if type(grid) is int else dim3(grid)
+    b = (block, 1, 1) if type(block) is int else dim3(block)
     if s._async_error is not None:
         s._raise_async_error()
     ring_idx = s.ring_idx

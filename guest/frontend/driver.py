@@ -465,5 +465,10 @@ def command(type_: int, body=(), *, ctx_id: int = 0, ring_idx: int = 0, fence_id
     """Encode header + body of a device command."""
     if fence_id:
         flags |= wire.FLAG_FENCE
-    return (_HDR.pack(type_, flags, fence_id, ctx_id, ring_idx)
-            + struct.pack(wire.CMD_BODY_FORMATS[type_], *body) + extra)
+    cmd = _COMMANDS[type_].pack(type_, flags, fence_id, ctx_id, ring_idx, *body)
+    return cmd + extra if extra else cmd
+
+
+# header + body of each command type, one struct each (both little-endian, unpadded)
+_COMMANDS = {type_: struct.Struct(wire.CTRL_HDR_FORMAT + body.lstrip("<"))
+             for type_, body in wire.CMD_BODY_FORMATS.items()}
