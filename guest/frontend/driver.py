@@ -190,6 +190,10 @@ class VirtioGpuDriver:
         self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
         self._by_head: dict[int, Request] = {}
         self._unkicked = 0  # chains published since the last kick() (deferred)
+        # per request slot: the command size its indirect table holds a chain for (0:
+        # none), and its response extent; set by initialize()
+        self._slot_table: list[int] = []
+        self._slot_response: list[tuple] = []
         self.kick_batch = KICK_BATCH
         # the control queue's first avail and used index (set_vring `base`, CTL-VRING-5);
         # tests set it near 65535 before initialize() to cross the index wrap early
@@ -277,6 +281,9 @@ class VirtioGpuDriver:
         self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
         self._by_head = {}
         self._unkicked = 0
+        self._slot_table = [0] * QUEUE_SIZE
+        self._slot_response = [((self.slot_gpa(slot) + SLOT_CMD, SLOT_RESP),)
+                               for slot in range(QUEUE_SIZE)]
 
     def _setup_eventq(self, ring_gpa: int, bufs_gpa: int) -> None:
         """Queue 1 with EVENTQ_SIZE posted buffers, notifications on (spec EVTQ-SETUP-1)."""
@@ -326,25 +333,39 @@ class VirtioGpuDriver:
         mem.mv[base:base + size] = command
         if mem.tracks_dirty:  # the inline model: the kick carries it
             mem.mark_dirty(base, size)
-        rd = [(base, size)]
-        if readable:
-            rd.extend(readable)
-        wr = list(writable)
-        if wr:
-            data = sum(n for _, n in wr)
-            wr.insert(0, (base + SLOT_CMD, wire.CTRL_HDR_SIZE))
-            pad = wire.MIN_RESPONSE_SIZE - wire.CTRL_HDR_SIZE - data
-            if pad > 0:
-                wr.append((base + SLOT_CMD + wire.CTRL_HDR_SIZE, pad))
+        ctype = _TYPE(command)[0] if size >= _HDR.size else 0
+        table = base + SLOT_CMD + SLOT_RESP
+        if not readable and not writable and queue.indirect:
+            # the common request, command and response in its slot: the slot's indirect
+            # table still holds the last such chain, rewritten only for another size
+            wr = self._slot_response[slot]
+            req = Request(self, slot, ctype, wr)
+            if self._slot_table[slot] == size:
+                head = queue.add_indirect(table, 2, SLOT_RESP)
+            else:
+                head = queue.add_chain(((base, size),), wr, indirect_table=table)
+                self._slot_table[slot] = size
         else:
-            wr = [(base + SLOT_CMD, SLOT_RESP)]
-        req = Request(self, slot, _TYPE(command)[0] if size >= _HDR.size else 0, wr)
-        if queue.indirect and len(rd) + len(wr) <= SLOT_TABLE_ENTRIES:
-            head = queue.add_chain(rd, wr, indirect_table=base + SLOT_CMD + SLOT_RESP)
-        else:
-            while queue.num_free < len(rd) + len(wr):
-                self.session.wait_for(lambda: queue.num_free >= len(rd) + len(wr))
-            head = queue.add_chain(rd, wr)
+            self._slot_table[slot] = 0  # the table will hold another chain
+            rd = [(base, size)]
+            if readable:
+                rd.extend(readable)
+            wr = list(writable)
+            if wr:
+                data = sum(n for _, n in wr)
+                wr.insert(0, (base + SLOT_CMD, wire.CTRL_HDR_SIZE))
+                pad = wire.MIN_RESPONSE_SIZE - wire.CTRL_HDR_SIZE - data
+                if pad > 0:
+                    wr.append((base + SLOT_CMD + wire.CTRL_HDR_SIZE, pad))
+            else:
+                wr = [(base + SLOT_CMD, SLOT_RESP)]
+            req = Request(self, slot, ctype, wr)
+            if queue.indirect and len(rd) + len(wr) <= SLOT_TABLE_ENTRIES:
+                head = queue.add_chain(rd, wr, indirect_table=table)
+            else:
+                while queue.num_free < len(rd) + len(wr):
+                    self.session.wait_for(lambda: queue.num_free >= len(rd) + len(wr))
+                head = queue.add_chain(rd, wr)
         req.head = head
         self._by_head[head] = req
         self._unkicked += 1
