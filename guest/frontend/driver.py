@@ -5,7 +5,9 @@ FEATURES_OK and its re-read, queue setup, DRIVER_OK), owns the driver side of th
 control virtqueue and turns device commands into descriptor chains: one ring slot per
 request through an indirect table when VIRTIO_F_INDIRECT_DESC is negotiated, a direct
 chain otherwise. Every request has a slot of guest memory for its command, its
-response and its indirect table, so the hot path allocates nothing.
+response and its indirect table, so the hot path allocates nothing; a request that is its
+command and response alone has a table of its own in the slot, which the driver writes
+once and publishes again while the slot's such requests keep their command size.
 
 Requests are asynchronous: `submit` returns a `Request` that completes when the device
 returns the chain on the used ring; `wait` blocks on the session for it.
@@ -47,7 +49,10 @@ QUEUE_SIZE = 256
 SLOT_CMD = 256  # header + body + launch args
 SLOT_RESP = wire.MIN_RESPONSE_SIZE
 SLOT_TABLE_ENTRIES = 16
-SLOT_SIZE = 1024  # cmd 256 | resp 256 | table 256 | spare
+# the indirect table of a request that is its command and response only (2 entries),
+# apart from the table of requests with data extents: it stays valid between them
+SLOT_PLAIN_TABLE = SLOT_CMD + SLOT_RESP + SLOT_TABLE_ENTRIES * wire.VIRTQ_DESC_SIZE
+SLOT_SIZE = 1024  # cmd 256 | resp 256 | table 256 | plain table 32 | spare
 EVENTQ_SIZE = 16  # event buffers kept posted
 KICK_BATCH = 32  # deferred chains that make the driver kick unasked (16..64 measured alike)
 LOW_WATER = QUEUE_SIZE // 8  # free slots or descriptors below which deferred chains are kicked
@@ -190,8 +195,8 @@ class VirtioGpuDriver:
         self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
         self._by_head: dict[int, Request] = {}
         self._unkicked = 0  # chains published since the last kick() (deferred)
-        # per request slot: the command size its indirect table holds a chain for (0:
-        # none), and its response extent; set by initialize()
+        # per request slot: the command size its plain table holds a chain for (0: none),
+        # and its response extent; set by initialize()
         self._slot_table: list[int] = []
         self._slot_response: list[tuple] = []
         self.kick_batch = KICK_BATCH
@@ -334,19 +339,18 @@ class VirtioGpuDriver:
         if mem.tracks_dirty:  # the inline model: the kick carries it
             mem.mark_dirty(base, size)
         ctype = _TYPE(command)[0] if size >= _HDR.size else 0
-        table = base + SLOT_CMD + SLOT_RESP
         if not readable and not writable and queue.indirect:
-            # the common request, command and response in its slot: the slot's indirect
+            # the common request, command and response in its slot: the slot's plain
             # table still holds the last such chain, rewritten only for another size
             wr = self._slot_response[slot]
             req = Request(self, slot, ctype, wr)
+            table = base + SLOT_PLAIN_TABLE
             if self._slot_table[slot] == size:
                 head = queue.add_indirect(table, 2, SLOT_RESP)
             else:
                 head = queue.add_chain(((base, size),), wr, indirect_table=table)
                 self._slot_table[slot] = size
         else:
-            self._slot_table[slot] = 0  # the table will hold another chain
             rd = [(base, size)]
             if readable:
                 rd.extend(readable)
@@ -361,7 +365,7 @@ class VirtioGpuDriver:
                 wr = [(base + SLOT_CMD, SLOT_RESP)]
             req = Request(self, slot, ctype, wr)
             if queue.indirect and len(rd) + len(wr) <= SLOT_TABLE_ENTRIES:
-                head = queue.add_chain(rd, wr, indirect_table=table)
+                head = queue.add_chain(rd, wr, indirect_table=base + SLOT_CMD + SLOT_RESP)
             else:
                 while queue.num_free < len(rd) + len(wr):
                     self.session.wait_for(lambda: queue.num_free >= len(rd) + len(wr))

@@ -1,10 +1,11 @@
-"""A request slot's indirect table (guest/frontend/driver.py): a request whose command and
-response are all of its chain writes the table once and, while its slot's next requests
-are the same (a command of the same size, no data extents), publishes it again unchanged
-(DriverQueue.add_indirect); a command of another size or a request with data extents
-writes the table anew, and the next plain request rewrites it. The device must see each
-request's own chain. Sans-IO: the real driver over test_kick_policy's inline loopback
-device, which applies the kick's patches, so a table not rewritten is one it already has."""
+"""A request slot's plain indirect table (guest/frontend/driver.py): a request whose
+command and response are all of its chain writes its slot's plain table once and, while
+the slot's next such requests have a command of the same size, publishes it again
+unchanged (DriverQueue.add_indirect); a command of another size writes it anew, and a
+request with data extents uses the slot's other table, leaving it valid. The device must
+see each request's own chain. Sans-IO: the real driver over test_kick_policy's inline
+loopback device, which applies the kick's patches, so a table not rewritten is one it
+already has."""
 
 from pvgpu.guest.frontend.driver import SLOT_RESP, command
 from pvgpu.spec import wire
@@ -39,4 +40,4 @@ def test_each_request_reaches_the_device_with_its_own_chain(session, monkeypatch
     assert seen == [([24], [SLOT_RESP]), ([24], [SLOT_RESP]), ([24, 16], [SLOT_RESP]),
                     ([24], [SLOT_RESP]), ([32], [SLOT_RESP]), ([24], [SLOT_RESP]),
                     ([24], [SLOT_RESP])]
-    assert len(tables) == 2  # the second and the last NOP: the table their slot held
+    assert len(tables) == 3  # the 2nd, 4th and last NOP: the table their slot held
