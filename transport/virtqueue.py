@@ -237,6 +237,10 @@ class DriverQueue(_SplitRing):
         """Chains published and not yet returned through the used ring."""
         return len(self._chains)
 
+    def writable_len(self, head: int) -> int:
+        """The device-writable bytes of the chain at ``head``, in flight."""
+        return self._chains[head][1]
+
     @property
     def avail_idx(self) -> int:
         return self._avail_idx

@@ -199,6 +199,9 @@ class VirtioGpuDriver:
         # and its response extent; set by initialize()
         self._slot_table: list[int] = []
         self._slot_response: list[tuple] = []
+        # ... and the (key, entries, writable bytes, writable list) of the chain with data
+        # extents its other table holds, or None
+        self._slot_chain: list[tuple | None] = []
         self.kick_batch = KICK_BATCH
         # the control queue's first avail and used index (set_vring `base`, CTL-VRING-5);
         # tests set it near 65535 before initialize() to cross the index wrap early
@@ -287,6 +290,7 @@ class VirtioGpuDriver:
         self._by_head = {}
         self._unkicked = 0
         self._slot_table = [0] * QUEUE_SIZE
+        self._slot_chain = [None] * QUEUE_SIZE
         self._slot_response = [((self.slot_gpa(slot) + SLOT_CMD, SLOT_RESP),)
                                for slot in range(QUEUE_SIZE)]
 
@@ -338,12 +342,13 @@ class VirtioGpuDriver:
         mem.mv[base:base + size] = command
         if mem.tracks_dirty:  # the inline model: the kick carries it
             mem.mark_dirty(base, size)
-        ctype = _TYPE(command)[0] if size >= _HDR.size else 0
-        if not readable and not writable and queue.indirect:
+        if not queue.indirect:
+            rd, wr = self._extents(base, size, readable, writable)
+            head = self._add_direct(rd, wr)
+        elif not readable and not writable:
             # the common request, command and response in its slot: the slot's plain
             # table still holds the last such chain, rewritten only for another size
             wr = self._slot_response[slot]
-            req = Request(self, slot, ctype, wr)
             table = base + SLOT_PLAIN_TABLE
             if self._slot_table[slot] == size:
                 head = queue.add_indirect(table, 2, SLOT_RESP)
@@ -351,25 +356,9 @@ class VirtioGpuDriver:
                 head = queue.add_chain(((base, size),), wr, indirect_table=table)
                 self._slot_table[slot] = size
         else:
-            rd = [(base, size)]
-            if readable:
-                rd.extend(readable)
-            wr = list(writable)
-            if wr:
-                data = sum(n for _, n in wr)
-                wr.insert(0, (base + SLOT_CMD, wire.CTRL_HDR_SIZE))
-                pad = wire.MIN_RESPONSE_SIZE - wire.CTRL_HDR_SIZE - data
-                if pad > 0:
-                    wr.append((base + SLOT_CMD + wire.CTRL_HDR_SIZE, pad))
-            else:
-                wr = [(base + SLOT_CMD, SLOT_RESP)]
-            req = Request(self, slot, ctype, wr)
-            if queue.indirect and len(rd) + len(wr) <= SLOT_TABLE_ENTRIES:
-                head = queue.add_chain(rd, wr, indirect_table=base + SLOT_CMD + SLOT_RESP)
-            else:
-                while queue.num_free < len(rd) + len(wr):
-                    self.session.wait_for(lambda: queue.num_free >= len(rd) + len(wr))
-                head = queue.add_chain(rd, wr)
+            head, wr = self._chain_with_extents(slot, base, size, tuple(readable),
+                                                tuple(writable))
+        req = Request(self, slot, _TYPE(command)[0] if size >= _HDR.size else 0, wr)
         req.head = head
         self._by_head[head] = req
         self._unkicked += 1
@@ -377,6 +366,54 @@ class VirtioGpuDriver:
                 or queue.num_free < LOW_WATER:
             self.kick()
         return req
+
+    def _chain_with_extents(self, slot: int, base: int, size: int, readable: tuple,
+                            writable: tuple) -> tuple:
+        """Publish the chain of a request with data extents in `slot` -> (head, its
+        writable list): through the slot's table, published again if it holds the same
+        extents (a copy through the same bounce chunk, a batch of as many launches)."""
+        queue = self.queue
+        table = base + SLOT_CMD + SLOT_RESP
+        key = (size, readable, writable)
+        held = self._slot_chain[slot]
+        if held is not None and held[0] == key:
+            _key, n, wlen, wr = held
+            return queue.add_indirect(table, n, wlen), wr
+        rd, wr = self._extents(base, size, readable, writable)
+        n = len(rd) + len(wr)
+        if n > SLOT_TABLE_ENTRIES:
+            return self._add_direct(rd, wr), wr
+        head = queue.add_chain(rd, wr, indirect_table=table)
+        # kept only when the extents cannot change under it (tuples, not lists)
+        self._slot_chain[slot] = (key, n, queue.writable_len(head), wr) \
+            if all(type(e) is tuple for e in readable + writable) else None
+        return head, wr
+
+    @staticmethod
+    def _extents(base: int, size: int, readable, writable) -> tuple:
+        """-> the readable and writable (gpa, len) lists of a request in the slot at
+        `base` with a command of `size` bytes and data extents of its own: the command
+        then `readable`; the response header then `writable`, padded to
+        MIN_RESPONSE_SIZE (or the whole response area without `writable`)."""
+        rd = [(base, size)]
+        if readable:
+            rd.extend(readable)
+        if not writable:
+            return rd, [(base + SLOT_CMD, SLOT_RESP)]
+        wr = list(writable)
+        data = sum(n for _, n in wr)
+        wr.insert(0, (base + SLOT_CMD, wire.CTRL_HDR_SIZE))
+        pad = wire.MIN_RESPONSE_SIZE - wire.CTRL_HDR_SIZE - data
+        if pad > 0:
+            wr.append((base + SLOT_CMD + wire.CTRL_HDR_SIZE, pad))
+        return rd, wr
+
+    def _add_direct(self, rd: list, wr: list) -> int:
+        """A direct chain, once the descriptor table has room for it -> its head."""
+        queue = self.queue
+        while queue.num_free < len(rd) + len(wr):
+            self.session.wait_for(lambda: queue.num_free >= len(rd) + len(wr))
+        return queue.add_chain(rd, wr)
 
     @property
     def deferred(self) -> int:
