@@ -344,7 +344,8 @@ class Context(DestroyedOnExit, ApiObject):
 
     def launch(self, kernel: str, grid, block, args, stream: Stream | None = None) -> None:
         """Launch a built-in kernel asynchronously on `stream` (default: the default stream)."""
-        launch.builtin(self, self._stream(stream), kernel, grid, block, args)
+        launch.builtin(self, self.default_stream if stream is None else self._stream(stream),
+                       kernel, grid, block, args)
 
     def synchronize(self) -> None:
         """Wait for all work of this context, on every stream (CTX_SYNC); raises the first
