@@ -785,7 +785,8 @@ class GuestChannel:
         notification encoded once."""
         wanted = self._acquire()
         try:
-            self._check_open()
+            if self._closed:
+                self._check_open()
             if self._proto.lost is not None:
                 self._check_alive()
             self._send_locked(parts, copy)
@@ -931,9 +932,8 @@ class GuestChannel:
                 raise HostLost(f"host at {self.endpoint} stopped answering (send queue full "
                                f"for {silence_ms} ms)") from None
             self._send_parts(sock, parts, copy)
-        now = _monotonic()
-        with self._cv:
-            self._proto.sent(now)
+        # no _cv: one float stored under the socket lock, which every timer run holds
+        self._proto.sent(_monotonic())
 
     @staticmethod
     def _send_parts(sock, parts: list, copy: bool) -> None:

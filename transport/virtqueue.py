@@ -237,6 +237,10 @@ class DriverQueue(_SplitRing):
         """Chains published and not yet returned through the used ring."""
         return len(self._chains)
 
+    def writable_len(self, head: int) -> int:
+        """The device-writable bytes of the chain at ``head``, in flight."""
+        return self._chains[head][1]
+
     @property
     def avail_idx(self) -> int:
         return self._avail_idx
@@ -282,7 +286,7 @@ class DriverQueue(_SplitRing):
             if not free:
                 raise QueueFull("no free descriptor for the indirect chain")
             table_len = n * VIRTQ_DESC_SIZE
-            if not mem.check_range(indirect_table, table_len):
+            if not (0 <= indirect_table <= size - table_len):  # mem.check_range
                 raise ValueError(f"indirect table at {indirect_table:#x} outside guest memory")
             mv = mem.mv
             last = n - 1
@@ -323,17 +327,36 @@ class DriverQueue(_SplitRing):
                 if mark_dirty:
                     mark_dirty(addr, VIRTQ_DESC_SIZE)
             head = ids[0]
-        # Publish: ring slot first, then the index that covers it.
-        mv = mem.mv
+        self._publish(head, ids, wlen)
+        return head
+
+    def add_indirect(self, table: int, n: int, wlen: int) -> int:
+        """Publish a chain through the indirect table of ``n`` descriptors (``wlen``
+        device-writable bytes) that an earlier ``add_chain(..., indirect_table=table)``
+        wrote and validated, unchanged since: a driver that reuses a request slot's table
+        for the same buffers does not write it again. -> the head descriptor index."""
+        free = self._free
+        if not free:
+            raise QueueFull("no free descriptor for the indirect chain")
+        head = free.pop()
+        addr = self.layout.desc + head * VIRTQ_DESC_SIZE
+        _put_desc(self.mem.mv, addr, table, n * VIRTQ_DESC_SIZE, VIRTQ_DESC_F_INDIRECT, 0)
+        if self._mark_dirty:
+            self._mark_dirty(addr, VIRTQ_DESC_SIZE)
+        self._publish(head, (head,), wlen)
+        return head
+
+    def _publish(self, head: int, ids, wlen: int) -> None:
+        """Make the chain at ``head`` (descriptors ``ids``) available: ring slot first,
+        then the index that covers it."""
         slot_addr = self._avail_ring + (self._avail_idx & self._qmask) * _AVAIL_ENTRY
         self._h[(slot_addr) >> 1] = head
         self._avail_idx = (self._avail_idx + 1) & IDX_MASK
         self._h[(self._avail_idx_addr) >> 1] = self._avail_idx
-        if mark_dirty:
-            mark_dirty(slot_addr, _AVAIL_ENTRY)
-            mark_dirty(self._avail_idx_addr, _F)
+        if self._mark_dirty:
+            self._mark_dirty(slot_addr, _AVAIL_ENTRY)
+            self._mark_dirty(self._avail_idx_addr, _F)
         self._chains[head] = (ids, wlen)
-        return head
 
     def should_kick(self) -> bool:
         """Whether the device wants an available-buffer notification for the chains added

@@ -55,6 +55,8 @@ class Context(DestroyedOnExit, ApiObject):
         # (dev, ctx_id, resource_id, p2p) -> (weakref(src), ImportedArray)
         self._peer_imports: dict[tuple, tuple] = {}
         self._mapped_frees: list[int] = []  # dropped arrays whose MEM_FREE waits for an unmap
+        # synchronize's CTX_SYNC, encoded once
+        self._sync_command = command(wire.CMD_CTX_SYNC, ctx_id=ctx_id)
 
     @property
     def faults(self) -> list:
@@ -342,7 +344,8 @@ class Context(DestroyedOnExit, ApiObject):
 
     def launch(self, kernel: str, grid, block, args, stream: Stream | None = None) -> None:
         """Launch a built-in kernel asynchronously on `stream` (default: the default stream)."""
-        launch.builtin(self, self._stream(stream), kernel, grid, block, args)
+        launch.builtin(self, self.default_stream if stream is None else self._stream(stream),
+                       kernel, grid, block, args)
 
     def synchronize(self) -> None:
         """Wait for all work of this context, on every stream (CTX_SYNC); raises the first
@@ -350,15 +353,17 @@ class Context(DestroyedOnExit, ApiObject):
         self._check_live()
         err = None
         try:
-            self._driver.call(command(wire.CMD_CTX_SYNC, ctx_id=self.ctx_id))
+            self._driver.call(self._sync_command)
         except Exception as e:
             err = e
-        streams = self.streams
+        streams = [self._streams[i] for i in sorted(self._streams)]  # the default stream first
         for s in streams:
             s._settle()
         raise_first(err, *[s._take_error() for s in streams])
         # faults whose jobs' errors nobody has seen (they came only on the event queue)
-        claimed = self.device._claim_faults(lambda ev: ev.ctx_id == self.ctx_id)
+        device = self.device
+        claimed = device._claim_faults(lambda ev: ev.ctx_id == self.ctx_id) \
+            if device._unclaimed_faults else ()
         if claimed:
             ev = claimed[0]
             more = f" (and {len(claimed) - 1} more)" if len(claimed) > 1 else ""

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 _STATS = struct.Struct(wire.RESP_STATS_FORMAT)
 _MAX_STATS_BUFFER = 16 << 20
+_NOP = command(wire.CMD_NOP)  # nop()'s, encoded once
 
 
 class Device(ApiObject):
@@ -240,7 +241,7 @@ class Device(ApiObject):
 
     def nop(self) -> None:
         """One synchronous no-op round trip through the virtqueue (for measurements)."""
-        self.driver.call(command(wire.CMD_NOP))
+        self.driver.call(_NOP)
 
     def call_raw(self, command_bytes: bytes, readable=(), writable=()) -> tuple:
         """Send an already-encoded device command and wait: -> (resp_type, body). For tools

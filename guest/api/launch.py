@@ -32,7 +32,7 @@ class _Plan:
     LAUNCH_BATCH (the same without the header) and, per argument, its name, kind and the
     element type a pointer argument must have. Made once per kernel."""
 
-    __slots__ = ("sig", "cmd", "record", "args")
+    __slots__ = ("sig", "cmd", "record", "args", "nargs")
 
     def __init__(self, sig: wire.KernelSignature):
         self.sig = sig
@@ -44,6 +44,7 @@ class _Plan:
             (name, kind, np.dtype(sig.elem_type(name)).newbyteorder("<")
              if kind == wire.ARG_PTR else None)
             for name, kind in sig.args)
+        self.nargs = len(self.args)
 
 
 # by kernel name and by kernel id
@@ -59,12 +60,13 @@ def builtin(ctx, s, kernel, grid, block, args) -> None:
             f"no built-in kernel {kernel!r}; available: {', '.join(sorted(wire.KERNELS_BY_NAME))}",
             code=wire.RESP_ERR_INVALID_KERNEL)
     sig = plan.sig
-    if len(args) != len(plan.args):
+    if len(args) != plan.nargs:
         raise TypeError(f"{sig.name}({', '.join(n for n, _ in sig.args)}) takes "
                         f"{len(sig.args)} arguments, got {len(args)}")
     values = [argument_value(ctx, sig.name, name, kind, want, value)
               for (name, kind, want), value in zip(plan.args, args)]
-    g, b = dim3(grid), dim3(block)
+    g = (grid, 1, 1) if type(grid) is int else dim3(grid)
+    b = (block, 1, 1) if type(block) is int else dim3(block)
     if s._async_error is not None:
         s._raise_async_error()
     ring_idx = s.ring_idx

@@ -64,11 +64,12 @@ class Releases:
 
     def drain(self) -> None:
         """Free what became garbage (the connection lock is held)."""
-        if self._draining:
-            return
+        pinned = self.connection._pinned
+        if self._draining or not (self._queue or pinned._pending):
+            return  # the common case: nothing became garbage
         self._draining = True
         try:
-            self.connection._pinned._drain()
+            pinned._drain()
             while self._queue:
                 ctx, rid = self._queue.popleft()
                 try:

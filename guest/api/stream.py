@@ -36,6 +36,9 @@ class Stream(ApiObject):
         self._async_error: BaseException | None = None
         self._inflight: list = []  # asynchronous copy requests not yet completed
         self.destroyed = False
+        # synchronize's fenced NOP, encoded once
+        self._sync_command = ring_command(wire.CMD_NOP, ctx_id=ctx.ctx_id, ring_idx=ring_idx,
+                                          fence_id=1)
 
     @property
     @unlocked("a field fixed at creation")
@@ -96,8 +99,7 @@ class Stream(ApiObject):
         self.context._check_stream(self)
         err = None
         try:
-            self._driver.call(ring_command(wire.CMD_NOP, ctx_id=self.context.ctx_id,
-                                           ring_idx=self.ring_idx, fence_id=1))
+            self._driver.call(self._sync_command)
         except Exception as e:
             err = e
         self._settle()
@@ -111,6 +113,8 @@ class Stream(ApiObject):
 
     def _settle(self) -> None:
         """Wait until every asynchronous request of the stream has come back."""
+        if not self._inflight:
+            return
         pending = [r for r in self._inflight if not r.done]
         if pending:
             self._driver.session.wait_for(lambda: all(r.done for r in pending))

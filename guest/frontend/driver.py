@@ -5,7 +5,9 @@ FEATURES_OK and its re-read, queue setup, DRIVER_OK), owns the driver side of th
 control virtqueue and turns device commands into descriptor chains: one ring slot per
 request through an indirect table when VIRTIO_F_INDIRECT_DESC is negotiated, a direct
 chain otherwise. Every request has a slot of guest memory for its command, its
-response and its indirect table, so the hot path allocates nothing.
+response and its indirect table, so the hot path allocates nothing; a request that is its
+command and response alone has a table of its own in the slot, which the driver writes
+once and publishes again while the slot's such requests keep their command size.
 
 Requests are asynchronous: `submit` returns a `Request` that completes when the device
 returns the chain on the used ring; `wait` blocks on the session for it.
@@ -47,7 +49,10 @@ QUEUE_SIZE = 256
 SLOT_CMD = 256  # header + body + launch args
 SLOT_RESP = wire.MIN_RESPONSE_SIZE
 SLOT_TABLE_ENTRIES = 16
-SLOT_SIZE = 1024  # cmd 256 | resp 256 | table 256 | spare
+# the indirect table of a request that is its command and response only (2 entries),
+# apart from the table of requests with data extents: it stays valid between them
+SLOT_PLAIN_TABLE = SLOT_CMD + SLOT_RESP + SLOT_TABLE_ENTRIES * wire.VIRTQ_DESC_SIZE
+SLOT_SIZE = 1024  # cmd 256 | resp 256 | table 256 | plain table 32 | spare
 EVENTQ_SIZE = 16  # event buffers kept posted
 KICK_BATCH = 32  # deferred chains that make the driver kick unasked (16..64 measured alike)
 LOW_WATER = QUEUE_SIZE // 8  # free slots or descriptors below which deferred chains are kicked
@@ -190,6 +195,13 @@ class VirtioGpuDriver:
         self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
         self._by_head: dict[int, Request] = {}
         self._unkicked = 0  # chains published since the last kick() (deferred)
+        # per request slot: the command size its plain table holds a chain for (0: none),
+        # and its response extent; set by initialize()
+        self._slot_table: list[int] = []
+        self._slot_response: list[tuple] = []
+        # ... and the (key, entries, writable bytes, writable list) of the chain with data
+        # extents its other table holds, or None
+        self._slot_chain: list[tuple | None] = []
         self.kick_batch = KICK_BATCH
         # the control queue's first avail and used index (set_vring `base`, CTL-VRING-5);
         # tests set it near 65535 before initialize() to cross the index wrap early
@@ -277,6 +289,10 @@ class VirtioGpuDriver:
         self._free_slots = list(range(QUEUE_SIZE - 1, -1, -1))
         self._by_head = {}
         self._unkicked = 0
+        self._slot_table = [0] * QUEUE_SIZE
+        self._slot_chain = [None] * QUEUE_SIZE
+        self._slot_response = [((self.slot_gpa(slot) + SLOT_CMD, SLOT_RESP),)
+                               for slot in range(QUEUE_SIZE)]
 
     def _setup_eventq(self, ring_gpa: int, bufs_gpa: int) -> None:
         """Queue 1 with EVENTQ_SIZE posted buffers, notifications on (spec EVTQ-SETUP-1)."""
@@ -324,26 +340,25 @@ class VirtioGpuDriver:
         size = len(command)
         assert size <= SLOT_CMD
         mem.mv[base:base + size] = command
-        mem.mark_dirty(base, size)
-        rd = [(base, size)]
-        if readable:
-            rd.extend(readable)
-        wr = list(writable)
-        if wr:
-            data = sum(n for _, n in wr)
-            wr.insert(0, (base + SLOT_CMD, wire.CTRL_HDR_SIZE))
-            pad = wire.MIN_RESPONSE_SIZE - wire.CTRL_HDR_SIZE - data
-            if pad > 0:
-                wr.append((base + SLOT_CMD + wire.CTRL_HDR_SIZE, pad))
+        if mem.tracks_dirty:  # the inline model: the kick carries it
+            mem.mark_dirty(base, size)
+        if not queue.indirect:
+            rd, wr = self._extents(base, size, readable, writable)
+            head = self._add_direct(rd, wr)
+        elif not readable and not writable:
+            # the common request, command and response in its slot: the slot's plain
+            # table still holds the last such chain, rewritten only for another size
+            wr = self._slot_response[slot]
+            table = base + SLOT_PLAIN_TABLE
+            if self._slot_table[slot] == size:
+                head = queue.add_indirect(table, 2, SLOT_RESP)
+            else:
+                head = queue.add_chain(((base, size),), wr, indirect_table=table)
+                self._slot_table[slot] = size
         else:
-            wr = [(base + SLOT_CMD, SLOT_RESP)]
+            head, wr = self._chain_with_extents(slot, base, size, tuple(readable),
+                                                tuple(writable))
         req = Request(self, slot, _TYPE(command)[0] if size >= _HDR.size else 0, wr)
-        if queue.indirect and len(rd) + len(wr) <= SLOT_TABLE_ENTRIES:
-            head = queue.add_chain(rd, wr, indirect_table=base + SLOT_CMD + SLOT_RESP)
-        else:
-            while queue.num_free < len(rd) + len(wr):
-                self.session.wait_for(lambda: queue.num_free >= len(rd) + len(wr))
-            head = queue.add_chain(rd, wr)
         req.head = head
         self._by_head[head] = req
         self._unkicked += 1
@@ -351,6 +366,54 @@ class VirtioGpuDriver:
                 or queue.num_free < LOW_WATER:
             self.kick()
         return req
+
+    def _chain_with_extents(self, slot: int, base: int, size: int, readable: tuple,
+                            writable: tuple) -> tuple:
+        """Publish the chain of a request with data extents in `slot` -> (head, its
+        writable list): through the slot's table, published again if it holds the same
+        extents (a copy through the same bounce chunk, a batch of as many launches)."""
+        queue = self.queue
+        table = base + SLOT_CMD + SLOT_RESP
+        key = (size, readable, writable)
+        held = self._slot_chain[slot]
+        if held is not None and held[0] == key:
+            _key, n, wlen, wr = held
+            return queue.add_indirect(table, n, wlen), wr
+        rd, wr = self._extents(base, size, readable, writable)
+        n = len(rd) + len(wr)
+        if n > SLOT_TABLE_ENTRIES:
+            return self._add_direct(rd, wr), wr
+        head = queue.add_chain(rd, wr, indirect_table=table)
+        # kept only when the extents cannot change under it (tuples, not lists)
+        self._slot_chain[slot] = (key, n, queue.writable_len(head), wr) \
+            if all(type(e) is tuple for e in readable + writable) else None
+        return head, wr
+
+    @staticmethod
+    def _extents(base: int, size: int, readable, writable) -> tuple:
+        """-> the readable and writable (gpa, len) lists of a request in the slot at
+        `base` with a command of `size` bytes and data extents of its own: the command
+        then `readable`; the response header then `writable`, padded to
+        MIN_RESPONSE_SIZE (or the whole response area without `writable`)."""
+        rd = [(base, size)]
+        if readable:
+            rd.extend(readable)
+        if not writable:
+            return rd, [(base + SLOT_CMD, SLOT_RESP)]
+        wr = list(writable)
+        data = sum(n for _, n in wr)
+        wr.insert(0, (base + SLOT_CMD, wire.CTRL_HDR_SIZE))
+        pad = wire.MIN_RESPONSE_SIZE - wire.CTRL_HDR_SIZE - data
+        if pad > 0:
+            wr.append((base + SLOT_CMD + wire.CTRL_HDR_SIZE, pad))
+        return rd, wr
+
+    def _add_direct(self, rd: list, wr: list) -> int:
+        """A direct chain, once the descriptor table has room for it -> its head."""
+        queue = self.queue
+        while queue.num_free < len(rd) + len(wr):
+            self.session.wait_for(lambda: queue.num_free >= len(rd) + len(wr))
+        return queue.add_chain(rd, wr)
 
     @property
     def deferred(self) -> int:
@@ -464,5 +527,10 @@ def command(type_: int, body=(), *, ctx_id: int = 0, ring_idx: int = 0, fence_id
     """Encode header + body of a device command."""
     if fence_id:
         flags |= wire.FLAG_FENCE
-    return (_HDR.pack(type_, flags, fence_id, ctx_id, ring_idx)
-            + struct.pack(wire.CMD_BODY_FORMATS[type_], *body) + extra)
+    cmd = _COMMANDS[type_].pack(type_, flags, fence_id, ctx_id, ring_idx, *body)
+    return cmd + extra if extra else cmd
+
+
+# header + body of each command type, one struct each (both little-endian, unpadded)
+_COMMANDS = {type_: struct.Struct(wire.CTRL_HDR_FORMAT + body.lstrip("<"))
+             for type_, body in wire.CMD_BODY_FORMATS.items()}

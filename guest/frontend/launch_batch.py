@@ -88,7 +88,8 @@ class LaunchBatcher:
         if b is None:
             return None
         driver = self.driver
-        driver.mem.mark_dirty(b.gpa, b.used)
+        if driver.mem.tracks_dirty:  # the inline model: the kick carries the records
+            driver.mem.mark_dirty(b.gpa, b.used)
         flags = wire.FLAG_INFO_RING_IDX if b.ring_idx else 0
         cmd = _HDR_BODY.pack(wire.CMD_LAUNCH_BATCH, flags, 0, b.ctx_id, b.ring_idx, b.count)
         try:

@@ -244,11 +244,12 @@ class FrontendSession:
         waits = self._kind_waits if kind is not None else None
         expected = self._wait_ewma if waits is None else waits.get(kind, self._wait_ewma)
         polling = not self.inline and expected <= self.POLL_FROM_START
-        poll_until = start + min(self.POLL_MAX, max(self.POLL_SECONDS, 1.5 * expected)) \
-            if polling else 0.0
-        # a longer wait: block until shortly before its expected end, then poll for it
-        lead = min(self.POLL_MAX / 2, max(self.POLL_SECONDS, expected / 4))
-        poll_at = start + expected - lead if not self.inline and not polling else None
+        poll_until = 0.0  # set after the first look (most requests are done by then)
+        lead, poll_at = 0.0, None
+        if not self.inline and not polling:
+            # a longer wait: block until shortly before its expected end, then poll for it
+            lead = min(self.POLL_MAX / 2, max(self.POLL_SECONDS, expected / 4))
+            poll_at = start + expected - lead
         devices = self.devices
         first_look = True
         while True:
@@ -268,7 +269,10 @@ class FrontendSession:
                 else:
                     waits[kind] = expected + rate * (took - expected)
                 return
-            first_look = False
+            if first_look:
+                first_look = False
+                if polling:
+                    poll_until = start + min(self.POLL_MAX, max(self.POLL_SECONDS, 1.5 * expected))
             now = time.monotonic()
             if now < poll_until:
                 if polling:

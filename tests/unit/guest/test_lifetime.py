@@ -31,7 +31,8 @@ class FakeDriver:
 
 def setup(answer=None):
     session = SimpleNamespace(closed=False, host_lost=False)
-    conn = SimpleNamespace(session=session, _pinned=SimpleNamespace(_drain=lambda: None))
+    conn = SimpleNamespace(session=session,
+                           _pinned=SimpleNamespace(_drain=lambda: None, _pending=[]))
     releases = lifetime.Releases(conn)
     drv = FakeDriver(answer)
     ctx = SimpleNamespace(ctx_id=3, destroyed=False, _driver=drv, _mapped_frees=[])

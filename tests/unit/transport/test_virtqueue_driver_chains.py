@@ -9,6 +9,7 @@ import pytest
 from pvgpu.spec.wire import (VIRTQ_DESC_F_INDIRECT, VIRTQ_DESC_F_NEXT, VIRTQ_DESC_F_WRITE,
                        VIRTQ_DESC_FORMAT)
 from pvgpu.transport.memory import GuestMemory
+from pvgpu.transport.errors import QueueFull
 from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
 
 DESC = struct.Struct(VIRTQ_DESC_FORMAT)
@@ -59,3 +60,19 @@ def test_vq_indirect_3_indirect_only_when_negotiated_alone_and_never_nested():
     assert not any(f & VIRTQ_DESC_F_INDIRECT for _a, _n, f in walk(mem, addr, 0))
     direct = q.add_chain(READABLE, WRITABLE)  # without a table: no indirect descriptor
     assert not any(f & VIRTQ_DESC_F_INDIRECT for _a, _n, f in walk(mem, layout.desc, direct))
+
+
+def test_add_indirect_publishes_again_a_table_written_before():
+    mem = GuestMemory(1 << 16)
+    layout = VirtqLayout.at(0, 2)
+    q = DriverQueue(mem, layout, indirect=True)
+    table = DATA + 4096
+    first = q.add_chain(READABLE, WRITABLE, indirect_table=table)
+    again = q.add_indirect(table, len(READABLE) + len(WRITABLE), 256)
+    assert again != first and q.avail_idx == 2 and q.num_free == 0
+    for head in (first, again):  # both heads lead to the same table, hence the same chain
+        ((addr, n, flags),) = walk(mem, layout.desc, head)
+        assert (addr, n, flags) == (table, DESC.size * 5, VIRTQ_DESC_F_INDIRECT)
+        assert [(a, n) for a, n, _f in walk(mem, table, 0)] == READABLE + WRITABLE
+    with pytest.raises(QueueFull):
+        q.add_indirect(table, 5, 256)
