@@ -28,7 +28,10 @@ def test_the_guest_figures_come_with_their_zmq_limits(shared_host, echo_dir):
     with guest.connect(shared_host.endpoint, mem_size=32 << 20) as conn:
         res = jobs.guest_figures(conn, echo_dir, launches=20, batch=3, reps=2, async_reps=1,
                                  host_pid=shared_host.proc.pid, out=lines.append)
-    assert set(res) == {"async_launches", "launch_sync", "h2d_4KiB", "nop", "host_cpu_us"}
+    assert set(res) == {"async_launches", "launch_sync", "h2d_4KiB", "nop", "host_cpu_us",
+                        "zmq_rtt_polled"}
+    p = res["zmq_rtt_polled"]
+    assert p["s"] > 0 and p["vs_zmq_rtt"] == pytest.approx(p["s"] / res["nop"]["zmq_rtt_s"])
     a = res["async_launches"]
     assert a["launches"] == 20 and a["per_s"] > 0 and a["zmq_msgs_per_s"] > 0
     assert a["vs_zmq"] == pytest.approx(a["per_s"] / a["zmq_msgs_per_s"])
@@ -39,7 +42,7 @@ def test_the_guest_figures_come_with_their_zmq_limits(shared_host, echo_dir):
     # the host's CPU per request: ticks are coarse, so a few requests may read as 0
     assert set(res["host_cpu_us"]) == {"nop", "launch_sync", "h2d_4KiB"}
     assert all(v >= 0 for v in res["host_cpu_us"].values())
-    assert len(lines) == 5
+    assert len(lines) == 6
 
 
 def test_the_host_cpu_figure_reads_a_thread_of_another_process():
