@@ -3,26 +3,12 @@ backend decodes its frame 0 once (session.py `Backend.handle`), and still serves
 kick; the cache of decoded forms is bounded, whatever encodings a guest sends."""
 
 import msgpack
-import pytest
 
 from pvgpu.spec import wire
 from pvgpu.transport import codec
-from pvgpu.transport.memory import SharedGuestMemory
 
-from test_backend import _backend, cmd
-from test_backend_fence_completion import MEM, SharedGuest
-
-
-@pytest.fixture
-def guest():
-    gen = _backend(num_gpus=1)
-    backend = next(gen)
-    with SharedGuestMemory.create(MEM) as mem:
-        g = SharedGuest(backend, mem)
-        g.init(qsize=64)
-        yield g
-        backend.close_session(backend.sessions[g.peer], "test over")
-    gen.close()
+from test_backend import cmd
+from test_device_chain_cost import guest  # noqa: F401 - the fixture: one shared-memory guest
 
 
 def nops(guest, frames, n: int) -> None:
