@@ -93,43 +93,27 @@ class InterruptController:
             self._deliver(irq)
 
     def raise_irq(self, irq: Interrupt) -> None:
-        with self._lock:  # one hold: the latch check and the handler's pick
-            self.raised += 1
-            self.counts[irq.source] += 1
-            if not self._enabled:
-                if len(self._latched) >= MAX_LATCHED:
-                    self._latched.popleft()
-                    self.dropped += 1
-                self._latched.append(irq)
-                return
-            handler = self._handler  # (_pick_handler_locked and _call, without the calls)
+        self._deliver(irq, raised=True)
+
+    def _deliver(self, irq: Interrupt, raised: bool = False) -> None:
+        """Hand irq to the handler: a raised one (counted, and latched while interrupts
+        are disabled), or a latched one once they are enabled. One lock hold for the
+        latch check and the handler's pick."""
+        with self._lock:
+            if raised:
+                self.raised += 1
+                self.counts[irq.source] += 1
+                if not self._enabled:
+                    if len(self._latched) >= MAX_LATCHED:
+                        self._latched.popleft()
+                        self.dropped += 1
+                    self._latched.append(irq)
+                    return
+            handler = self._handler
             if handler is not None:
-                self.delivered += 1
+                self.delivered += 1  # taken back if the handler fails
             else:
                 self.unhandled += 1
-        if handler is None:
-            log.debug("%s: no handler for %s", self.name, irq)
-            return
-        try:
-            handler(irq)
-        except Exception:  # noqa: BLE001 - the handler must never kill an engine thread
-            self._failed(irq)
-
-    def _deliver(self, irq: Interrupt) -> None:
-        """A latched interrupt, once enabled."""
-        with self._lock:
-            handler = self._pick_handler_locked()
-        self._call(handler, irq)
-
-    def _pick_handler_locked(self):
-        handler = self._handler
-        if handler is not None:
-            self.delivered += 1  # taken back if the handler fails
-        else:
-            self.unhandled += 1
-        return handler
-
-    def _call(self, handler, irq: Interrupt) -> None:
         if handler is None:
             log.debug("%s: no handler for %s", self.name, irq)
             return
