@@ -108,6 +108,9 @@ class Context(DestroyedOnExit, ApiObject):
     @property
     def streams(self) -> list:
         """The context's live streams, the default stream first."""
+        return self._live_streams()
+
+    def _live_streams(self) -> list:
         return [self._streams[i] for i in sorted(self._streams)]
 
     def _stream(self, stream) -> Stream:
@@ -356,14 +359,12 @@ class Context(DestroyedOnExit, ApiObject):
             self._driver.call(self._sync_command)
         except Exception as e:
             err = e
-        streams = [self._streams[i] for i in sorted(self._streams)]  # the default stream first
+        streams = self._live_streams()  # (the property would take the API lock again)
         for s in streams:
             s._settle()
         raise_first(err, *[s._take_error() for s in streams])
         # faults whose jobs' errors nobody has seen (they came only on the event queue)
-        device = self.device
-        claimed = device._claim_faults(lambda ev: ev.ctx_id == self.ctx_id) \
-            if device._unclaimed_faults else ()
+        claimed = self.device._claim_faults(lambda ev: ev.ctx_id == self.ctx_id)
         if claimed:
             ev = claimed[0]
             more = f" (and {len(claimed) - 1} more)" if len(claimed) > 1 else ""

@@ -69,6 +69,8 @@ class Device(ApiObject):
 
     def _claim_faults(self, match) -> list:
         """-> the unclaimed fault events that `match`, oldest first (now claimed)."""
+        if not self._unclaimed_faults:
+            return []  # the common case
         claimed = [ev for ev in self._unclaimed_faults if match(ev)]
         for ev in claimed:
             self._unclaimed_faults.remove(ev)
