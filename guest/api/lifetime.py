@@ -65,11 +65,11 @@ class Releases:
     def drain(self) -> None:
         """Free what became garbage (the connection lock is held)."""
         pinned = self.connection._pinned
-        if self._draining or not (self._queue or pinned._pending):
+        if self._draining or not (self._queue or pinned.garbage):
             return  # the common case: nothing became garbage
         self._draining = True
         try:
-            pinned._drain()
+            pinned.drain()
             while self._queue:
                 ctx, rid = self._queue.popleft()
                 try:

@@ -76,7 +76,7 @@ class _Block:
         self.released = False  # the heap has it back
         # queues the block's memory for freeing once the block becomes garbage; at exit the
         # session's end frees everything
-        self.finalizer = weakref.finalize(self, allocator._pending.append, (gpa, nbytes))
+        self.finalizer = weakref.finalize(self, allocator.garbage.append, (gpa, nbytes))
         self.finalizer.atexit = False
 
     def contains(self, arr: np.ndarray) -> bool:
@@ -101,7 +101,9 @@ class PinnedAllocator:
 
     def __init__(self, conn):
         self.connection = conn
-        self._pending: list[tuple[int, int]] = []  # (gpa, nbytes) of blocks that became garbage
+        # (gpa, nbytes) of blocks whose arrays became garbage (appended by their finalizers),
+        # given back to the heap by drain()
+        self.garbage: list[tuple[int, int]] = []
         self.live = 0  # blocks handed out and not yet back in the heap
         self.live_bytes = 0
 
@@ -115,7 +117,7 @@ class PinnedAllocator:
             session = self.connection.session
             if session.closed:
                 raise PinnedMemoryError("the connection is closed")
-            self._drain()
+            self.drain()
             try:
                 gpa = self._heap.alloc(max(nbytes, 1), align=wire.PAGE_SIZE)
             except OutOfGuestMemory as e:
@@ -134,10 +136,10 @@ class PinnedAllocator:
         arr._pin = block
         return arr
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """Give the heap back the blocks whose arrays were garbage collected."""
-        while self._pending:
-            gpa, nbytes = self._pending.pop()
+        while self.garbage:
+            gpa, nbytes = self.garbage.pop()
             self.live -= 1
             self.live_bytes -= nbytes
             if not self.connection.session.closed:
@@ -149,7 +151,7 @@ class PinnedAllocator:
                 block.freed = True
                 if block.busy == 0:
                     self._release(block)
-            self._drain()
+            self.drain()
 
     def _release(self, block: _Block) -> None:
         if block.released:

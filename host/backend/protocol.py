@@ -293,19 +293,32 @@ class Launch(Command):
 
     def args(self) -> list:
         """The nargs le64 argument slots ([CMD-LAUNCH-1])."""
-        if self.nargs > wire.MAX_KERNEL_ARGS:
-            raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                               f"LAUNCH with {self.nargs} arguments "
-                               f"(at most {wire.MAX_KERNEL_ARGS})")
-        need = self.nargs * wire.LAUNCH_ARG_SIZE
-        if self.tail is None or self.tail.available < need:
-            raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
-                               f"LAUNCH announces {self.nargs} arguments but carries fewer")
-        return list(_ARGS[self.nargs].unpack(self.tail.peek(need)))
+        nargs = self.nargs
+        have = self.tail.available if self.tail is not None else 0
+        raw = self.tail.peek(min(have, nargs * wire.LAUNCH_ARG_SIZE)) if have else b""
+        return list(unpack_args(raw, 0, len(raw), nargs))
 
     @staticmethod
     def pack_args(args) -> bytes:
         return struct.pack(f"<{len(args)}Q", *args)
+
+
+def unpack_args(raw, pos: int, end: int, nargs: int, record: int | None = None) -> tuple:
+    """The `nargs` le64 argument slots of a LAUNCH, or of a LAUNCH_BATCH's launch
+    `record`, at raw[pos:end]: the count is checked first, then that the slots are all
+    there ([CMD-LAUNCH-1]); raises CommandError."""
+    if nargs > wire.MAX_KERNEL_ARGS:
+        raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
+                           f"{_launch_name(record)} has {nargs} arguments "
+                           f"(at most {wire.MAX_KERNEL_ARGS})")
+    if pos + nargs * wire.LAUNCH_ARG_SIZE > end:
+        raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
+                           f"{_launch_name(record)} announces {nargs} arguments but carries fewer")
+    return _ARGS[nargs].unpack_from(raw, pos)
+
+
+def _launch_name(record: int | None) -> str:
+    return "LAUNCH" if record is None else f"launch record {record}"
 
 
 def check_launch(kernel_id: int, nargs: int, grid: tuple, block: tuple) -> None:
@@ -347,16 +360,8 @@ class LaunchBatch(Command):
                     raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
                                        f"the readable part ends inside launch record {i}")
                 kernel_id, gx, gy, gz, bx, by, bz, nargs = _RECORD.unpack_from(raw, pos)
-                if nargs > wire.MAX_KERNEL_ARGS:
-                    raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
-                                       f"launch record {i} has {nargs} arguments "
-                                       f"(at most {wire.MAX_KERNEL_ARGS})")
                 pos += _RECORD.size
-                if pos + nargs * wire.LAUNCH_ARG_SIZE > end:
-                    raise CommandError(wire.RESP_ERR_SHORT_COMMAND,
-                                       f"launch record {i} announces {nargs} arguments "
-                                       "but carries fewer")
-                args = _ARGS[nargs].unpack_from(raw, pos)
+                args = unpack_args(raw, pos, end, nargs, i)
                 pos += nargs * wire.LAUNCH_ARG_SIZE
                 grid, block = (gx, gy, gz), (bx, by, bz)
                 check_launch(kernel_id, nargs, grid, block)

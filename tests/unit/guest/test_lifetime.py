@@ -32,7 +32,7 @@ class FakeDriver:
 def setup(answer=None):
     session = SimpleNamespace(closed=False, host_lost=False)
     conn = SimpleNamespace(session=session,
-                           _pinned=SimpleNamespace(_drain=lambda: None, _pending=[]))
+                           _pinned=SimpleNamespace(drain=lambda: None, garbage=[]))
     releases = lifetime.Releases(conn)
     drv = FakeDriver(answer)
     ctx = SimpleNamespace(ctx_id=3, destroyed=False, _driver=drv, _mapped_frees=[])
