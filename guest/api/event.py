@@ -7,13 +7,12 @@ device, to order work across them (`Stream.wait_event`). Event ids belong to a d
 
 from __future__ import annotations
 
-import re
 import struct
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pvgpu.guest.api import errors
 from pvgpu.guest.api.commands import ring_command
+from pvgpu.guest.api.handles import ExportedHandle
 from pvgpu.guest.api.lifetime import DestroyedOnExit
 from pvgpu.guest.api.locking import ApiObject
 from pvgpu.spec import wire
@@ -27,30 +26,13 @@ _EVENT = struct.Struct(wire.RESP_EVENT_FORMAT)
 _HANDLE = struct.Struct(wire.RESP_EVENT_HANDLE_FORMAT)
 
 
-@dataclass(frozen=True)
-class EventHandle:
+class EventHandle(ExportedHandle):
     """An exported event: `str(handle)` ("evt:<id>:<token hex>") or the object itself
     (picklable) can be passed to another process, which imports it with
     `ctx.import_event(handle)`. Anyone holding it can wait on the event; keep it private."""
 
-    handle_id: int
-    token: int
-
-    _FORM = re.compile(r"^evt:(\d+):([0-9a-fA-F]{1,16})$")
-
-    def __str__(self) -> str:
-        return f"evt:{self.handle_id}:{self.token:016x}"
-
-    @classmethod
-    def parse(cls, value) -> "EventHandle":
-        """A handle from its text form, `str(handle)` ('evt:<id>:<token hex>'); an
-        EventHandle is returned as it is. ValueError for anything else."""
-        if isinstance(value, EventHandle):
-            return value
-        m = cls._FORM.match(value) if isinstance(value, str) else None
-        if m is None or int(m.group(1)) >= 1 << 64:
-            raise ValueError(f"not an event handle: {value!r} (expected 'evt:<id>:<token hex>')")
-        return cls(int(m.group(1)), int(m.group(2), 16))
+    PREFIX = "evt"
+    WHAT = "an event handle"
 
 
 class Event(DestroyedOnExit, ApiObject):

@@ -23,10 +23,8 @@ strings (hashed to 64 bits).
 from __future__ import annotations
 
 import hashlib
-import re
 import struct
 import weakref
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,6 +32,7 @@ import numpy as np
 from pvgpu.guest.api import operands
 from pvgpu.guest.api.array import DeviceArray
 from pvgpu.guest.api.commands import ring_command
+from pvgpu.guest.api.handles import ExportedHandle
 from pvgpu.guest.api.locking import ApiObject, unlocked
 from pvgpu.spec import wire
 
@@ -62,32 +61,14 @@ def key_of(key) -> int:
     return int(key)
 
 
-@dataclass(frozen=True)
-class ShmHandle:
+class ShmHandle(ExportedHandle):
     """An exported segment: `str(handle)` ("shm:<id>:<token hex>") or the object itself
     (picklable) can be passed to another guest, which imports it with
     `ctx.shm_import(handle)` on the same device. Anyone holding it can map the segment:
     keep it private."""
 
-    handle_id: int
-    token: int
-
-    _FORM = re.compile(r"^shm:(\d+):([0-9a-fA-F]{1,16})$")
-
-    def __str__(self) -> str:
-        return f"shm:{self.handle_id}:{self.token:016x}"
-
-    @classmethod
-    def parse(cls, value) -> "ShmHandle":
-        """A handle from its text form, `str(handle)` ('shm:<id>:<token hex>'); a
-        ShmHandle is returned as it is. ValueError for anything else."""
-        if isinstance(value, ShmHandle):
-            return value
-        m = cls._FORM.match(value) if isinstance(value, str) else None
-        if m is None or int(m.group(1)) >= 1 << 64:
-            raise ValueError(f"not a shared memory handle: {value!r} "
-                             "(expected 'shm:<id>:<token hex>')")
-        return cls(int(m.group(1)), int(m.group(2), 16))
+    PREFIX = "shm"
+    WHAT = "a shared memory handle"
 
 
 class SharedSegment(ApiObject):
