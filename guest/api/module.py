@@ -41,7 +41,6 @@ import numpy as np
 
 from pvgpu.guest.api import errors, params
 from pvgpu.guest.api.array import DeviceArray
-from pvgpu.guest.api.commands import ring_command
 from pvgpu.guest.api.locking import ApiObject, unlocked
 from pvgpu.guest.frontend.driver import SLOT_CMD
 from pvgpu.spec import isa, wire
@@ -50,6 +49,9 @@ if TYPE_CHECKING:
     from pvgpu.guest.api.context import Context
     from pvgpu.guest.api.stream import Stream
 
+# a LAUNCH_CODE command without its parameters: header and body in one struct
+_LAUNCH_CODE = struct.Struct(wire.CTRL_HDR_FORMAT
+                             + wire.CMD_BODY_FORMATS[wire.CMD_LAUNCH_CODE].lstrip("<"))
 _VAS = struct.Struct("<QQ")  # data_va, const_va at COBJ_DATA_VA_OFFSET
 NVRTC_ARCH = "compute_80"  # the virtual architecture CUDA C is compiled for (sm_80 limits)
 
@@ -328,6 +330,9 @@ class Function(ApiObject):
         self._releases = module._releases
         self._entry = entry
         self.name = entry.name
+        self._params = params.ParamLayout(entry)
+        self._object_va = module.va  # fixed while the module is loaded
+        self._entry_va = module.va + module._cobj.entry_offset(entry)
 
     @property
     @unlocked("read from the code object, fixed at load")
@@ -371,29 +376,36 @@ class Function(ApiObject):
         """Launch asynchronously on `stream` (default: the context's default stream);
         grid and block are an int or a 1- to 3-tuple, shared_mem the bytes of dynamic
         shared memory per block. Errors of the run surface at the next synchronizing call."""
-        self.module._check()
-        ctx = self.module.context
-        s = ctx._stream(stream)
-        g, b = _launch_dims(grid, "grid"), _launch_dims(block, "block")
+        module = self.module
+        module._check()
+        ctx = module.context
+        s = ctx.default_stream if stream is None else ctx._stream(stream)
+        g = (grid, 1, 1) if type(grid) is int and 0 < grid < wire.MAX_GRID_DIM \
+            else _launch_dims(grid, "grid")
+        b = (block, 1, 1) if type(block) is int and 0 < block <= wire.MAX_BLOCK_THREADS \
+            else _launch_dims(block, "block")
         threads = b[0] * b[1] * b[2]
-        if threads > self.max_threads_per_block:
+        entry = self._entry
+        limit = entry.max_threads or isa.MAX_BLOCK_THREADS
+        if threads > limit:
             raise errors.InvalidParameterError(
                 f"{self.name}: a block of {b} is {threads} threads, the kernel allows at most "
-                f"{self.max_threads_per_block}", code=wire.RESP_ERR_INVALID_PARAMETER)
-        if isinstance(shared_mem, bool) or not isinstance(shared_mem, (int, np.integer)) \
-                or shared_mem < 0:
+                f"{limit}", code=wire.RESP_ERR_INVALID_PARAMETER)
+        if type(shared_mem) is not int and (isinstance(shared_mem, bool) or not isinstance(
+                shared_mem, (int, np.integer))) or shared_mem < 0:
             raise TypeError(f"shared_mem must be a non-negative int, not {shared_mem!r}")
-        if self.shared_size_bytes + shared_mem > isa.MAX_DYNAMIC_SHARED:
+        if entry.shared_size + shared_mem > isa.MAX_DYNAMIC_SHARED:
             raise errors.InvalidParameterError(
-                f"{self.name}: {self.shared_size_bytes} bytes of static and {shared_mem} of "
+                f"{self.name}: {entry.shared_size} bytes of static and {shared_mem} of "
                 f"dynamic shared memory exceed the device's {isa.MAX_DYNAMIC_SHARED} per block",
                 code=wire.RESP_ERR_INVALID_PARAMETER)
-        raw = params.marshal(self, ctx, args)
-        s._raise_async_error()
-        entry_va = self.module.va + self.module._cobj.entry_offset(self._entry)
-        head = ring_command(wire.CMD_LAUNCH_CODE,
-                            (self.module.va, entry_va, *g, *b, int(shared_mem), len(raw)),
-                            ctx_id=ctx.ctx_id, ring_idx=s.ring_idx)
+        raw = self._params.marshal(ctx, args)
+        if s._async_error is not None:
+            s._raise_async_error()
+        ring_idx = s.ring_idx
+        head = _LAUNCH_CODE.pack(wire.CMD_LAUNCH_CODE, wire.FLAG_INFO_RING_IDX if ring_idx else 0,
+                                 0, ctx.ctx_id, ring_idx, self._object_va, self._entry_va, *g, *b,
+                                 int(shared_mem), len(raw))
         if len(head) + len(raw) <= SLOT_CMD:  # small parameters travel in the command
             req = ctx._driver.submit(head + raw, kick=False)
             req.on_done = s._async_done

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import struct
 
 import numpy as np
 
@@ -35,11 +36,12 @@ from pvgpu.guest.api import errors
 from pvgpu.guest.api.array import DeviceArray
 from pvgpu.spec import isa
 
-_INT_DTYPES = {isa.TYPE_U8: "<u1", isa.TYPE_S8: "<i1", isa.TYPE_B8: "<u1",
-               isa.TYPE_U16: "<u2", isa.TYPE_S16: "<i2", isa.TYPE_B16: "<u2",
-               isa.TYPE_U32: "<u4", isa.TYPE_S32: "<i4", isa.TYPE_B32: "<u4",
-               isa.TYPE_U64: "<u8", isa.TYPE_S64: "<i8", isa.TYPE_B64: "<u8"}
-_FLOAT_DTYPES = {isa.TYPE_F16: "<f2", isa.TYPE_F32: "<f4", isa.TYPE_F64: "<f8"}
+# float parameter types: (struct, largest finite value, name)
+_REALS = {t: (struct.Struct(code), float(np.finfo(name).max), name)
+          for t, code, name in ((isa.TYPE_F16, "<e", "float16"), (isa.TYPE_F32, "<f", "float32"),
+                                (isa.TYPE_F64, "<d", "float64"))}
+_UINTS = {1: struct.Struct("<B"), 2: struct.Struct("<H"), 4: struct.Struct("<I"),
+          8: struct.Struct("<Q")}
 
 
 def type_name(param) -> str:
@@ -53,71 +55,116 @@ class ParamBuffer(bytes):
     """A whole parameter buffer, laid out by the entry's parameter table already."""
 
 
-def marshal(fn, ctx, args) -> bytes:
-    """The parameter buffer of a launch of Function `fn` in `ctx` with `args`."""
-    if isinstance(args, ParamBuffer):
-        if len(args) != fn.param_size:
-            raise TypeError(f"{fn.name}: a parameter buffer of {len(args)} bytes, the kernel's "
-                            f"parameters take {fn.param_size}")
-        return bytes(args)
-    params = fn.params
-    if isinstance(args, (str, bytes)) or not hasattr(args, "__len__"):
-        raise TypeError(f"{fn.name}: args must be a sequence of {len(params)} values, not "
-                        f"{type(args).__name__}")
-    if len(args) != len(params):
-        raise TypeError(f"{fn.name}({', '.join(type_name(p) for p in params)}) takes "
-                        f"{len(params)} arguments, got {len(args)}")
-    buf = bytearray(fn.param_size)
-    for i, (p, value) in enumerate(zip(params, args)):
-        raw = _one(fn.name, i, p, ctx, value)
-        buf[p.offset:p.offset + p.size] = raw
-    return bytes(buf)
+class ParamLayout:
+    """An entry's parameter table made ready once (per Function): per parameter, a
+    converter that checks a value and packs it at the parameter's offset. A launch's
+    arguments then take one pass, and an error message is composed only when a value
+    is refused."""
+
+    __slots__ = ("name", "params", "param_size", "_writers")
+
+    def __init__(self, entry):
+        self.name = entry.name
+        self.params = tuple(entry.params)
+        self.param_size = entry.param_size
+        self._writers = tuple(_writer(entry.name, i, p) for i, p in enumerate(self.params))
+
+    def marshal(self, ctx, args) -> bytes:
+        """The parameter buffer of a launch in `ctx` with `args`."""
+        params = self.params
+        if type(args) is not tuple and type(args) is not list:  # (the common cases)
+            if isinstance(args, ParamBuffer):
+                if len(args) != self.param_size:
+                    raise TypeError(f"{self.name}: a parameter buffer of {len(args)} bytes, the "
+                                    f"kernel's parameters take {self.param_size}")
+                return bytes(args)
+            if isinstance(args, (str, bytes)) or not hasattr(args, "__len__"):
+                raise TypeError(f"{self.name}: args must be a sequence of {len(params)} values, "
+                                f"not {type(args).__name__}")
+        if len(args) != len(params):
+            raise TypeError(f"{self.name}({', '.join(type_name(p) for p in params)}) takes "
+                            f"{len(params)} arguments, got {len(args)}")
+        buf = bytearray(self.param_size)
+        for write, value in zip(self._writers, args):
+            write(buf, ctx, value)
+        return bytes(buf)
 
 
-def _one(kernel: str, i: int, p, ctx, value) -> bytes:
-    what = f"{kernel}: argument {i} ({type_name(p)})"
-    if p.type == isa.TYPE_B8 and p.size > 1:
-        return _by_value(what, p.size, value)
-    if isinstance(value, DeviceArray):
+def _writer(kernel: str, i: int, p):
+    """-> write(buf, ctx, value): parameter `i` (`p`) of `kernel` checked and packed into
+    the buffer at its offset; the common values (a Python int or float, a DeviceArray)
+    take the first branch."""
+    off = p.offset
+
+    def what() -> str:
+        return f"{kernel}: argument {i} ({type_name(p)})"
+
+    def device_array(value, ctx) -> int:
         if p.size != 8 or p.type not in isa.INT_TYPES:
-            raise TypeError(f"{what} cannot take a DeviceArray: a device address needs a 64-bit "
-                            "integer parameter")
+            raise TypeError(f"{what()} cannot take a DeviceArray: a device address needs a "
+                            "64-bit integer parameter")
         value._check_usable()
         if value.context is not ctx:
-            raise ValueError(f"{what}: {value!r} belongs to context {value.context.ctx_id}, the "
-                             f"launch runs in context {ctx.ctx_id} (device addresses are per "
-                             "context)")
-        return value.ptr.to_bytes(8, "little")
-    if p.type in _INT_DTYPES:
-        return _integer(what, p.type, value)
-    if p.type in _FLOAT_DTYPES:
-        return _real(what, p.type, value)
-    raise TypeError(f"{what}: the code object declares a parameter type this API cannot "
-                    "marshal")
+            raise ValueError(f"{what()}: {value!r} belongs to context {value.context.ctx_id}, "
+                             f"the launch runs in context {ctx.ctx_id} (device addresses are "
+                             "per context)")
+        return value.ptr
+
+    if p.type == isa.TYPE_B8 and p.size > 1:
+        def by_value(buf, ctx, value) -> None:
+            buf[off:off + p.size] = _by_value(what(), p.size, value)
+        return by_value
+
+    if p.type in isa.INT_TYPES:
+        pack = _UINTS[p.size].pack_into
+        bits = 8 * p.size
+        lo, hi = -(1 << (bits - 1)), (1 << bits) - 1
+
+        def integer(buf, ctx, value) -> None:
+            if type(value) is not int:
+                if isinstance(value, DeviceArray):
+                    value = device_array(value, ctx)
+                else:
+                    value = _integer(what, value)
+            if not lo <= value <= hi:
+                raise errors.OutOfRangeError(f"{what()}: {value} is out of the range [{lo}, {hi}]")
+            pack(buf, off, value & hi)
+        return integer
+
+    if p.type in _REALS:
+        real_struct, top, real_name = _REALS[p.type]
+        pack = real_struct.pack_into
+
+        def real(buf, ctx, value) -> None:
+            if type(value) is not float:
+                if isinstance(value, DeviceArray):
+                    device_array(value, ctx)  # raises: not a 64-bit integer parameter
+                if isinstance(value, (bool, np.bool_)) or not isinstance(
+                        value, (int, float, np.integer, np.floating)):
+                    raise TypeError(f"{what()} needs a real number, not {type(value).__name__}")
+                value = float(value)
+            if (value > top or value < -top) and math.isfinite(value):
+                raise errors.OutOfRangeError(f"{what()}: {value} is out of the range of "
+                                             f"{real_name}")
+            pack(buf, off, value)
+        return real
+
+    def unsupported(buf, ctx, value) -> None:
+        if isinstance(value, DeviceArray):
+            device_array(value, ctx)
+        raise TypeError(f"{what()}: the code object declares a parameter type this API cannot "
+                        "marshal")
+    return unsupported
 
 
-def _integer(what: str, type_: int, value) -> bytes:
+def _integer(what, value) -> int:
+    """An integer argument that is not a Python int: a numpy integer or a bool (`what()`
+    names the argument in the error)."""
     if isinstance(value, (bool, np.bool_)):
-        value = int(value)
+        return int(value)
     if not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{what} needs an integer, not {type(value).__name__}")
-    dt = np.dtype(_INT_DTYPES[type_])
-    v = int(value)
-    lo, hi = -(1 << (8 * dt.itemsize - 1)), (1 << 8 * dt.itemsize) - 1
-    if not lo <= v <= hi:
-        raise errors.OutOfRangeError(f"{what}: {v} is out of the range [{lo}, {hi}]")
-    return (v & ((1 << 8 * dt.itemsize) - 1)).to_bytes(dt.itemsize, "little")
-
-
-def _real(what: str, type_: int, value) -> bytes:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
-                                                                     np.floating)):
-        raise TypeError(f"{what} needs a real number, not {type(value).__name__}")
-    dt = np.dtype(_FLOAT_DTYPES[type_])
-    v = float(value)
-    if math.isfinite(v) and abs(v) > float(np.finfo(dt).max):
-        raise errors.OutOfRangeError(f"{what}: {v} is out of the range of {dt.name}")
-    return np.array(v, dtype=dt).tobytes()
+        raise TypeError(f"{what()} needs an integer, not {type(value).__name__}")
+    return int(value)
 
 
 def _by_value(what: str, size: int, value) -> bytes:

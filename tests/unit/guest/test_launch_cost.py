@@ -1,12 +1,19 @@
-"""What an asynchronous built-in launch costs the guest (guest/api/launch.py): its record
-written into the open LAUNCH_BATCH, counted in Python function calls (which do not depend
-on the machine or its load). The real API objects and driver over test_sync_request_cost's
+"""What an asynchronous launch costs the guest: a built-in one (guest/api/launch.py), its
+record written into the open LAUNCH_BATCH, and one of a loaded module's kernels
+(guest/api/module.py), counted in Python function calls (which do not depend on the
+machine or its load). The real API objects and driver over test_sync_request_cost's
 in-process device."""
+
+import numpy as np
 
 from anymachine import python_calls
 
+from pvgpu.conformance import codeobj
+from pvgpu.guest.api.array import DeviceArray
 from pvgpu.guest.api.connection import Connection
 from pvgpu.guest.api.context import Context
+from pvgpu.guest.api.module import CodeObject, Function, Module
+from pvgpu.spec import isa
 
 from test_sync_request_cost import shared_session  # noqa: F401  (the fixture)
 
@@ -24,4 +31,30 @@ def test_an_asynchronous_launch_costs_few_calls(shared_session):  # noqa: F811
     calls = [python_calls(launch) for _ in range(3)]
     assert batcher.open is not None and batcher.open.count == 4  # all in the one batch
     assert max(calls) <= LAUNCH_CALLS, calls
+    ctx.synchronize()
+
+
+# an asynchronous launch of one's own kernel (guest/api/module.py, params.py): a pointer, a
+# float and a count marshalled by the entry's parameter table, one LAUNCH_CODE chain
+CODE_LAUNCH_CALLS = 44  # 123 before issue 12's code-launch pass
+
+
+def test_an_asynchronous_code_launch_costs_few_calls(shared_session):  # noqa: F811
+    dev = Connection(shared_session).devices[0]
+    ctx = Context(dev, 1)
+    cobj = CodeObject(codeobj.build([codeobj.Entry(
+        "scale", codeobj.trap_code(), params=((0, 8, 8, isa.TYPE_U64), (8, 4, 4, isa.TYPE_F32),
+                                              (12, 4, 4, isa.TYPE_U32)), param_size=16)]))
+    module = Module.__new__(Module)  # loaded as if by Context.load_module, without a device
+    module.context, module._conn_lock, module._releases = ctx, ctx._conn_lock, ctx._releases
+    module._cobj, module.loaded = cobj, True
+    module._object = DeviceArray(ctx, 0, 1 << 20, (4096,), np.uint8)
+    fn = Function(module, cobj.entries["scale"])
+    x = DeviceArray(ctx, 0, 2 << 20, (256,), np.float32)
+
+    def launch():
+        fn.launch(1, 256, (x, 2.0, 256))
+    launch()
+    calls = [python_calls(launch) for _ in range(3)]
+    assert max(calls) <= CODE_LAUNCH_CALLS, calls
     ctx.synchronize()

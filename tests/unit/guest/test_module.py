@@ -7,6 +7,7 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given, strategies as st
 
 from pvgpu.conformance import codeobj
 from pvgpu.guest.api import errors, module, params
@@ -20,11 +21,6 @@ def entry_with(*param_specs, param_size=None):
     obj = codeobj.build([codeobj.Entry("k", codeobj.trap_code(), params=param_specs,
                                        param_size=size)])
     return module.CodeObject(obj).entries["k"]
-
-
-class FakeFn:
-    def __init__(self, entry):
-        self.name, self.params, self.param_size = entry.name, entry.params, entry.param_size
 
 
 # ------------------------------------------------------------------ code objects
@@ -121,8 +117,8 @@ def test_scalars_are_converted_to_the_declared_types():
     e = entry_with((0, 1, 1, isa.TYPE_U8), (2, 2, 2, isa.TYPE_S16), (4, 4, 4, isa.TYPE_S32),
                    (8, 8, 8, isa.TYPE_U64), (16, 4, 4, isa.TYPE_F32), (24, 8, 8, isa.TYPE_F64),
                    (32, 2, 2, isa.TYPE_F16), (36, 4, 4, isa.TYPE_B32))
-    raw = params.marshal(FakeFn(e), None, (True, np.int16(-2), -5, 2**64 - 1, np.float64(1.5),
-                                           3, 0.5, -1))
+    raw = params.ParamLayout(e).marshal(None, (True, np.int16(-2), -5, 2**64 - 1,
+                                               np.float64(1.5), 3, 0.5, -1))
     assert raw[0] == 1 and struct.unpack_from("<h", raw, 2)[0] == -2
     assert struct.unpack_from("<iQf4xd", raw, 4) == (-5, 2**64 - 1, 1.5, 3.0)
     assert np.frombuffer(raw, np.float16, 1, 32)[0] == 0.5
@@ -130,29 +126,73 @@ def test_scalars_are_converted_to_the_declared_types():
     assert len(raw) == 40
 
 
+_SCALAR_TYPES = {isa.TYPE_U8: "<u1", isa.TYPE_S16: "<i2", isa.TYPE_U32: "<u4",
+                 isa.TYPE_S32: "<i4", isa.TYPE_B64: "<u8", isa.TYPE_S64: "<i8",
+                 isa.TYPE_F16: "<f2", isa.TYPE_F32: "<f4", isa.TYPE_F64: "<f8"}
+
+
+@st.composite
+def scalar_params(draw):
+    """A parameter table of scalars (packed with each one's own alignment) and values
+    that fit each parameter, as Python or numpy numbers."""
+    types = draw(st.lists(st.sampled_from(sorted(_SCALAR_TYPES)), min_size=1, max_size=8))
+    specs, values, off = [], [], 0
+    for t in types:
+        dt = np.dtype(_SCALAR_TYPES[t])
+        off = -(-off // dt.itemsize) * dt.itemsize
+        specs.append((off, dt.itemsize, dt.itemsize, t))
+        off += dt.itemsize
+        if dt.kind == "f":
+            top = float(np.finfo(dt).max)
+            v = draw(st.floats(-top, top) | st.sampled_from([float("inf"), float("-inf")]))
+        else:
+            bits = 8 * dt.itemsize
+            v = draw(st.integers(-(1 << (bits - 1)), (1 << bits) - 1))
+        values.append(draw(st.sampled_from([v, dt.type(v)])) if dt.kind == "f"
+                      or np.can_cast(np.min_scalar_type(v), dt) else v)
+    return specs, values
+
+
+@given(scalar_params())
+def test_marshalling_matches_numpys_conversion_of_every_value(table):
+    """Each value is packed at its offset as numpy converts it to the declared type: a
+    float rounded as numpy rounds it (half to even, f16 too), an integer as the bits of
+    the type's width, signed or not."""
+    specs, values = table
+    raw = params.ParamLayout(entry_with(*specs)).marshal(None, values)
+    want = bytearray(len(raw))
+    for (off, size, _a, t), v in zip(specs, values):
+        dt = np.dtype(_SCALAR_TYPES[t])
+        if dt.kind == "f":
+            want[off:off + size] = np.array(float(v), dt).tobytes()
+        else:
+            want[off:off + size] = (int(v) & ((1 << 8 * size) - 1)).to_bytes(size, "little")
+    assert raw == bytes(want)
+
+
 def test_wrong_count_type_size_and_range():
     e = entry_with((0, 4, 4, isa.TYPE_U32), (8, 8, 8, isa.TYPE_F64))
-    fn = FakeFn(e)
+    fn = params.ParamLayout(e)
     with pytest.raises(TypeError, match="takes 2 arguments, got 1"):
-        params.marshal(fn, None, (1,))
+        fn.marshal(None, (1,))
     with pytest.raises(TypeError, match="takes 2 arguments, got 3"):
-        params.marshal(fn, None, (1, 2.0, 3))
+        fn.marshal(None, (1, 2.0, 3))
     with pytest.raises(TypeError, match="needs an integer"):
-        params.marshal(fn, None, (1.5, 2.0))
+        fn.marshal(None, (1.5, 2.0))
     with pytest.raises(TypeError, match="needs a real number"):
-        params.marshal(fn, None, (1, "2"))
+        fn.marshal(None, (1, "2"))
     with pytest.raises(OverflowError, match="out of the range"):
-        params.marshal(fn, None, (-2**31 - 1, 2.0))
+        fn.marshal(None, (-2**31 - 1, 2.0))
     # nvcc declares C's int as .u32: a negative int fits the width and is taken as is
-    assert struct.unpack_from("<i", params.marshal(fn, None, (np.int32(-3), 2.0)))[0] == -3
+    assert struct.unpack_from("<i", fn.marshal(None, (np.int32(-3), 2.0)))[0] == -3
     with pytest.raises(OverflowError, match="out of the range"):
-        params.marshal(fn, None, (2**32, 2.0))
+        fn.marshal(None, (2**32, 2.0))
     with pytest.raises(TypeError, match="must be a sequence"):
-        params.marshal(fn, None, 5)
-    f32 = FakeFn(entry_with((0, 4, 4, isa.TYPE_F32)))
+        fn.marshal(None, 5)
+    f32 = params.ParamLayout(entry_with((0, 4, 4, isa.TYPE_F32)))
     with pytest.raises(OverflowError):
-        params.marshal(f32, None, (1e39,))
-    assert struct.unpack("<f", params.marshal(f32, None, (float("inf"),)))[0] == float("inf")
+        f32.marshal(None, (1e39,))
+    assert struct.unpack("<f", f32.marshal(None, (float("inf"),)))[0] == float("inf")
 
 
 class Pair(ctypes.Structure):
@@ -160,38 +200,38 @@ class Pair(ctypes.Structure):
 
 
 def test_structs_by_value():
-    fn = FakeFn(entry_with((0, 16, 8, isa.TYPE_B8), (16, 4, 4, isa.TYPE_U32)))
-    raw = params.marshal(fn, None, (Pair(1.5, -3, 2.25), 7))
+    fn = params.ParamLayout(entry_with((0, 16, 8, isa.TYPE_B8), (16, 4, 4, isa.TYPE_U32)))
+    raw = fn.marshal(None, (Pair(1.5, -3, 2.25), 7))
     assert struct.unpack_from("<fidI", raw) == (1.5, -3, 2.25, 7)
-    assert params.marshal(fn, None, (bytes(range(16)), 7))[:16] == bytes(range(16))
+    assert fn.marshal(None, (bytes(range(16)), 7))[:16] == bytes(range(16))
     rec = np.zeros((), dtype=[("a", "<f4"), ("b", "<i4"), ("c", "<f8")])
     rec["b"] = 9
-    assert struct.unpack_from("<i", params.marshal(fn, None, (rec, 7)), 4)[0] == 9
+    assert struct.unpack_from("<i", fn.marshal(None, (rec, 7)), 4)[0] == 9
     with pytest.raises(TypeError, match="is 16 bytes, the value given is 8"):
-        params.marshal(fn, None, (b"\0" * 8, 7))
+        fn.marshal(None, (b"\0" * 8, 7))
     with pytest.raises(TypeError, match="struct passed by value"):
-        params.marshal(fn, None, (3, 7))
+        fn.marshal(None, (3, 7))
 
 
 def test_a_marshalled_parameter_buffer_is_sent_as_it_is():
-    fn = FakeFn(entry_with((0, 4, 4, isa.TYPE_F32), (8, 8, 8, isa.TYPE_U64)))
+    fn = params.ParamLayout(entry_with((0, 4, 4, isa.TYPE_F32), (8, 8, 8, isa.TYPE_U64)))
     snan = struct.pack("<I", 0x7FA0_0001)  # a signalling NaN keeps its bits
     raw = snan + bytes(4) + (2**64 - 1).to_bytes(8, "little")
-    assert params.marshal(fn, None, params.ParamBuffer(raw)) == raw
+    assert fn.marshal(None, params.ParamBuffer(raw)) == raw
     with pytest.raises(TypeError, match="parameter buffer of 8 bytes.*take 16"):
-        params.marshal(fn, None, params.ParamBuffer(raw[:8]))
+        fn.marshal(None, params.ParamBuffer(raw[:8]))
 
 
 def test_device_arrays_only_for_64_bit_parameters():
     class NotAnArray:
         pass
-    fn = FakeFn(entry_with((0, 4, 4, isa.TYPE_U32)))
+    fn = params.ParamLayout(entry_with((0, 4, 4, isa.TYPE_U32)))
     from pvgpu.guest.api.array import DeviceArray
     arr = DeviceArray.__new__(DeviceArray)  # never touched: refused by its parameter's type
     with pytest.raises(TypeError, match="cannot take a DeviceArray"):
-        params.marshal(fn, None, (arr,))
+        fn.marshal(None, (arr,))
     with pytest.raises(TypeError, match="needs an integer"):
-        params.marshal(fn, None, (NotAnArray(),))
+        fn.marshal(None, (NotAnArray(),))
 
 
 def test_launch_dimensions():
