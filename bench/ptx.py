@@ -10,6 +10,9 @@ built-in kernels, in the same run.
              GFLOP/s, against numpy.matmul
   reduce     a warp-shuffle reduction of 16 Mi floats (one atomicAdd per warp) against
              numpy.sum
+  small      the fixed cost of a launch: `vector_add` of 256 floats (one block), PTX against
+             the built-in kernel, launched asynchronously on one stream (launches/s) and
+             launched + synchronized (the time of one)
 
 The kernels are bench/kernels/ptx_bench.cu, compiled by nvcc into the PTX committed beside
 it, which `ctx.load_module` compiles into a code object: no CUDA toolkit is needed. Every
@@ -46,10 +49,12 @@ def _check(name: str, ok: bool) -> None:
 
 
 def end_to_end(conn, quick: bool = False, out=print, *, n: int | None = None,
-               gemm_n: int | None = None) -> dict:
+               gemm_n: int | None = None, small_launches: int | None = None) -> dict:
     """The figures through the guest API on `conn` (n floats per vector kernel, a gemm_n^3
-    SGEMM; defaults by `quick`)."""
+    SGEMM, small_launches asynchronous launches of the small kernel per round; defaults by
+    `quick`)."""
     n = n or ((1 << 22) if quick else (1 << 24))
+    small_launches = small_launches or (200 if quick else 1000)
     gemm_n = gemm_n or (128 if quick else 256)
     reps = {"max_reps": 3 if quick else 7, "min_reps": 3, "budget": 2.0 if quick else 10.0,
             "warmup": True}
@@ -172,8 +177,59 @@ def end_to_end(conn, quick: bool = False, out=print, *, n: int | None = None,
                              "ptx_vs_numpy": t["numpy"] / t["ptx"]}
         out(f"reduce     {n} floats: PTX {t['ptx'] * 1e3:7.1f} ms, numpy "
             f"{t['numpy'] * 1e3:5.1f} ms: {t['numpy'] / t['ptx']:.3f}x numpy")
+        results["small"] = _small_launches(ctx, mod, small_launches, reps, out)
         mod.unload()
     return results
+
+
+SMALL = 256  # floats of the small kernel: one block
+
+
+def _small_launches(ctx, mod, launches: int, reps: dict, out) -> dict:
+    """A launch's fixed cost: vector_add of SMALL floats, PTX and built-in, `launches`
+    asynchronous ones on one stream then one synchronize, and one launch + synchronize."""
+    a = np.arange(SMALL, dtype=np.float32)
+    b = np.full(SMALL, 0.5, np.float32)
+    da, db, dc = ctx.to_device(a), ctx.to_device(b), ctx.empty(SMALL, np.float32)
+    ptx_add = mod.get_function("vector_add")
+    stream = ctx.create_stream()
+    args = (da, db, dc, SMALL)
+    kernels = {"ptx": lambda s=None: ptx_add.launch(1, SMALL, args, stream=s),
+               "builtin": lambda s=None: ctx.launch("vector_add", 1, SMALL, args, stream=s)}
+
+    def many(launch):
+        def run():
+            for _ in range(launches):
+                launch(stream)
+            stream.synchronize()
+        return run
+
+    def one(launch):
+        def run():
+            launch()
+            ctx.synchronize()
+        return run
+
+    times = rounds({**{f"{k}_async": many(fn) for k, fn in kernels.items()},
+                    **{f"{k}_sync": one(fn) for k, fn in kernels.items()}}, **reps)
+    for name, fn in kernels.items():
+        dc.copy_from_host(np.zeros(SMALL, np.float32))
+        many(fn)()
+        _check(f"small {name} vector_add", np.array_equal(dc.to_host(), a + b))
+    stream.destroy()
+    for arr in (da, db, dc):
+        arr.free()
+    t = {k: _median(v) for k, v in times.items()}
+    res = {"n": SMALL, "launches": launches,
+           "ptx_per_s": launches / t["ptx_async"], "builtin_per_s": launches / t["builtin_async"],
+           "ptx_sync_s": t["ptx_sync"], "builtin_sync_s": t["builtin_sync"]}
+    res["ptx_vs_builtin_async"] = res["ptx_per_s"] / res["builtin_per_s"]
+    res["ptx_vs_builtin_sync"] = t["builtin_sync"] / t["ptx_sync"]
+    out(f"small      vector_add of {SMALL} floats: async PTX {res['ptx_per_s']:7.0f}/s, built-in "
+        f"{res['builtin_per_s']:7.0f}/s ({res['ptx_vs_builtin_async']:.3f}x); launch + "
+        f"synchronize PTX {t['ptx_sync'] * 1e6:5.0f} us, built-in {t['builtin_sync'] * 1e6:5.0f} us "
+        f"({res['ptx_vs_builtin_sync']:.3f}x)")
+    return res
 
 
 def run_bench(json_path: str | None = None, quick: bool = False, out=None) -> dict:
