@@ -44,6 +44,7 @@ session as the key namespace and client; the segments count against the session'
 from __future__ import annotations
 
 import collections
+import contextlib
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
@@ -655,10 +656,16 @@ class ComputeDevice:
 
     # ------------------------------------------------------------------ explicit VA management
     @staticmethod
-    def _va_error(e: KmdError) -> CommandError:
-        if isinstance(e, kmd_errors.InvalidAddress):
-            return CommandError(wire.RESP_ERR_INVALID_ADDRESS, str(e))
-        return kmd_to_error(e)
+    @contextlib.contextmanager
+    def _va_errors():
+        """A KMD error of a VA command as its response: INVALID_ADDRESS for an address the
+        context does not have, else as any KMD error."""
+        try:
+            yield
+        except KmdError as e:
+            if isinstance(e, kmd_errors.InvalidAddress):
+                raise CommandError(wire.RESP_ERR_INVALID_ADDRESS, str(e)) from None
+            raise kmd_to_error(e) from None
 
     @handles(p.VaReserve)
     def cmd_va_reserve(self, cmd, ctx, _out):
@@ -670,19 +677,15 @@ class ComputeDevice:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
                                f"VA_RESERVE alignment {alignment:#x} is not 0 or a power of two "
                                f"in [PAGE_SIZE, {wire.MAX_VA_ALIGN:#x}]")
-        try:
+        with self._va_errors():
             va = ctx.kmd_ctx.reserve_va(size, alignment or wire.PAGE_SIZE)
-        except KmdError as e:
-            raise self._va_error(e) from None
         psize = -(-size // wire.PAGE_SIZE) * wire.PAGE_SIZE
         return p.OkVa(va, psize)
 
     @handles(p.VaRelease)
     def cmd_va_release(self, cmd, ctx, _out):
-        try:
+        with self._va_errors():
             ctx.kmd_ctx.release_va(cmd.va)
-        except KmdError as e:
-            raise self._va_error(e) from None
         return p.OkNoData()
 
     @handles(p.MemMap)
@@ -703,19 +706,15 @@ class ComputeDevice:
             raise CommandError(wire.RESP_ERR_INVALID_PARAMETER,
                                f"MEM_MAP va {va:#x}, offset {offset:#x}, size {size:#x}: page "
                                f"aligned, size > 0, within the {bo.size:#x}-byte allocation")
-        try:
+        with self._va_errors():
             ctx.kmd_ctx.map_bo_at(bo, va, offset, size,
                                   writable=bool(flags & wire.MEM_MAP_ACCESS_WRITE))
-        except KmdError as e:
-            raise self._va_error(e) from None
         return p.OkNoData()
 
     @handles(p.MemUnmap)
     def cmd_mem_unmap(self, cmd, ctx, _out):
-        try:
+        with self._va_errors():
             ctx.kmd_ctx.unmap_at(cmd.va)
-        except KmdError as e:
-            raise self._va_error(e) from None
         return p.OkNoData()
 
     # ------------------------------------------------------------------ timelines
