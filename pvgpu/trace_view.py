@@ -2,9 +2,10 @@
 
 The trace file is meant for https://ui.perfetto.dev; this draws the same file where no
 browser is at hand (and the picture in the README): one row per track of each device
-(submit, compute, copy0, copy1), a bar per job slice coloured by what it ran (the kernel,
-or the copy's direction), the arrows from each submission to its job while there are few
-enough to read, fault and reset instants in red, and the VRAM in use of each device below.
+(virtqueue, submit, compute, copy0, copy1), a bar per job slice coloured by what it ran
+(the kernel, or the copy's direction), the arrows from each submission to its job while
+there are few enough to read, the kicks received (ticks) and requests completed (dots) on
+the virtqueue row, fault and reset instants in red, and the VRAM in use of each device below.
 
     python -m pvgpu.trace_view TRACE.json [-o TRACE.png] [--start MS] [--end MS]
 
@@ -24,12 +25,13 @@ MAX_ARROWS = 150  # more submission arrows than this in the window are left out
 def load(path: str) -> dict:
     """The trace file -> {"tracks": [(pid, tid, label)] top to bottom, "slices": {(pid,
     tid): [(ts, dur, name, flow id)]}, "submits": {flow id: (pid, ts)}, "instants":
-    [(pid, tid, ts, name)], "counters": {pid: [(ts, MiB)]}, "processes": {pid: name}}; times
+    [(pid, tid, ts, name)], "queue": {(pid, tid): [(ts, name)]}, "counters": {pid: [(ts,
+    MiB)]}, "processes": {pid: name}}; times
     in ms."""
     with open(path) as f:
         events = json.load(f)["traceEvents"]
     processes, threads, order = {}, {}, {}
-    slices, submits, instants, counters = {}, {}, [], {}
+    slices, submits, instants, counters, queue = {}, {}, [], {}, {}
     for e in events:
         ph, pid, tid = e["ph"], e.get("pid"), e.get("tid")
         if ph == "M":
@@ -46,12 +48,14 @@ def load(path: str) -> dict:
                 (e["ts"] / 1000, e["dur"] / 1000, e["name"], e.get("bind_id")))
         elif ph == "i" and e.get("cat") == "error":
             instants.append((pid, tid, e["ts"] / 1000, e["name"]))
+        elif ph == "i" and e.get("cat") == "virtqueue":
+            queue.setdefault((pid, tid), []).append((e["ts"] / 1000, e["name"]))
         elif ph == "C":
             counters.setdefault(pid, []).append((e["ts"] / 1000, next(iter(e["args"].values()))))
     tracks = sorted(threads, key=lambda k: (k[0], order.get(k, k[1])))
     return {"tracks": [(pid, tid, f"{processes.get(pid, pid)}\n{threads[(pid, tid)]}")
                        for pid, tid in tracks],
-            "slices": slices, "submits": submits, "instants": instants,
+            "slices": slices, "submits": submits, "instants": instants, "queue": queue,
             "counters": counters, "processes": processes}
 
 
@@ -106,6 +110,14 @@ def render(trace_path: str, out_path: str, *, start_ms: float | None = None,
     for pid, row in submit_row.items():
         ticks = [ts for p, ts in t["submits"].values() if p == pid and lo <= ts <= hi]
         ax.plot(ticks, [row] * len(ticks), "|", color="0.25", markersize=9)
+    for key, marks in t["queue"].items():
+        row = rows.get(key)
+        if row is None:
+            continue
+        for marker, kicks in (("|", True), (".", False)):
+            xs = [ts for ts, name in marks if (name == "kick") == kicks and lo <= ts <= hi]
+            ax.plot(xs, [row] * len(xs), marker, color="0.25" if kicks else "tab:blue",
+                    markersize=9 if kicks else 5)
     if len(arrows) <= MAX_ARROWS:
         for x0, y0, x1, y1 in arrows:
             ax.annotate("", xy=(x1, y1 - 0.38), xytext=(x0, y0 + 0.3),

@@ -540,4 +540,9 @@ class VirtioGpuDevice:
             for gpa, n in chain.writable_extents(used - data_len, data_len):
                 mem.mark_dirty(gpa, n)
         self.queue.add_used(chain.head, used)
+        trace = self.kmd.trace
+        if trace is not None:
+            trace.request_completed(self.kmd, self.session,
+                                    wire.CMD_NAMES.get(hdr.type, f"command {hdr.type:#x}"),
+                                    chain.head)
         return True

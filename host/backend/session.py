@@ -442,6 +442,9 @@ class Backend:
             dev.process_eventq()
             self._after_processing(session, dev, False, out)
         else:
+            trace = dev.kmd.trace
+            if trace is not None:  # received when the I/O loop's poll returned
+                trace.kick(dev.kmd, int(session.last_heard * 1e9), session)
             self._after_processing(session, dev, dev.process_queue(), out)
         return out
 

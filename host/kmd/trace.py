@@ -12,6 +12,12 @@ While one is attached the devices hand it, under their lock:
 - GPU faults (irq.py) and engine resets (TDR and preemption, tdr.py);
 - VRAM in use, after allocations and frees of buffer memory (evict.py) and after each job.
 
+The backend adds the device's virtqueue side, without the device lock (a record made while
+the trace stops may be left out): each kick of its control queue, at the time the host's
+I/O loop received it, and each request it completed (its used entry written), with the
+command's type. A synchronous request's latency then reads off the file: kick received ->
+job submitted -> job started -> job ended -> request completed -> the guest's next kick.
+
 Records go to a bounded deque (the oldest are dropped beyond max_records; the file says
 how many). write(path) drains it into the trace-event JSON format
 ({"traceEvents": [...], "displayTimeUnit": "ms"}, timestamps in µs):
@@ -25,6 +31,8 @@ how many). write(path) drains it into the trace-event JSON format
 - a zero-length "submit" slice per job on the submit track at its arrival, and a flow
   arrow from it to the job's slice (flow_out/flow_in with a shared bind_id);
 - instants ("i") for each fence signalled, for GPU faults and for engine resets;
+- instants on a "virtqueue" track for each kick received ("kick") and each request
+  completed ("CTX_SYNC done"), with the session in their args;
 - a counter ("C") of VRAM in use per device.
 """
 
@@ -42,6 +50,9 @@ from pvgpu.spec import kernels
 SUBMIT_TID = 1
 TRACK_NAMES = {SUBMIT_TID: "submit"}
 TRACK_NAMES.update({engine + 2: name for engine, name in regs.ENGINE_NAMES.items()})
+QUEUE_TID = max(TRACK_NAMES) + 1  # the virtqueue's kicks and completions, listed first
+TRACK_NAMES[QUEUE_TID] = "virtqueue"
+_SORT_INDEX = {QUEUE_TID: 0}
 DEFAULT_MAX_RECORDS = 1 << 17  # jobs, faults, resets and VRAM samples kept (~0.4 KB a job)
 _MiB = 1 << 20
 _CHUNK = 4096  # events encoded at a time by write()
@@ -199,6 +210,18 @@ class TraceRecorder:
         self._add(("instant", dev.index, engine_tid(engine), dev.clock_ns(), "engine reset",
                    args, "p"))
 
+    def kick(self, dev, received_ns: int, session) -> None:
+        """The host's I/O loop received, at `received_ns`, a kick of `session`'s control
+        queue of `dev` (called by the backend, without the device lock)."""
+        self._add(("queue", dev.index, received_ns, "kick", session.sid, session.name, None))
+
+    def request_completed(self, dev, session, command: str, head: int) -> None:
+        """A request (`command`, its type's name; chain `head`) of `session` on `dev` was
+        completed now: its used entry is written (called by the backend, without the
+        device lock)."""
+        self._add(("queue", dev.index, dev.clock_ns(), command, session.sid, session.name,
+                   head))
+
     def vram(self, dev) -> None:
         """VRAM was allocated or freed."""
         self._sample_vram(dev, dev.clock_ns())
@@ -241,7 +264,7 @@ class TraceRecorder:
                 meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                              "args": {"name": name}})
                 meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                             "args": {"sort_index": tid}})
+                             "args": {"sort_index": _SORT_INDEX.get(tid, tid)}})
         events = []
         for r in records:
             kind = r[0]
@@ -251,6 +274,16 @@ class TraceRecorder:
                 _, index, tid, ns, name, args, scope = r
                 events.append({"ph": "i", "name": name, "cat": "error", "pid": index + 1,
                                "tid": tid, "ts": us(ns), "s": scope, "args": args})
+            elif kind == "queue":
+                _, index, ns, what, sid, session, head = r
+                args = {"session": sid, "session_name": session}
+                if head is None:
+                    name = "kick"
+                else:
+                    name = f"{what} done"
+                    args["head"] = head
+                events.append({"ph": "i", "name": name, "cat": "virtqueue", "pid": index + 1,
+                               "tid": QUEUE_TID, "ts": us(ns), "s": "t", "args": args})
             else:
                 _, index, ns, used = r
                 events.append({"ph": "C", "name": "VRAM in use", "pid": index + 1, "tid": 0,

@@ -45,7 +45,7 @@ def test_a_traced_host_writes_the_jobs_of_a_workload(host_factory, tmp_endpoint,
                  if e["ph"] == "M" and e["name"] == "process_name"}
     assert len(processes) == 2 and processes[1].startswith("gpu0")
     tracks = {name: tid for (pid, tid), name in names.items() if pid == 1}
-    assert set(tracks) == {"submit", "compute", "copy0", "copy1"}
+    assert set(tracks) == {"submit", "compute", "copy0", "copy1", "virtqueue"}
 
     mine = [e for e in events if e["ph"] == "X" and e["pid"] == 1
             and e["args"].get("session_name") == "tracer"]
@@ -70,6 +70,16 @@ def test_a_traced_host_writes_the_jobs_of_a_workload(host_factory, tmp_endpoint,
     fences = [e for e in events if e["ph"] == "i" and e["name"].startswith("fence ")]
     assert len(fences) >= 3  # one per job: the H2D copy, the batch of launches, the D2H copy
     assert any(e["ph"] == "C" and e["pid"] == 1 for e in events)  # VRAM in use
+
+    # the virtqueue: the kicks as received, and each request completed after its work
+    queue = [e for e in events if e["ph"] == "i" and e["pid"] == 1
+             and e["tid"] == tracks["virtqueue"] and e["args"]["session_name"] == "tracer"]
+    kicks = [e for e in queue if e["name"] == "kick"]
+    done = {e["name"] for e in queue if e["name"] != "kick"}
+    assert kicks and {"CTX_CREATE done", "LAUNCH_BATCH done", "CTX_SYNC done"} <= done
+    assert kicks[0]["ts"] <= min(submits[e["bind_id"]]["ts"] for e in slices["copy0"])
+    compute_end = slices["compute"][0]["ts"] + slices["compute"][0]["dur"]
+    assert any(e["name"] == "CTX_SYNC done" and e["ts"] >= compute_end for e in queue)
 
 
 def test_a_trace_file_that_cannot_be_written_is_one_line(tmp_endpoint, tmp_path):

@@ -1,5 +1,6 @@
 """pvgpu/trace_view.py: a trace file (as the host's recorder writes it) is read back into
-tracks, slices, submissions, instants and counters, and drawn into a PNG."""
+tracks, slices, submissions, instants, the virtqueue's kicks and completions and counters,
+and drawn into a PNG."""
 
 import threading
 from types import SimpleNamespace
@@ -40,6 +41,9 @@ def trace_file(tmp_path):
                               end_ns=end, payload=payload)
         rec.job(devs[dev], job, SimpleNamespace(seq=seq, error=None))
     rec.fault(devs[1], regs.ENGINE_COMPUTE, "illegal packet")
+    session = SimpleNamespace(sid="s1", name="g")
+    rec.kick(devs[0], 100, session)
+    rec.request_completed(devs[0], session, "LAUNCH", 3)  # at the device's clock: 0
     path = tmp_path / "t.json"
     rec.write(str(path))
     return str(path)
@@ -48,14 +52,15 @@ def trace_file(tmp_path):
 def test_load_reads_the_tracks_in_order(trace_file):
     t = trace_view.load(trace_file)
     labels = [label for _pid, _tid, label in t["tracks"]]
-    assert labels[:4] == ["gpu0 emu\nsubmit", "gpu0 emu\ncompute", "gpu0 emu\ncopy0",
-                          "gpu0 emu\ncopy1"]
-    assert len(labels) == 8
+    assert labels[:5] == ["gpu0 emu\nvirtqueue", "gpu0 emu\nsubmit", "gpu0 emu\ncompute",
+                          "gpu0 emu\ncopy0", "gpu0 emu\ncopy1"]
+    assert len(labels) == 10
     assert t["slices"][(1, 2)] == [(0.001, 0.002, "fill", t["slices"][(1, 2)][0][3])]
     assert t["slices"][(1, 4)][0][2] == "copy D2H 2 MiB"
     assert len(t["submits"]) == 3
     assert [name for *_x, name in t["instants"]] == ["GPU fault"]
     assert t["counters"] == {1: [(0.0, 1.0)], 2: [(0.0, 2.0)]}
+    assert sorted(t["queue"][(1, t["tracks"][0][1])]) == [(0.0, "LAUNCH done"), (0.0001, "kick")]
 
 
 def test_render_writes_a_png(trace_file, tmp_path):

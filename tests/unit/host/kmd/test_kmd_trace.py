@@ -11,7 +11,8 @@ import pytest
 
 from pvgpu.host.hw import packets, regs
 from pvgpu.host.kmd.kernarg import CodeLaunch
-from pvgpu.host.kmd.trace import SUBMIT_TID, TraceRecorder, describe, engine_tid, format_size
+from pvgpu.host.kmd.trace import (QUEUE_TID, SUBMIT_TID, TraceRecorder, describe, engine_tid,
+                                  format_size)
 from pvgpu.spec import kernels
 
 MiB = 1 << 20
@@ -122,7 +123,22 @@ def test_tracks_and_processes_are_named(traced):
     threads = {e["tid"]: e["args"]["name"] for e in meta if e["name"] == "thread_name"}
     assert threads == {SUBMIT_TID: "submit", engine_tid(regs.ENGINE_COMPUTE): "compute",
                        engine_tid(regs.ENGINE_COPY0): "copy0",
-                       engine_tid(regs.ENGINE_COPY1): "copy1"}
+                       engine_tid(regs.ENGINE_COPY1): "copy1", QUEUE_TID: "virtqueue"}
+    order = {e["tid"]: e["args"]["sort_index"] for e in meta if e["name"] == "thread_sort_index"}
+    assert min(order, key=order.get) == QUEUE_TID  # the virtqueue's track comes first
+
+
+def test_kicks_and_completed_requests_are_instants_on_the_virtqueue_track(traced):
+    dev, rec, stream = traced
+    session = SimpleNamespace(sid="s4", name="bob")
+    rec.kick(dev, 1_002_000, session)
+    dev.now = 1_009_500
+    rec.request_completed(dev, session, "CTX_SYNC", 17)
+    queue = [e for e in rec.events() if e.get("tid") == QUEUE_TID and e["ph"] == "i"]
+    assert [(e["name"], e["ts"], e["pid"]) for e in queue] == [("kick", 2.0, 1),
+                                                               ("CTX_SYNC done", 9.5, 1)]
+    assert queue[0]["args"] == {"session": "s4", "session_name": "bob"}
+    assert queue[1]["args"] == {"session": "s4", "session_name": "bob", "head": 17}
 
 
 def test_every_job_has_one_flow_from_its_submission(traced):
