@@ -81,6 +81,8 @@ def test_the_kmd_figures_come_with_the_thread_handoff():
     res = jobs.kmd_figures(jobs=4, reps=2, out=lines.append)
     assert res["jobs"] == 4 and res["us"] > 0 and res["pipelined_us"] > 0 and res["handoff_us"] > 0
     assert res["vs_handoff"] == pytest.approx(res["us"] / res["handoff_us"])
+    assert res["cpu_us"] > 0  # every job costs the process some CPU
+    assert f"(CPU {res['cpu_us']:5.1f} us)" in lines[0]
     assert len(lines) == 1
 
 
