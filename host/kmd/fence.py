@@ -142,32 +142,34 @@ def signal_all(fences, error=None, pairs=()) -> int:
     """Signal `fences` (with `error`), then the (fence, error) `pairs`, in order: all are
     marked first, in one hold of the fence lock, then callbacks run in the same order;
     -> how many this call signalled (a fence signals once: the first error sticks)."""
-    marked = []
+    marked = []  # (fence, its callbacks)
     n = 0
-    with _lock:
+    with _lock:  # each fence marked inline (the two loops are alike)
         for f in fences:
             if not f._signaled:
-                _mark(f, error, marked)
+                if error is not None and f.error is None:
+                    f.error = error
+                f._signaled = True
+                if f._event is not None:
+                    f._event.set()
+                if f._callbacks:
+                    marked.append((f, f._callbacks))
+                    f._callbacks = None
                 n += 1
         for f, err in pairs:
             if not f._signaled:
-                _mark(f, err, marked)
+                if err is not None and f.error is None:
+                    f.error = err
+                f._signaled = True
+                if f._event is not None:
+                    f._event.set()
+                if f._callbacks:
+                    marked.append((f, f._callbacks))
+                    f._callbacks = None
                 n += 1
     for f, callbacks in marked:
         _run(f, callbacks)
     return n
-
-
-def _mark(f: Fence, error, marked: list) -> None:
-    """Mark an unsignalled fence signalled (fence lock held); its callbacks go to `marked`."""
-    if error is not None and f.error is None:
-        f.error = error
-    f._signaled = True
-    if f._event is not None:
-        f._event.set()
-    if f._callbacks:
-        marked.append((f, f._callbacks))
-        f._callbacks = None
 
 
 class FenceDriver:
