@@ -197,7 +197,6 @@ class CommandProcessor:
         i, end = 0, 1 + ndw
         while True:  # the packet at rptr, then those fetched with it (a job's FENCE, padding)
             opcode = hdr & 0xFF
-            self.packets += 1
             if opcode != PKT_NOP:
                 op = ops.get(opcode)
                 try:
@@ -206,14 +205,18 @@ class CommandProcessor:
                     op[0](body, 0, ctl)
                 except Exception as e:  # noqa: BLE001 - reported by _failed
                     self._failed(e, opcode, 0, ctl, (rptr + 4 * i) % size, hdr)
+            self.packets += 1
             i = end
             if i >= n:
                 break
             hdr = head[i]
             end = i + 1 + ((hdr >> 8) & 0xFFFF)
-            if end > n or hdr & 0xFF != PKT_NOP and ctl.stopped():
+            if end > n:
                 break
-            body = head[i + 1:end]
+            if hdr & 0xFF != PKT_NOP:  # (a NOP needs neither its body nor a stop check)
+                if ctl.stopped():
+                    break
+                body = head[i + 1:end]
         return (rptr + 4 * i) % size
 
     def ring_error(self, ctl, base: int, size: int) -> None:
