@@ -377,14 +377,15 @@ class CommandProcessor:
         if addr & 7 or addr + 8 > self.vram.size:
             raise _Illegal(f"VRAM address {addr:#x} (+8) misaligned or out of range")
         seq = body[2] | body[3] << 32
-        cond = self.fence_cond
         buf = self.vram.buf
-        with cond.lock:
-            stamp = self.clock()  # the job completed now
-            if slot is not None:
-                _SEQ_STAMP.pack_into(buf, slot, seq, stamp)
-            _SEQ.pack_into(buf, addr, seq)
-            if cond.waiting:
+        stamp = self.clock()  # the job completed now
+        if slot is not None:
+            _SEQ_STAMP.pack_into(buf, slot, seq, stamp)
+        _SEQ.pack_into(buf, addr, seq)
+        cond = self.fence_cond
+        if cond.waiting:  # (a WAIT counts itself in, under the lock, before it looks at
+            # the value: one that has not yet sees the new value; one that has is notified)
+            with cond.lock:
                 cond.notify_all()
         self.fences += 1
         # (no stop check here: the fence's work is done, and the ring checked for a stop
