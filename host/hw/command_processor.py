@@ -137,8 +137,8 @@ class CommandProcessor:
             PKT_TLB_FLUSH: self._tlb_flush,
             PKT_LAUNCH_CODE: self._launch_code,
         }
-        # what _execute looks a packet up in: opcode -> (handler, body dwords or None), for
-        # a ring packet and for a packet inside an IB (no ring-only packets there)
+        # what a packet is looked up in: opcode -> (handler, body dwords or None), for a
+        # ring packet and for a packet inside an IB (no ring-only packets there)
         self._ring_ops = {op: (fn, BODY_DW.get(op)) for op, fn in handlers.items()}
         self._ib_ops = {op: v for op, v in self._ring_ops.items() if op not in RING_ONLY}
         self._kernel_mem = {}  # vmid -> its KernelMemory (stateless: made once)
@@ -194,61 +194,63 @@ class CommandProcessor:
         else:
             body = self._ring_dwords(base, size, (rptr + 4) % size, ndw)
         ops = self._ring_ops
-        self._execute(hdr & 0xFF, body, 0, ops, ctl, rptr, hdr)
-        i = 1 + ndw
-        while i < n:  # the packets fetched with it (a job's FENCE, the ring's padding)
+        i, end = 0, 1 + ndw
+        while True:  # the packet at rptr, then those fetched with it (a job's FENCE, padding)
+            opcode = hdr & 0xFF
+            if opcode != PKT_NOP:
+                op = ops.get(opcode)
+                try:
+                    if op is None or op[1] is not None and op[1] != len(body):
+                        raise _Illegal(self._refusal(opcode, body, ops))
+                    op[0](body, 0, ctl)
+                except Exception as e:  # noqa: BLE001 - reported by _failed
+                    self._failed(e, opcode, 0, ctl, (rptr + 4 * i) % size, hdr)
+            self.packets += 1
+            i = end
+            if i >= n:
+                break
             hdr = head[i]
-            ndw = (hdr >> 8) & 0xFFFF
-            end = i + 1 + ndw
+            end = i + 1 + ((hdr >> 8) & 0xFFFF)
             if end > n:
                 break
-            if hdr & 0xFF == PKT_NOP:
-                self.packets += 1
-            elif ctl.stopped():
-                break
-            else:
-                self._execute(hdr & 0xFF, head[i + 1:end], 0, ops, ctl, (rptr + 4 * i) % size,
-                              hdr)
-            i = end
+            if hdr & 0xFF != PKT_NOP:  # (a NOP needs neither its body nor a stop check)
+                if ctl.stopped():
+                    break
+                body = head[i + 1:end]
         return (rptr + 4 * i) % size
 
     def ring_error(self, ctl, base: int, size: int) -> None:
         self._illegal(ctl, 0, base, 0, f"bad ring configuration base={base:#x} size={size:#x}")
 
     # ----------------------------------------------------------- dispatch
-    def _execute(self, opcode, body, vmid, ops, ctl, offset, hdr) -> bool:
-        """Run one packet, looked up in `ops` (_ring_ops or _ib_ops); -> False when the rest
-        of an IB must be skipped."""
-        self.packets += 1
-        try:
-            op = ops.get(opcode)
-            if op is None:
-                if opcode in self._ring_ops:
-                    raise _Illegal(f"{PKT_NAMES[opcode]} is not allowed in an indirect buffer")
-                raise _Illegal(f"unknown opcode {opcode:#x}")
-            handler, expected = op
-            if expected is not None and len(body) != expected:
-                raise _Illegal(f"{PKT_NAMES[opcode]} body of {len(body)} dwords, want {expected}")
-            handler(body, vmid, ctl)
-            return True
-        except _Illegal as e:
-            self._illegal(ctl, vmid, offset, hdr, str(e))
-        except MmuFault as f:
+    def _refusal(self, opcode, body, ops) -> str:
+        """Why a packet that `ops` (_ring_ops or _ib_ops) has no handler of its length for
+        is illegal."""
+        if opcode not in ops:
+            if opcode in self._ring_ops:
+                return f"{PKT_NAMES[opcode]} is not allowed in an indirect buffer"
+            return f"unknown opcode {opcode:#x}"
+        return f"{PKT_NAMES[opcode]} body of {len(body)} dwords, want {ops[opcode][1]}"
+
+    def _failed(self, exc: Exception, opcode, vmid, ctl, offset, hdr) -> None:
+        """A packet raised `exc`: report it as its interrupt (the rest of an IB is skipped)."""
+        if isinstance(exc, _Illegal):
+            self._illegal(ctl, vmid, offset, hdr, str(exc))
+        elif isinstance(exc, MmuFault):
             self.page_faults += 1
-            log.info("%s: %s", self.name, f)
-            self._raise(ctl, Interrupt(IRQ_PAGE_FAULT, self.engine, f.vmid, f.address, f.access,
-                                       timestamp=self.clock()))
-        except CodeFault as f:
+            log.info("%s: %s", self.name, exc)
+            self._raise(ctl, Interrupt(IRQ_PAGE_FAULT, self.engine, exc.vmid, exc.address,
+                                       exc.access, timestamp=self.clock()))
+        elif isinstance(exc, CodeFault):
             self.code_faults += 1
-            log.info("%s: vmid %d: %s", self.name, vmid, f)
-            self._raise(ctl, Interrupt(IRQ_CODE_FAULT, self.engine, vmid, f.address, 0, f.reason,
-                                       timestamp=self.clock()))
-        except Exception:  # noqa: BLE001 - a hardware bug must not kill the engine
+            log.info("%s: vmid %d: %s", self.name, vmid, exc)
+            self._raise(ctl, Interrupt(IRQ_CODE_FAULT, self.engine, vmid, exc.address, 0,
+                                       exc.reason, timestamp=self.clock()))
+        else:  # a hardware bug must not kill the engine
             self.internal_errors += 1
             log.exception("%s: internal error executing %s", self.name,
                           PKT_NAMES.get(opcode, opcode))
             self._illegal(ctl, vmid, offset, hdr, "internal error")
-        return False
 
     def _raise(self, ctl, irq: Interrupt) -> None:
         if not ctl.stopped():
@@ -290,8 +292,16 @@ class CommandProcessor:
             if i + 1 + ndw > length:
                 self._illegal(ctl, ib_vmid, 4 * i, hdr, "packet runs past the end of the IB")
                 return
-            if not self._execute(opcode, dws[i + 1:i + 1 + ndw], ib_vmid, ops, ctl, 4 * i, hdr):
-                return
+            body = dws[i + 1:i + 1 + ndw]
+            self.packets += 1
+            op = ops.get(opcode)  # (as in run_ring_fetch)
+            try:
+                if op is None or op[1] is not None and op[1] != ndw:
+                    raise _Illegal(self._refusal(opcode, body, ops))
+                op[0](body, ib_vmid, ctl)
+            except Exception as e:  # noqa: BLE001 - reported by _failed
+                self._failed(e, opcode, ib_vmid, ctl, 4 * i, hdr)
+                return  # the rest of the IB is skipped
             i += 1 + ndw
 
     def _copy(self, body, vmid, ctl):
@@ -367,17 +377,20 @@ class CommandProcessor:
         if addr & 7 or addr + 8 > self.vram.size:
             raise _Illegal(f"VRAM address {addr:#x} (+8) misaligned or out of range")
         seq = body[2] | body[3] << 32
-        cond = self.fence_cond
         buf = self.vram.buf
-        with cond.lock:
-            stamp = self.clock()  # the job completed now
-            if slot is not None:
-                _SEQ_STAMP.pack_into(buf, slot, seq, stamp)
-            _SEQ.pack_into(buf, addr, seq)
-            if cond.waiting:
+        stamp = self.clock()  # the job completed now
+        if slot is not None:
+            _SEQ_STAMP.pack_into(buf, slot, seq, stamp)
+        _SEQ.pack_into(buf, addr, seq)
+        cond = self.fence_cond
+        if cond.waiting:  # (a WAIT counts itself in, under the lock, before it looks at
+            # the value: one that has not yet sees the new value; one that has is notified)
+            with cond.lock:
                 cond.notify_all()
         self.fences += 1
-        if body[4] & FENCE_IRQ and not ctl.stopped():  # (Interrupt's fields, in order)
+        # (no stop check here: the fence's work is done, and the ring checked for a stop
+        # before the FENCE started: _drain before a fetch, run_ring_fetch within one)
+        if body[4] & FENCE_IRQ:  # (Interrupt's fields, in order)
             self.irq.raise_irq(_new_tuple(Interrupt, (IRQ_FENCE, self.engine, 0, addr, 0, seq,
                                                       stamp)))
 

@@ -90,15 +90,12 @@ class InterruptController:
             if self._enabled:
                 self._latched.clear()
         for irq in backlog:
-            self._deliver(irq)
+            self.raise_irq(irq, raised=False)
 
-    def raise_irq(self, irq: Interrupt) -> None:
-        self._deliver(irq, raised=True)
-
-    def _deliver(self, irq: Interrupt, raised: bool = False) -> None:
+    def raise_irq(self, irq: Interrupt, raised: bool = True) -> None:
         """Hand irq to the handler: a raised one (counted, and latched while interrupts
-        are disabled), or a latched one once they are enabled. One lock hold for the
-        latch check and the handler's pick."""
+        are disabled), or (raised=False) a latched one once they are enabled. One lock
+        hold for the latch check and the handler's pick."""
         with self._lock:
             if raised:
                 self.raised += 1

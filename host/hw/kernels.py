@@ -349,23 +349,12 @@ _F32_SLOTS = {k: tuple(i for i, (_, kind) in enumerate(s.args) if kind == ARG_F3
               for k, s in BUILTIN_KERNELS.items()}
 
 
-def decode_args(kernel_id: int, slots) -> list:
-    """A LAUNCH's argument slots (little-endian u64s, as bytes) -> the kernel's arguments;
-    raises InvalidLaunch for an unknown kernel or a wrong argument count."""
-    fmt = _ARG_STRUCTS.get(kernel_id)
-    if fmt is None:
-        raise InvalidLaunch(f"unknown kernel id {kernel_id}")
-    if len(slots) != fmt.size:
-        sig = BUILTIN_KERNELS[kernel_id]
-        raise InvalidLaunch(f"{sig.name} takes {len(sig.args)} arguments, got {len(slots) // 8}")
-    args = fmt.unpack(slots)
-    f32 = _F32_SLOTS[kernel_id]
-    if not f32:
-        return args
-    args = list(args)
-    for i in f32:
-        args[i] = np.float32(args[i])
-    return args
+def _bad_slots(kernel_id: int, slots) -> InvalidLaunch:
+    """Why a LAUNCH's argument slots do not fit its kernel."""
+    sig = BUILTIN_KERNELS.get(kernel_id)
+    if sig is None:
+        return InvalidLaunch(f"unknown kernel id {kernel_id}")
+    return InvalidLaunch(f"{sig.name} takes {len(sig.args)} arguments, got {len(slots) // 8}")
 
 
 def launch(kernel_id: int, grid, block, raw_args, mem: KernelMemory,
@@ -378,8 +367,18 @@ def launch(kernel_id: int, grid, block, raw_args, mem: KernelMemory,
 
 def launch_slots(kernel_id: int, grid, block, slots, mem: KernelMemory,
                  ctl: StopToken = NEVER_STOP) -> None:
-    """launch() with the argument slots as a LAUNCH packet carries them (bytes)."""
-    args = decode_args(kernel_id, slots)
+    """launch() with the argument slots as a LAUNCH packet carries them (bytes, little-
+    endian u64s), decoded into the kernel's arguments by its struct; raises InvalidLaunch
+    for an unknown kernel or a wrong argument count."""
+    fmt = _ARG_STRUCTS.get(kernel_id)
+    if fmt is None or len(slots) != fmt.size:
+        raise _bad_slots(kernel_id, slots)
+    args = fmt.unpack(slots)
+    f32 = _F32_SLOTS[kernel_id]
+    if f32:
+        args = list(args)
+        for i in f32:
+            args[i] = np.float32(args[i])
     threads = math.prod(grid) * math.prod(block)
     if kernel_id in _NO_ARITHMETIC:  # no floating-point state to set up
         KERNEL_IMPLS[kernel_id](mem, ctl, threads, *args)

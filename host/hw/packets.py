@@ -74,6 +74,7 @@ _FENCE_HEADER = header(PKT_FENCE, 5)
 _STAMPED_FENCE_HEADER = header(PKT_FENCE, 7)
 FENCE_BODY_DW = 5  # ... and STAMPED_FENCE_BODY_DW with a timestamp slot
 STAMPED_FENCE_BODY_DW = 7
+FENCE_FLAGS_DW = 5  # the flags dword's index in a FENCE packet (header first)
 
 
 def indirect_buffer(addr: int, length_dw: int, vmid: int) -> bytes:

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import threading
 
-from pvgpu.host.kmd import lock as devlock
+from pvgpu.host.kmd import fence as fence_mod
 
 
 class EngineBatch:
@@ -58,21 +58,23 @@ class EngineBatch:
         self.jobs = []  # their SchedJobs
         self.quiet = False  # the last staged FENCE raises no interrupt (yet)
 
-    def commit(self, device, engine: int, kick: bool) -> None:
+    def commit(self, device, engine: int, kick: bool) -> bool:
         """Commit the engine's transaction: its last FENCE raises the interrupt. The jobs
         reach the hardware now, so their device time starts now (the scheduler charges
         a job from its run_ns or its predecessor's end, whichever is later). With `kick`
         the new WPTR is not published: the caller publishes it and runs the jobs in one
-        write (RB_KICK_SYNC_WPTR); else a doorbell publishes it."""
+        write (RB_KICK_SYNC_WPTR); else a doorbell publishes it. -> False if an engine
+        reset dropped the transaction (TDR resubmits the jobs): nothing to commit."""
         ring = device.rings[engine]
-        if not ring.in_transaction:  # an engine reset dropped it (TDR resubmits the jobs)
-            return
+        if not ring.in_transaction:
+            return False
         if self.quiet:
             device.fences[engine].irq_on_last(ring)
         now = device.clock_ns()
         for job in self.jobs:
             job.run_ns = now
         ring.commit(publish=not kick)
+        return True
 
 
 class SubmissionBatch:
@@ -90,8 +92,7 @@ class SubmissionBatch:
 
     def __enter__(self) -> "SubmissionBatch":
         dev = self.device
-        free = not devlock.held()
-        dev.lock.acquire()
+        free = dev.lock.__enter__()  # (acquire(): -> whether it held no device lock)
         if dev._batch is None:
             self._outer = True
             self.owner = threading.get_ident()
@@ -115,11 +116,15 @@ class SubmissionBatch:
                     break
                 self._schedule_resumed()
                 kicks = self._commit()
-            signals = dev._take_signals()
+            signals = dev._signals
+            if signals:  # (_take_signals)
+                signals = signals.copy()
+                dev._signals.clear()
         finally:
             dev._batch = None
             dev.lock.release()
-        dev._signal(signals)
+        if signals:
+            fence_mod.signal_all((), None, signals)
 
     def _schedule_resumed(self) -> None:
         """Hand the jobs queued behind this thread's completions to run_job (lock held)."""
@@ -138,11 +143,8 @@ class SubmissionBatch:
         kicks = []
         engines, self.engines = self.engines, {}
         for engine, staged in engines.items():
-            if not dev.rings[engine].in_transaction:
-                continue
             kick = staged.inline and self.may_inline
-            staged.commit(dev, engine, kick)
-            if kick:
+            if staged.commit(dev, engine, kick) and kick:
                 kicks.append(engine)
                 dev.stats["jobs_inline"] += len(staged.jobs)
         return kicks

@@ -45,6 +45,8 @@ STAMP_SLOT_SIZE = 16  # (u64 seq, u64 completion time)
 STAMP_SLOTS = 256  # one 4 KiB page per ring
 _SEQ = struct.Struct("<Q")
 _SEQ_STAMP = struct.Struct("<QQ")
+_FLAGS_AT = 4 * packets.FENCE_FLAGS_DW  # (irq_on_last)
+_IRQ_FLAGS = struct.pack("<I", packets.FENCE_IRQ)
 
 
 class Fence:
@@ -142,32 +144,34 @@ def signal_all(fences, error=None, pairs=()) -> int:
     """Signal `fences` (with `error`), then the (fence, error) `pairs`, in order: all are
     marked first, in one hold of the fence lock, then callbacks run in the same order;
     -> how many this call signalled (a fence signals once: the first error sticks)."""
-    marked = []
+    marked = []  # (fence, its callbacks)
     n = 0
-    with _lock:
+    with _lock:  # each fence marked inline (the two loops are alike)
         for f in fences:
             if not f._signaled:
-                _mark(f, error, marked)
+                if error is not None and f.error is None:
+                    f.error = error
+                f._signaled = True
+                if f._event is not None:
+                    f._event.set()
+                if f._callbacks:
+                    marked.append((f, f._callbacks))
+                    f._callbacks = None
                 n += 1
         for f, err in pairs:
             if not f._signaled:
-                _mark(f, err, marked)
+                if err is not None and f.error is None:
+                    f.error = err
+                f._signaled = True
+                if f._event is not None:
+                    f._event.set()
+                if f._callbacks:
+                    marked.append((f, f._callbacks))
+                    f._callbacks = None
                 n += 1
     for f, callbacks in marked:
         _run(f, callbacks)
     return n
-
-
-def _mark(f: Fence, error, marked: list) -> None:
-    """Mark an unsignalled fence signalled (fence lock held); its callbacks go to `marked`."""
-    if error is not None and f.error is None:
-        f.error = error
-    f._signaled = True
-    if f._event is not None:
-        f._event.set()
-    if f._callbacks:
-        marked.append((f, f._callbacks))
-        f._callbacks = None
 
 
 class FenceDriver:
@@ -186,7 +190,8 @@ class FenceDriver:
         self.next_seq = 1
         self.last_seq = 0  # highest sequence seen written back
         self.pending = collections.deque()
-        self._last_packet = None  # the ring's staged index of the last FENCE emitted
+        self._last_packet = None  # (its index in the ring's transaction, its bytes) of the
+        # last FENCE emit() staged
         vram.write_u64(wb_addr, 0)
         if stamps is not None:
             vram.fill(stamps, STAMP_SLOTS * STAMP_SLOT_SIZE, 0)
@@ -201,7 +206,10 @@ class FenceDriver:
         The fence is pending before the doorbell rings, so its interrupt cannot be missed.
         Call with the lock held; cancel() it if the ring transaction is undone."""
         seq = self.next_seq
-        self._last_packet = ring.write(self._packet(seq, flags))
+        stamps = self.stamps
+        stamp = None if stamps is None else stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
+        packet = packets.fence(self.wb_addr, seq, flags, stamp)
+        self._last_packet = (ring.write(packet), packet)
         self.next_seq = seq + 1
         fence = Fence(self.engine, seq, self)
         self.pending.append(fence)
@@ -214,7 +222,7 @@ class FenceDriver:
         fence = Fence(self.engine, seq, self)
         self.pending.append(fence)
         self.next_seq = seq + 1
-        stamps = self.stamps  # (_packet, inline)
+        stamps = self.stamps
         stamp = None if stamps is None else stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
         try:
             ring.emit(data + packets.fence(self.wb_addr, seq, packets.FENCE_IRQ, stamp), doorbell,
@@ -225,14 +233,10 @@ class FenceDriver:
         return fence
 
     def irq_on_last(self, ring) -> None:
-        """Make the last fence emitted into the ring's open transaction raise IRQ_FENCE."""
-        ring.rewrite(self._last_packet, self._packet(self.next_seq - 1, packets.FENCE_IRQ))
-
-    def _packet(self, seq: int, flags: int) -> bytes:
-        stamp = None
-        if self.stamps is not None:
-            stamp = self.stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
-        return packets.fence(self.wb_addr, seq, flags, stamp)
+        """Make the last fence emitted into the ring's open transaction raise IRQ_FENCE:
+        its staged packet with its flags dword set to FENCE_IRQ (the only flag)."""
+        index, packet = self._last_packet
+        ring.rewrite(index, packet[:_FLAGS_AT] + _IRQ_FLAGS + packet[_FLAGS_AT + 4:])
 
     def cancel(self, fence: Fence) -> None:
         """Forget the fence just emitted (its ring transaction was undone)."""

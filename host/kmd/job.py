@@ -193,7 +193,6 @@ class JobMixin:
         shared buffers. A `short` (bounded) job that can start at once runs to completion
         on this thread before the call returns."""
         short = short and self.inline_jobs
-        free = not devlock.held()
         deps = []
         for f in wait or ():
             if f is None:
@@ -202,7 +201,7 @@ class JobMixin:
                 raise InvalidArgument(f"not a fence: {f!r}")
             if not f.signaled:
                 deps.append(f)
-        with self.lock:
+        with self.lock as free:  # (free: this thread held no device lock before)
             if ctx.device is not self or ctx.destroyed:
                 raise InvalidContext("context was destroyed or belongs to another device")
             if self.stopped:
@@ -215,7 +214,7 @@ class JobMixin:
             if ctx.evicted_bos or ctx.moves:  # restores, and moves to wait for (evict.py)
                 deps += self._placement_deps(ctx)
             sched = self.schedulers[engine]
-            ent = ctx._entity(sched, timeline)
+            ent = ctx._entities.get((engine, timeline)) or ctx._entity(sched, timeline)
             now = self.clock_ns()
             if not (ctx.shared and touches):
                 resvs = ()
@@ -409,7 +408,10 @@ class JobMixin:
             now = self.clock_ns() if timestamp is None else timestamp
             finished = self._retire_locked(fd, done, None, now)
             resume = self._jobs_done_locked(finished, now)
-            signals = self._take_signals()
+            signals = self._signals
+            if signals:  # (_take_signals)
+                signals = signals.copy()
+                self._signals.clear()
         finally:
             if not held:
                 self.lock.release()
@@ -568,13 +570,14 @@ class ContextSubmitMixin:
                                   f"(max {self.limits.max_kernel_args})")
         if not isinstance(kernel_id, (int, np.integer)) or not 0 <= kernel_id <= _U32:
             raise InvalidArgument(f"bad kernel id {kernel_id!r}")
-        ints = [a for a in args if type(a) is int and _I64_MIN <= a <= _U64]
-        if len(ints) != len(args):  # numpy integers, or a bad argument
-            for a in args:
-                if not isinstance(a, (int, np.integer)) or not _I64_MIN <= a <= _U64:
-                    raise InvalidArgument(f"bad kernel argument {a!r}")
-            ints = list(map(int, args))
-        return int(kernel_id), grid, block, ints
+        for a in args:
+            if type(a) is not int or not _I64_MIN <= a <= _U64:  # numpy integers, or bad
+                for a in args:
+                    if not isinstance(a, (int, np.integer)) or not _I64_MIN <= a <= _U64:
+                        raise InvalidArgument(f"bad kernel argument {a!r}")
+                args = list(map(int, args))
+                break
+        return int(kernel_id), grid, block, args
 
     @staticmethod
     def _launch_touches(kernel_id: int, args) -> list:

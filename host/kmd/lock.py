@@ -86,9 +86,11 @@ class DeviceLock:
             _drain()
 
     def __enter__(self) -> bool:
+        """-> whether this is the thread's outermost DeviceLock level (it held none)."""
         self._acquire()
-        _tls.depth += 1
-        return True
+        depth = _tls.depth
+        _tls.depth = depth + 1
+        return not depth
 
     def __exit__(self, *exc) -> None:
         self._release()

@@ -43,7 +43,7 @@ from pvgpu.host.kmd.errors import InvalidArgument, RingFull
 ALIGN_DW = 8  # fetch alignment: commit() pads wptr to a multiple of 8 dwords
 DEFAULT_RING_SIZE = 64 << 10
 DEFAULT_TIMEOUT = 5.0
-_PADS = [b""] + [packets.nop(n) for n in range(1, ALIGN_DW)]  # emit()'s padding NOPs
+_PADS = [b""] + [packets.nop(n) for n in range(1, ALIGN_DW)]  # the padding NOPs (emit, commit)
 
 
 class Ring:
@@ -196,8 +196,9 @@ class Ring:
         written: the caller publishes and runs it in one write (RB_KICK_SYNC_WPTR)."""
         assert self._wptr_old is not None, "ring commit() without alloc()"
         pad_dw = (-(self._pos // 4)) % ALIGN_DW
-        if pad_dw:
-            self._write_raw(packets.nop(pad_dw))
+        if pad_dw:  # (_write_raw)
+            self._staged.append(_PADS[pad_dw])
+            self._pos = (self._pos + 4 * pad_dw) % self.size
         self._flush()
         self.wptr = self._pos
         self._wptr_old = None

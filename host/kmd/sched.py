@@ -519,12 +519,16 @@ class GpuScheduler:
         v.last_active = now
         if v.in_flight == 0:
             if not v.queued:
-                v.turnaround.idle(end)
+                v.turnaround.idle_since = end  # (Turnaround.idle)
             if self.policy != "fifo":
                 self._complete_owner(ent.vgpu, now)
         if ent.closed:
             self._drop_if_drained(ent)
-        self._finish(job, getattr(hw_fence, "error", None), end)
+        # _finish, for a job that ran (its scheduled fence signalled then)
+        error = getattr(hw_fence, "error", None)
+        job.finished.timestamp = end
+        self.signals.append((job.finished, error))
+        self.stats["jobs_failed" if error is not None else "jobs_completed"] += 1
         return True
 
     def _finish(self, job: SchedJob, error, timestamp: int) -> None:

@@ -13,9 +13,16 @@ WB = 0x100
 class FakeRing:
     def __init__(self):
         self.data = b""
+        self.staged = []  # the packets write() staged, by index (rewrite)
 
     def write(self, data):
         self.data += data
+        self.staged.append(data)
+        return len(self.staged) - 1
+
+    def rewrite(self, index, data):
+        assert len(data) == len(self.staged[index])
+        self.staged[index] = data
 
 
 def make():
@@ -29,6 +36,19 @@ def test_emit_writes_a_fence_packet():
     assert ring.data == packets.fence(WB, 1, packets.FENCE_IRQ)
     assert (f.engine, f.seq, f.signaled, f.wb_addr) == (1, 1, False, WB)
     assert fd.emit(ring).seq == 2
+
+
+def test_irq_on_last_sets_only_the_last_quiet_fences_interrupt_flag():
+    """A batch's quiet FENCEs: the last one's staged packet gets FENCE_IRQ, stamp slot and
+    all else as emitted (irq_on_last patches its flags dword; nothing else changes)."""
+    vram = Vram(16 << 10)
+    fd, ring = FenceDriver(1, vram, WB, stamps=0x1000), FakeRing()
+    fd.emit(ring, flags=0)
+    fd.emit(ring, flags=0)
+    fd.irq_on_last(ring)
+    stamp = lambda seq: 0x1000 + 16 * seq  # noqa: E731 - (seq % STAMP_SLOTS) slots of 16 bytes
+    assert ring.staged == [packets.fence(WB, 1, 0, stamp(1)),
+                           packets.fence(WB, 2, packets.FENCE_IRQ, stamp(2))]
 
 
 def test_process_signals_prefix_in_order():

@@ -124,6 +124,18 @@ def test_callbacks_of_a_fence_signalled_under_the_lock_run_after_release():
     assert seen == [("signalled", True), ("callback", False)]
 
 
+def test_entering_the_lock_says_whether_the_thread_held_no_device_lock():
+    """`with lock as outermost`: what a short job's submission asks before it runs the job
+    on its own thread (job.py, batch.py), without a separate call."""
+    a, b = DeviceLock(), DeviceLock()
+    with a as outer_a:
+        with a as again:
+            with b as outer_b:
+                assert (outer_a, again, outer_b) == (True, False, False)
+    with b as outer_b:
+        assert outer_b is True
+
+
 def test_a_callback_added_to_a_signalled_fence_under_the_lock_runs_after_release():
     lock = DeviceLock()
     f = Fence.signaled_fence()
