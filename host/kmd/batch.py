@@ -92,7 +92,7 @@ class SubmissionBatch:
 
     def __enter__(self) -> "SubmissionBatch":
         dev = self.device
-        free = dev.lock.__enter__()  # (acquire(): -> whether it held no device lock)
+        free = dev.lock.enter()
         if dev._batch is None:
             self._outer = True
             self.owner = threading.get_ident()
@@ -116,10 +116,7 @@ class SubmissionBatch:
                     break
                 self._schedule_resumed()
                 kicks = self._commit()
-            signals = dev._signals
-            if signals:  # (_take_signals)
-                signals = signals.copy()
-                dev._signals.clear()
+            signals = dev._take_signals()
         finally:
             dev._batch = None
             dev.lock.release()

@@ -146,32 +146,30 @@ def signal_all(fences, error=None, pairs=()) -> int:
     -> how many this call signalled (a fence signals once: the first error sticks)."""
     marked = []  # (fence, its callbacks)
     n = 0
-    with _lock:  # each fence marked inline (the two loops are alike)
+    with _lock:
         for f in fences:
             if not f._signaled:
-                if error is not None and f.error is None:
-                    f.error = error
-                f._signaled = True
-                if f._event is not None:
-                    f._event.set()
-                if f._callbacks:
-                    marked.append((f, f._callbacks))
-                    f._callbacks = None
+                _mark(f, error, marked)
                 n += 1
         for f, err in pairs:
             if not f._signaled:
-                if err is not None and f.error is None:
-                    f.error = err
-                f._signaled = True
-                if f._event is not None:
-                    f._event.set()
-                if f._callbacks:
-                    marked.append((f, f._callbacks))
-                    f._callbacks = None
+                _mark(f, err, marked)
                 n += 1
     for f, callbacks in marked:
         _run(f, callbacks)
     return n
+
+
+def _mark(f: Fence, error, marked: list) -> None:
+    """Mark an unsignalled fence signalled (fence lock held); its callbacks go to `marked`."""
+    if error is not None and f.error is None:
+        f.error = error
+    f._signaled = True
+    if f._event is not None:
+        f._event.set()
+    if f._callbacks:
+        marked.append((f, f._callbacks))
+        f._callbacks = None
 
 
 class FenceDriver:

@@ -408,10 +408,7 @@ class JobMixin:
             now = self.clock_ns() if timestamp is None else timestamp
             finished = self._retire_locked(fd, done, None, now)
             resume = self._jobs_done_locked(finished, now)
-            signals = self._signals
-            if signals:  # (_take_signals)
-                signals = signals.copy()
-                self._signals.clear()
+            signals = self._take_signals()
         finally:
             if not held:
                 self.lock.release()

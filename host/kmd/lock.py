@@ -85,12 +85,15 @@ class DeviceLock:
         if not depth and _tls.queue:
             _drain()
 
-    def __enter__(self) -> bool:
-        """-> whether this is the thread's outermost DeviceLock level (it held none)."""
+    def enter(self) -> bool:
+        """Acquire; -> whether this is the thread's outermost DeviceLock level (it held
+        none). `with lock as outermost:` is the same."""
         self._acquire()
         depth = _tls.depth
         _tls.depth = depth + 1
         return not depth
+
+    __enter__ = enter
 
     def __exit__(self, *exc) -> None:
         self._release()

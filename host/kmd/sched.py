@@ -524,11 +524,7 @@ class GpuScheduler:
                 self._complete_owner(ent.vgpu, now)
         if ent.closed:
             self._drop_if_drained(ent)
-        # _finish, for a job that ran (its scheduled fence signalled then)
-        error = getattr(hw_fence, "error", None)
-        job.finished.timestamp = end
-        self.signals.append((job.finished, error))
-        self.stats["jobs_failed" if error is not None else "jobs_completed"] += 1
+        self._finish(job, getattr(hw_fence, "error", None), end)
         return True
 
     def _finish(self, job: SchedJob, error, timestamp: int) -> None:
