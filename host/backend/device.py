@@ -297,7 +297,7 @@ class VirtioGpuDevice:
         thread (host/kmd/batch.py); then answer the sync point that ended it, if one did:
         usually at once, without holding its chain for a fence callback."""
         batch, self._batch = self._batch, None
-        batch.__exit__(None, None, None)
+        batch.close()
         sync, self._sync = self._sync, None
         return self._answer(*sync) if sync is not None else False
 
@@ -329,7 +329,7 @@ class VirtioGpuDevice:
             # the kick's jobs from here on: one KMD lock hold, one ring commit and
             # doorbell per engine (a kick without jobs opens no batch)
             self._batch = self.kmd.submission_batch()
-            self._batch.__enter__()
+            self._batch.open()
         return self._run(chain, cmd, None)
 
     def _run(self, chain, cmd, deadline: float | None) -> bool:

@@ -90,7 +90,9 @@ class SubmissionBatch:
         self.resume = set()  # schedulers with jobs queued behind completions this thread retired
         self._outer = False
 
-    def __enter__(self) -> "SubmissionBatch":
+    def open(self) -> "SubmissionBatch":
+        """Enter the batch (take the device lock); close() runs what it holds. `with` does
+        both; a caller whose batch spans calls (the backend's kick) calls them itself."""
         dev = self.device
         free = dev.lock.enter()
         if dev._batch is None:
@@ -100,7 +102,11 @@ class SubmissionBatch:
             dev._batch = self
         return self
 
-    def __exit__(self, *exc) -> None:
+    __enter__ = open
+
+    def close(self, *_exc) -> None:
+        """Leave the batch: the outermost commits its rings and runs their short jobs, then
+        releases the device lock and signals the fences that completed."""
         dev = self.device
         if not self._outer:
             dev.lock.release()
@@ -122,6 +128,8 @@ class SubmissionBatch:
             dev.lock.release()
         if signals:
             fence_mod.signal_all((), None, signals)
+
+    __exit__ = close
 
     def _schedule_resumed(self) -> None:
         """Hand the jobs queued behind this thread's completions to run_job (lock held)."""
