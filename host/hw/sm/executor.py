@@ -59,7 +59,8 @@ REG, CONST, SREG, NONE = 0, 1, 2, 3  # decoded operand kinds (decode.py)
 
 class Shape:
     """Per-lane index arrays of a batch of nb blocks of T threads (shared by the batches of
-    a launch that have the same nb: they differ only in their first block)."""
+    the same block and nb, of one launch or of several: they differ only in their first
+    block; the arrays are read only)."""
 
     def __init__(self, block, nb: int):
         self.block = tuple(block)
@@ -170,6 +171,7 @@ class Batch:
         self.gpc = 0
         self.gmask = None
         self.gk = n
+        self.every = Active(None, n, True, n)  # the group while it is every lane
         self.exited = None  # bool (N,) once a lane exits
         self.exited_blk = np.zeros(geo.nb, dtype=np.int64)
         self.bar_count = None  # (nb, NUM_BARRIERS) arrivals, allocated at first use
@@ -248,7 +250,9 @@ class Batch:
         """Write a result computed for all N lanes (or uniform) to the group's lanes."""
         f, i = dst
         if act.full:
-            self._put(f, i, v)
+            self.files[f][i] = v  # (_put)
+            if self.views:
+                self.views.discard((f, i))
             return
         o = self.own(f, i)
         if isinstance(v, V.Lazy):
@@ -261,7 +265,9 @@ class Batch:
         """Write a result computed at the group's lanes (act.idx order, or uniform)."""
         f, i = dst
         if act.all:
-            self._put(f, i, v)
+            self.files[f][i] = v  # (_put)
+            if self.views:
+                self.views.discard((f, i))
             return
         if not isinstance(v, np.ndarray):
             if act.full:
@@ -297,13 +303,12 @@ class Batch:
         bx, by, bz = geo.block
         gx, gy, gz = geo.grid
         T, nb, b0 = geo.T, geo.nb, geo.block0
-        t, q = geo.tq()
         if s == isa.SREG_TID_X:
-            return V.make_lin(0, 1, 0, 32) if bx == T else (t % bx).astype(np.uint32)
+            return V.make_lin(0, 1, 0, 32) if bx == T else (geo.tq()[0] % bx).astype(np.uint32)
         if s == isa.SREG_TID_Y:
-            return 0 if by == 1 else ((t // bx) % by).astype(np.uint32)
+            return 0 if by == 1 else ((geo.tq()[0] // bx) % by).astype(np.uint32)
         if s == isa.SREG_TID_Z:
-            return 0 if bz == 1 else (t // (bx * by)).astype(np.uint32)
+            return 0 if bz == 1 else (geo.tq()[0] // (bx * by)).astype(np.uint32)
         if s in (isa.SREG_NTID_X, isa.SREG_NTID_Y, isa.SREG_NTID_Z):
             return geo.block[s - isa.SREG_NTID_X]
         if s in (isa.SREG_NCTAID_X, isa.SREG_NCTAID_Y, isa.SREG_NCTAID_Z):
@@ -313,29 +318,29 @@ class Batch:
             if s == isa.SREG_CTAID_X:
                 if one_row:
                     return V.make_lin(b0 % gx, 0, 1, 32)
-                return ((b0 + q) % gx).astype(np.uint32)
+                return ((b0 + geo.tq()[1]) % gx).astype(np.uint32)
             k = s - isa.SREG_CTAID_X
             div = gx if k == 1 else gx * gy
             mod = gy if k == 1 else gz
             if one_row or (b0 // div == (b0 + nb - 1) // div):
                 return (b0 // div) % mod
-            return (((b0 + q) // div) % mod).astype(np.uint32)
+            return (((b0 + geo.tq()[1]) // div) % mod).astype(np.uint32)
         if s == isa.SREG_LANEID:
             return V.make_lin(0, 1, 0, 32) if T <= isa.WARP_SIZE else (
-                t % isa.WARP_SIZE).astype(np.uint32)
+                geo.tq()[0] % isa.WARP_SIZE).astype(np.uint32)
         if s == isa.SREG_WARPID:
-            return 0 if T <= isa.WARP_SIZE else (t // isa.WARP_SIZE).astype(np.uint32)
+            return 0 if T <= isa.WARP_SIZE else (geo.tq()[0] // isa.WARP_SIZE).astype(np.uint32)
         if s == isa.SREG_NWARPID:
             return -(-T // isa.WARP_SIZE)
         if s == isa.SREG_SMID:
             if nb == 1:
                 return b0 % isa.SM_COUNT
-            return ((b0 + q) % isa.SM_COUNT).astype(np.uint32)
+            return ((b0 + geo.tq()[1]) % isa.SM_COUNT).astype(np.uint32)
         if s == isa.SREG_NSMID:
             return isa.SM_COUNT
         if s in (isa.SREG_LANEMASK_EQ, isa.SREG_LANEMASK_LE, isa.SREG_LANEMASK_LT,
                  isa.SREG_LANEMASK_GE, isa.SREG_LANEMASK_GT):
-            lane = (t % isa.WARP_SIZE).astype(np.uint64)
+            lane = (geo.tq()[0] % isa.WARP_SIZE).astype(np.uint64)
             bit = np.uint64(1) << lane
             full = np.uint64(0xFFFFFFFF)
             m = {isa.SREG_LANEMASK_EQ: bit, isa.SREG_LANEMASK_LE: (bit << np.uint64(1)) - np.uint64(1),
@@ -353,8 +358,9 @@ class Batch:
 
     # ------------------------------------------------------------ scheduling
     def _active(self) -> Active:
-        full = self.gk == self.live
-        return Active(self.gmask, self.gk, full, self.N)
+        if self.gmask is None:  # every lane of the batch: one Active for the whole run
+            return self.every
+        return Active(self.gmask, self.gk, self.gk == self.live, self.N)
 
     def _pcs(self) -> np.ndarray:
         if self.pc_arr is None:
@@ -474,6 +480,9 @@ class Batch:
     def run(self, ctl) -> None:
         prog = self.prog
         decoded = prog.decoded
+        prio = prog.prio
+        cnt = self.cnt
+        launch = self.launch
         from pvgpu.host.hw.sm.decode import decode
         with np.errstate(all="ignore"), running(ctl):
             while True:
@@ -483,9 +492,9 @@ class Batch:
                 ins = decoded[pc]
                 if ins is None:
                     ins = decoded[pc] = decode(prog, pc)
-                act = self._active()
+                act = self.every if self.gmask is None else self._active()
                 self.steps += 1
-                self.launch.lane_instructions += act.k
+                launch.lane_instructions += act.k
                 sub = act
                 if ins.guard is not None:
                     sub = self._guarded(act, ins.guard)
@@ -495,6 +504,11 @@ class Batch:
                     if sub is not None:
                         ins.run(self, sub)
                     out = NEXT
+                if out == NEXT and self.nwait == 0 and self.gk == self.live:
+                    cnt[prio[pc]] -= self.gk  # every runnable lane moves on together
+                    cnt[prio[pc + 1]] += self.gk  # (_advance's first case)
+                    self.gpc = pc + 1
+                    continue
                 if out == NEXT:
                     ok = self._advance(pc + 1)
                 elif out == JUMP:

@@ -179,7 +179,8 @@ def _parts(v):
 
 
 def lin_add(x, y, bits):
-    a, b = _parts(x), _parts(y)
+    a = (x.c0, x.ct, x.cq) if isinstance(x, Lin) else (x, 0, 0)  # (_parts, inline)
+    b = (y.c0, y.ct, y.cq) if isinstance(y, Lin) else (y, 0, 0)
     return make_lin(a[0] + b[0], a[1] + b[1], a[2] + b[2], bits)
 
 
@@ -189,8 +190,9 @@ def lin_sub(x, y, bits):
 
 
 def lin_mul(x, s: int, bits):
-    a = _parts(x)
-    return make_lin(a[0] * s, a[1] * s, a[2] * s, bits)
+    if isinstance(x, Lin):
+        return make_lin(x.c0 * s, x.ct * s, x.cq * s, bits)
+    return (x * s) & ((1 << bits) - 1)
 
 
 def lin_widen(geo, x, signed: bool, src_bits: int, dst_bits: int):
