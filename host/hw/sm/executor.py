@@ -12,7 +12,9 @@ operations over the group's lanes. Threads that branched apart wait until the ot
 reach them, so they reconverge where their paths meet and a warp's threads execute warp
 instructions together. While the group stays whole (uniform control flow, the common
 case) a step costs no scheduling work: the group's lanes do not have their PCs written,
-and counts per PC (`cnt`) tell whether anyone else has to join.
+and counts per PC (`cnt`) tell whether anyone else has to join. While the group is every
+runnable lane, data instructions step on without touching `cnt` either; it is brought up
+to date before a control instruction or a scheduling decision reads it.
 
 How an instruction touches the registers depends on the group (class Active):
   all    every thread of the batch: results replace whole registers;
@@ -55,6 +57,11 @@ DENSE_FRACTION = 0.25  # groups with at least this share of the lanes compute de
 DEADLOCK_SLEEP = 0.001  # seconds between stop checks of a deadlocked batch
 
 REG, CONST, SREG, NONE = 0, 1, 2, 3  # decoded operand kinds (decode.py)
+# special registers whose value is the launch's or the clock's, not the batch's geometry
+_LAUNCH_SREGS = frozenset((isa.SREG_CLOCK, isa.SREG_CLOCK64, isa.SREG_GLOBALTIMER,
+                           isa.SREG_DYNAMIC_SMEM_SIZE, isa.SREG_TOTAL_SMEM_SIZE,
+                           isa.SREG_GRIDID))
+SREG_PLACES = 16  # (grid, first block) places whose special registers a Shape keeps
 
 
 class Shape:
@@ -74,6 +81,17 @@ class Shape:
         if a is None:
             a = self._cache[key] = make()
         return a
+
+    def sregs(self, grid, block0: int) -> dict:
+        """The special registers of the batch at block0 of grid (filled as they are read;
+        launches of one shape and grid share them, a few places at a time)."""
+        places = self.cached("sregs", dict)
+        d = places.get((grid, block0))
+        if d is None:
+            if len(places) >= SREG_PLACES:
+                places.clear()
+            d = places[grid, block0] = {}
+        return d
 
     def lanes(self, dt=np.int64) -> np.ndarray:
         return self.cached(("i", dt), lambda: np.arange(self.N, dtype=dt))
@@ -159,7 +177,7 @@ class Batch:
         self.local_stride = -(-prog.local_size // 8) * 8
         self.local = (np.zeros(n * self.local_stride, dtype=np.uint8)
                       if self.local_stride else None)
-        self._sregs: dict = {}
+        self._sregs = geo.shape.sregs(geo.grid, geo.block0)
         self.views: set = set()  # registers (f, i) whose array is a view of global memory
         launch.gmem.on_write = self.unview
         # scheduler
@@ -288,15 +306,24 @@ class Batch:
 
     # ------------------------------------------------------------ special registers
     def sreg(self, s: int):
-        if s in (isa.SREG_CLOCK, isa.SREG_CLOCK64, isa.SREG_GLOBALTIMER):
-            if s == isa.SREG_GLOBALTIMER:
-                return self.launch.clock() & V.M64
-            c = self.launch.cycles()
-            return c & V.M32 if s == isa.SREG_CLOCK else c & V.M64
-        v = self._sregs.get(s)
+        v = self._sregs.get(s)  # (the geometry's, shared by batches of the same place)
         if v is None:
+            if s in _LAUNCH_SREGS:
+                return self._launch_sreg(s)
             v = self._sregs[s] = self._make_sreg(s)
         return v
+
+    def _launch_sreg(self, s: int):
+        if s == isa.SREG_GLOBALTIMER:
+            return self.launch.clock() & V.M64
+        if s in (isa.SREG_CLOCK, isa.SREG_CLOCK64):
+            c = self.launch.cycles()
+            return c & V.M32 if s == isa.SREG_CLOCK else c & V.M64
+        if s == isa.SREG_DYNAMIC_SMEM_SIZE:
+            return self.launch.dyn_shared
+        if s == isa.SREG_TOTAL_SMEM_SIZE:
+            return self.launch.shared_bytes
+        return self.launch.gridid
 
     def _make_sreg(self, s: int):
         geo = self.geo
@@ -348,12 +375,6 @@ class Batch:
                  isa.SREG_LANEMASK_GE: full & ~(bit - np.uint64(1)),
                  isa.SREG_LANEMASK_GT: full & ~((bit << np.uint64(1)) - np.uint64(1))}[s]
             return (m & full).astype(np.uint32)
-        if s == isa.SREG_DYNAMIC_SMEM_SIZE:
-            return self.launch.dyn_shared
-        if s == isa.SREG_TOTAL_SMEM_SIZE:
-            return self.launch.shared_bytes
-        if s == isa.SREG_GRIDID:
-            return self.launch.gridid
         raise ValueError(f"special register {s}")  # isa_check refuses unknown ones
 
     # ------------------------------------------------------------ scheduling
@@ -483,6 +504,8 @@ class Batch:
         prio = prog.prio
         cnt = self.cnt
         launch = self.launch
+        lag = None  # while every runnable lane steps on together, cnt still counts them
+        # at pc `lag`: it is brought up to date before anything reads it
         from pvgpu.host.hw.sm.decode import decode
         with np.errstate(all="ignore"), running(ctl):
             while True:
@@ -499,16 +522,24 @@ class Batch:
                 if ins.guard is not None:
                     sub = self._guarded(act, ins.guard)
                 if ins.control:
+                    if lag is not None:
+                        cnt[prio[lag]] -= self.gk
+                        cnt[prio[pc]] += self.gk
+                        lag = None
                     out = ins.control_run(self, act, sub)
                 else:
                     if sub is not None:
                         ins.run(self, sub)
+                    if self.nwait == 0 and self.gk == self.live:  # (_advance's first case)
+                        if lag is None:
+                            lag = pc
+                        self.gpc = pc + 1
+                        continue
                     out = NEXT
-                if out == NEXT and self.nwait == 0 and self.gk == self.live:
-                    cnt[prio[pc]] -= self.gk  # every runnable lane moves on together
-                    cnt[prio[pc + 1]] += self.gk  # (_advance's first case)
-                    self.gpc = pc + 1
-                    continue
+                if lag is not None:
+                    cnt[prio[lag]] -= self.gk
+                    cnt[prio[pc]] += self.gk
+                    lag = None
                 if out == NEXT:
                     ok = self._advance(pc + 1)
                 elif out == JUMP:

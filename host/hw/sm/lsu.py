@@ -282,9 +282,7 @@ def store(b, act, ins) -> None:
     addr = address(b, act, ins)
     dt = ins.dtype
     val = b.val(ins.value)
-    if isinstance(val, V.Lin):
-        val = b.at(val, act.idx)
-    elif isinstance(val, np.ndarray):
+    if isinstance(val, (V.Lin, np.ndarray)) and not (act.all and type(val) is np.ndarray):
         val = b.at(val, act.idx)
     typed = V.typed(val, ins.type) if isinstance(val, np.ndarray) else V.scalar(val, ins.type)
     typed = np.asarray(typed).astype(dt, copy=False)

@@ -20,8 +20,10 @@ from pvgpu.spec import isa
 # issue 12's cuts to the SMs; 166 with the object's bytes as the check cache's key and
 # the launch shapes that passed remembered, batch shapes kept between launches, the
 # common step of a whole group without helper calls, ld.param of a fixed offset at once,
-# ALU operands read in place; 167 with a store's copy kept under the GIL (copy_bytes)
-CALLS_PER_LAUNCH = 170
+# ALU operands read in place; 167 with a store's copy kept under the GIL (copy_bytes); 157
+# with the special registers of a batch's place kept by its Shape, and the per-PC counts
+# brought up to date only when the group may change
+CALLS_PER_LAUNCH = 160
 
 SCALE = """
 .entry scale
