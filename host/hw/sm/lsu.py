@@ -180,8 +180,8 @@ def load(b, act, ins) -> None:
             and isinstance(addr, V.Lin)):
         run = _contiguous(b, act, addr, w)
         if run is not None:  # a view of memory, copied only if memory changes under it
-            vals = b.launch.gmem.read_range(run[0], run[1], dt, copy=False)
-            b.put_view(*ins.d, vals.view(ins.fdt))
+            vals = b.launch.gmem.read_range(run[0], run[1], ins.fdt, copy=False)
+            b.put_view(*ins.d, vals)
             return
     if space == SPACE_GENERIC:
         vals = _generic(b, act, addr, w, lambda sp, a, a_act: _load_space(b, a_act, sp, a, dt))

@@ -220,11 +220,23 @@ def lin_narrow(x, bits):
 # ------------------------------------------------------------------ typed views
 def scalar(bits_value, t: int):
     """A uniform register value (int bits, or bool) as a numpy scalar of type t."""
-    dt = TYPE_DTYPES[t]
-    if t == isa.TYPE_PRED:
-        return np.bool_(bits_value)
-    u = _UNSIGNED_OF[dt.itemsize]
-    return u.type(int(bits_value) & mask_of(8 * dt.itemsize)).view(dt)
+    key = (bits_value, t)
+    v = _SCALARS.get(key)
+    if v is None:
+        dt = TYPE_DTYPES[t]
+        if t == isa.TYPE_PRED:
+            v = np.bool_(bits_value)
+        else:
+            u = _UNSIGNED_OF[dt.itemsize]
+            v = u.type(int(bits_value) & mask_of(8 * dt.itemsize)).view(dt)
+        if len(_SCALARS) >= SCALARS_KEPT:
+            _SCALARS.clear()
+        _SCALARS[key] = v
+    return v
+
+
+SCALARS_KEPT = 4096  # recent uniform values as numpy scalars (immutable: shared freely)
+_SCALARS: dict = {}
 
 
 def typed(arr: np.ndarray, t: int) -> np.ndarray:
@@ -241,7 +253,8 @@ def typed(arr: np.ndarray, t: int) -> np.ndarray:
 def bits(res, t: int, file_dtype: np.dtype):
     """A typed result (array, numpy scalar or 0-d array) -> the register representation:
     a fresh-or-owned array of file_dtype, or an int/bool for a scalar."""
-    res = np.asarray(res)
+    if type(res) is not np.ndarray:
+        res = np.asarray(res)
     dt = TYPE_DTYPES[t]
     if res.dtype != dt:
         res = res.astype(dt)
