@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,8 +54,7 @@ BATCH_BYTES = 256 << 20  # register and local memory of one batch (estimate, at 
 SHAPE_LANES = 1 << 20  # lanes of the batch shapes kept between launches (index arrays)
 
 
-@dataclass(frozen=True)
-class CodeLaunch:
+class CodeLaunch(NamedTuple):
     """The fields of a PKT_LAUNCH_CODE (host/hw/packets.py)."""
     object_va: int
     entry_va: int
