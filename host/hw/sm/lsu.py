@@ -52,7 +52,7 @@ def address(b, act, ins):
             if w is None:
                 return b.at(v, act.idx).astype(U64) + U64(off & _M64)
             v = w
-        return V.lin_add(v, off, 64)
+        return V.lin_add(v, off, 64) if off else v
     return (int(v) + off) & _M64
 
 
@@ -285,7 +285,8 @@ def store(b, act, ins) -> None:
     if isinstance(val, (V.Lin, np.ndarray)) and not (act.all and type(val) is np.ndarray):
         val = b.at(val, act.idx)
     typed = V.typed(val, ins.type) if isinstance(val, np.ndarray) else V.scalar(val, ins.type)
-    typed = np.asarray(typed).astype(dt, copy=False)
+    if type(typed) is not np.ndarray or typed.dtype != dt:
+        typed = np.asarray(typed).astype(dt, copy=False)
     if ins.space == SPACE_GENERIC:
         def fn(space, a, sub):
             part = typed if typed.ndim == 0 or sub is act else typed[_sub_positions(b, act, sub)]

@@ -22,8 +22,9 @@ from pvgpu.spec import isa
 # common step of a whole group without helper calls, ld.param of a fixed offset at once,
 # ALU operands read in place; 167 with a store's copy kept under the GIL (copy_bytes); 157
 # with the special registers of a batch's place kept by its Shape, and the per-PC counts
-# brought up to date only when the group may change
-CALLS_PER_LAUNCH = 160
+# brought up to date only when the group may change; 150 with an address without an
+# offset taken as it is
+CALLS_PER_LAUNCH = 152
 
 SCALE = """
 .entry scale
