@@ -10,15 +10,14 @@ the SMs when the launch starts ([CMD-LAUNCH-CODE-2]); the KMD never parses it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from pvgpu.host.backend import protocol
 from pvgpu.host.backend.errors import CommandError
 from pvgpu.spec import isa, wire
 
 
-@dataclass(frozen=True)
-class LaunchCode:
+class LaunchCode(NamedTuple):
     object_va: int
     entry_va: int
     grid: tuple

@@ -15,19 +15,22 @@ A failed check raises CodeFault(address, reason): `address` is the VA of the fir
 offending record (the header, the entry record, a parameter record or an instruction),
 `reason` a COBJ_ERR_*. The command processor turns it into IRQ_CODE_FAULT.
 
-Validation is cached by the object's bytes (COBJ-VALID-5): ModuleCache keeps, for the
-BLAKE2b digest of recently launched objects, the checked header and, per entry, either
-the decoded Program (program.py) or the fault it gives. Both are stored relative to the
-object's start, so the same bytes loaded at another VA reuse them. The object is still
-read through the MMU at every launch (COBJ-LOAD-2: the device reads it when the launch
-starts); only the checking and decoding are saved. The cache holds at most
-CACHE_MODULES objects and CACHE_BYTES bytes of them, least recently used first out.
+Validation is cached by the object's bytes (COBJ-VALID-5): ModuleCache keeps, keyed by the
+bytes of recently launched objects themselves (a dict lookup hashes them and compares
+them whole on a hit, so only identical bytes share a result), the checked header and,
+per entry, either the decoded Program (program.py) or the fault it gives, and the
+launch shapes (block, dynamic shared memory, parameter bytes) already checked against
+an entry. All are stored relative to the object's start, so the same bytes loaded at
+another VA reuse them. The object is still read through the MMU at every launch
+(COBJ-LOAD-2: the device reads it when the launch starts), into a bytes object (a
+plain copy: numpy would release the GIL for it and wait to take it back); only the
+checking and decoding are saved. The cache holds at most CACHE_MODULES objects and
+CACHE_BYTES bytes of them, least recently used first out.
 """
 
 from __future__ import annotations
 
 import collections
-import hashlib
 import struct
 import threading
 from dataclasses import dataclass
@@ -41,6 +44,7 @@ CACHE_MODULES = 64
 CACHE_BYTES = 256 << 20
 
 _HEADER = struct.Struct(isa.COBJ_HEADER_FORMAT)
+_HEAD = struct.Struct(isa.COBJ_HEADER_FORMAT[:6])  # magic, version, flags, size
 _ENTRY = struct.Struct(isa.COBJ_ENTRY_FORMAT)
 _PARAM = struct.Struct(isa.COBJ_PARAM_FORMAT)
 
@@ -106,24 +110,18 @@ class EntryRecord:
         return self.max_threads or isa.MAX_BLOCK_THREADS
 
 
-def fetch(mmu, vmid: int, object_va: int) -> np.ndarray:
+def fetch(mmu, vmid: int, object_va: int) -> bytes:
     """Read the whole object with EXEC permission (COBJ-VALID-1) -> a private copy.
 
     Raises MmuFault (a page without EXEC) or CodeFault (a header too bad to size it)."""
-    head = _gather(mmu.translate(vmid, object_va, isa.COBJ_HEADER_SIZE, ACCESS_EXEC))
-    fields = dict(zip(isa.COBJ_HEADER_FIELDS, _HEADER.unpack(head.tobytes())))
-    size = fields["size"]
-    if (fields["magic"] != isa.COBJ_MAGIC or fields["version"] != isa.COBJ_VERSION
+    head = mmu.translate(vmid, object_va, isa.COBJ_HEADER_SIZE, ACCESS_EXEC)
+    magic, version, _flags, size = _HEAD.unpack_from(head[0] if len(head) == 1
+                                                     else b"".join(head))
+    if (magic != isa.COBJ_MAGIC or version != isa.COBJ_VERSION
             or not isa.COBJ_HEADER_SIZE <= size <= isa.COBJ_MAX_SIZE):
         raise CodeFault(object_va, isa.COBJ_ERR_HEADER,
-                        f"magic {fields['magic']!r} version {fields['version']} size {size}")
-    return _gather(mmu.translate(vmid, object_va, size, ACCESS_EXEC)).copy()
-
-
-def _gather(extents: list) -> np.ndarray:
-    if len(extents) == 1:
-        return extents[0]
-    return np.concatenate(extents)
+                        f"magic {magic!r} version {version} size {size}")
+    return b"".join(mmu.translate(vmid, object_va, size, ACCESS_EXEC))
 
 
 def check_header(raw: np.ndarray) -> Header:
@@ -212,14 +210,17 @@ def check_entry(raw: np.ndarray, header: Header, index: int) -> EntryRecord:
 
 
 class Module:
-    """One checked object (by digest): its header and, per entry, Program or fault."""
+    """One checked object (by its bytes): its header and, per entry, Program or fault."""
 
-    def __init__(self, digest: bytes, size: int, header: Header | None, fault: _RelFault | None):
-        self.digest = digest
-        self.size = size
+    MAX_CHECKED = 64  # launch shapes remembered per object (a guest may vary them freely)
+
+    def __init__(self, data: bytes, header: Header | None, fault: _RelFault | None):
+        self.raw = np.frombuffer(data, dtype=np.uint8)
+        self.size = len(data)
         self.header = header
         self.fault = fault  # the header's fault, if any
         self.entries: dict = {}  # index -> Program or _RelFault
+        self.checked: dict = {}  # (entry offset, block, dyn_shared, params_size) -> Program
         self.lock = threading.Lock()
 
 
@@ -235,25 +236,24 @@ class ModuleCache:
         self.hits = 0
         self.misses = 0
 
-    def module(self, raw: np.ndarray) -> Module:
-        digest = hashlib.blake2b(raw, digest_size=32).digest()
+    def module(self, data: bytes) -> Module:
         with self._lock:
-            mod = self._modules.get(digest)
+            mod = self._modules.get(data)
             if mod is not None:
-                self._modules.move_to_end(digest)
+                self._modules.move_to_end(data)
                 self.hits += 1
                 return mod
             self.misses += 1
         try:
-            header, fault = check_header(raw), None
+            header, fault = check_header(np.frombuffer(data, dtype=np.uint8)), None
         except _RelFault as f:
             header, fault = None, f
-        mod = Module(digest, raw.shape[0], header, fault)
+        mod = Module(data, header, fault)
         with self._lock:
-            old = self._modules.pop(digest, None)
+            old = self._modules.pop(data, None)
             if old is not None:
                 self._bytes -= old.size
-            self._modules[digest] = mod
+            self._modules[data] = mod
             self._bytes += mod.size
             while len(self._modules) > 1 and (len(self._modules) > self.max_modules
                                               or self._bytes > self.max_bytes):

@@ -11,6 +11,8 @@ sub), where sub is the part of the group whose guard holds (None: nobody).
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from pvgpu.host.hw.sm import alu, lsu, warp
@@ -92,8 +94,16 @@ class AluInstr(Instr):
         self.fdt = V.FILE_DTYPES[isa.register_file(a.dst_type)]
 
     def run(self, b, act):
-        vals = [b.val(s) for s in self.srcs]
-        if self.lin is not None and not any(isinstance(v, (np.ndarray, V.Span)) for v in vals):
+        files = b.files
+        vals = []
+        affine = self.lin is not None  # no operand an array or a Span
+        for s in self.srcs:
+            kind, x = s
+            v = files[x[0]][x[1]] if kind == REG else x if kind == CONST else b.val(s)
+            if affine and isinstance(v, (np.ndarray, V.Span)):
+                affine = False
+            vals.append(v)
+        if affine:
             r = self.lin(b.geo, *vals)
             if r is not None:
                 b.write(self.d, r, act)
@@ -264,9 +274,23 @@ class LdInstr(MemInstr):
     def __init__(self, pc, rec, prog, t, d):
         super().__init__(pc, rec, prog, t)
         self.d = d
+        w = self.dtype.itemsize
+        # ld.param of a fixed, aligned offset whose value fills the register: its bits
+        # unpacked at once (lsu.load checks the offset against the buffer otherwise)
+        self.param = None
+        if (self.space == isa.SPACE_PARAM and self.addr is None and self.offset >= 0
+                and self.offset % w == 0 and w == self.fdt.itemsize and t != isa.TYPE_PRED):
+            self.param = _PARAM_BITS[w]
 
     def run(self, b, act):
+        buf = b.launch.params
+        if self.param is not None and self.offset + self.param.size <= buf.shape[0]:
+            b.write_at(self.d, self.param.unpack_from(buf, self.offset)[0], act)
+            return
         lsu.load(b, act, self)
+
+
+_PARAM_BITS = {4: struct.Struct("<I"), 8: struct.Struct("<Q")}
 
 
 class StInstr(MemInstr):

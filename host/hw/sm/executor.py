@@ -12,7 +12,9 @@ operations over the group's lanes. Threads that branched apart wait until the ot
 reach them, so they reconverge where their paths meet and a warp's threads execute warp
 instructions together. While the group stays whole (uniform control flow, the common
 case) a step costs no scheduling work: the group's lanes do not have their PCs written,
-and counts per PC (`cnt`) tell whether anyone else has to join.
+and counts per PC (`cnt`) tell whether anyone else has to join. While the group is every
+runnable lane, data instructions step on without touching `cnt` either; it is brought up
+to date before a control instruction or a scheduling decision reads it.
 
 How an instruction touches the registers depends on the group (class Active):
   all    every thread of the batch: results replace whole registers;
@@ -55,11 +57,17 @@ DENSE_FRACTION = 0.25  # groups with at least this share of the lanes compute de
 DEADLOCK_SLEEP = 0.001  # seconds between stop checks of a deadlocked batch
 
 REG, CONST, SREG, NONE = 0, 1, 2, 3  # decoded operand kinds (decode.py)
+# special registers whose value is the launch's or the clock's, not the batch's geometry
+_LAUNCH_SREGS = frozenset((isa.SREG_CLOCK, isa.SREG_CLOCK64, isa.SREG_GLOBALTIMER,
+                           isa.SREG_DYNAMIC_SMEM_SIZE, isa.SREG_TOTAL_SMEM_SIZE,
+                           isa.SREG_GRIDID))
+SREG_PLACES = 16  # (grid, first block) places whose special registers a Shape keeps
 
 
 class Shape:
     """Per-lane index arrays of a batch of nb blocks of T threads (shared by the batches of
-    a launch that have the same nb: they differ only in their first block)."""
+    the same block and nb, of one launch or of several: they differ only in their first
+    block; the arrays are read only)."""
 
     def __init__(self, block, nb: int):
         self.block = tuple(block)
@@ -73,6 +81,17 @@ class Shape:
         if a is None:
             a = self._cache[key] = make()
         return a
+
+    def sregs(self, grid, block0: int) -> dict:
+        """The special registers of the batch at block0 of grid (filled as they are read;
+        launches of one shape and grid share them, a few places at a time)."""
+        places = self.cached("sregs", dict)
+        d = places.get((grid, block0))
+        if d is None:
+            if len(places) >= SREG_PLACES:
+                places.clear()
+            d = places[grid, block0] = {}
+        return d
 
     def lanes(self, dt=np.int64) -> np.ndarray:
         return self.cached(("i", dt), lambda: np.arange(self.N, dtype=dt))
@@ -158,7 +177,7 @@ class Batch:
         self.local_stride = -(-prog.local_size // 8) * 8
         self.local = (np.zeros(n * self.local_stride, dtype=np.uint8)
                       if self.local_stride else None)
-        self._sregs: dict = {}
+        self._sregs = geo.shape.sregs(geo.grid, geo.block0)
         self.views: set = set()  # registers (f, i) whose array is a view of global memory
         launch.gmem.on_write = self.unview
         # scheduler
@@ -170,6 +189,7 @@ class Batch:
         self.gpc = 0
         self.gmask = None
         self.gk = n
+        self.every = Active(None, n, True, n)  # the group while it is every lane
         self.exited = None  # bool (N,) once a lane exits
         self.exited_blk = np.zeros(geo.nb, dtype=np.int64)
         self.bar_count = None  # (nb, NUM_BARRIERS) arrivals, allocated at first use
@@ -248,7 +268,9 @@ class Batch:
         """Write a result computed for all N lanes (or uniform) to the group's lanes."""
         f, i = dst
         if act.full:
-            self._put(f, i, v)
+            self.files[f][i] = v  # (_put)
+            if self.views:
+                self.views.discard((f, i))
             return
         o = self.own(f, i)
         if isinstance(v, V.Lazy):
@@ -261,7 +283,9 @@ class Batch:
         """Write a result computed at the group's lanes (act.idx order, or uniform)."""
         f, i = dst
         if act.all:
-            self._put(f, i, v)
+            self.files[f][i] = v  # (_put)
+            if self.views:
+                self.views.discard((f, i))
             return
         if not isinstance(v, np.ndarray):
             if act.full:
@@ -282,28 +306,36 @@ class Batch:
 
     # ------------------------------------------------------------ special registers
     def sreg(self, s: int):
-        if s in (isa.SREG_CLOCK, isa.SREG_CLOCK64, isa.SREG_GLOBALTIMER):
-            if s == isa.SREG_GLOBALTIMER:
-                return self.launch.clock() & V.M64
-            c = self.launch.cycles()
-            return c & V.M32 if s == isa.SREG_CLOCK else c & V.M64
-        v = self._sregs.get(s)
+        v = self._sregs.get(s)  # (the geometry's, shared by batches of the same place)
         if v is None:
+            if s in _LAUNCH_SREGS:
+                return self._launch_sreg(s)
             v = self._sregs[s] = self._make_sreg(s)
         return v
+
+    def _launch_sreg(self, s: int):
+        if s == isa.SREG_GLOBALTIMER:
+            return self.launch.clock() & V.M64
+        if s in (isa.SREG_CLOCK, isa.SREG_CLOCK64):
+            c = self.launch.cycles()
+            return c & V.M32 if s == isa.SREG_CLOCK else c & V.M64
+        if s == isa.SREG_DYNAMIC_SMEM_SIZE:
+            return self.launch.dyn_shared
+        if s == isa.SREG_TOTAL_SMEM_SIZE:
+            return self.launch.shared_bytes
+        return self.launch.gridid
 
     def _make_sreg(self, s: int):
         geo = self.geo
         bx, by, bz = geo.block
         gx, gy, gz = geo.grid
         T, nb, b0 = geo.T, geo.nb, geo.block0
-        t, q = geo.tq()
         if s == isa.SREG_TID_X:
-            return V.make_lin(0, 1, 0, 32) if bx == T else (t % bx).astype(np.uint32)
+            return V.make_lin(0, 1, 0, 32) if bx == T else (geo.tq()[0] % bx).astype(np.uint32)
         if s == isa.SREG_TID_Y:
-            return 0 if by == 1 else ((t // bx) % by).astype(np.uint32)
+            return 0 if by == 1 else ((geo.tq()[0] // bx) % by).astype(np.uint32)
         if s == isa.SREG_TID_Z:
-            return 0 if bz == 1 else (t // (bx * by)).astype(np.uint32)
+            return 0 if bz == 1 else (geo.tq()[0] // (bx * by)).astype(np.uint32)
         if s in (isa.SREG_NTID_X, isa.SREG_NTID_Y, isa.SREG_NTID_Z):
             return geo.block[s - isa.SREG_NTID_X]
         if s in (isa.SREG_NCTAID_X, isa.SREG_NCTAID_Y, isa.SREG_NCTAID_Z):
@@ -313,29 +345,29 @@ class Batch:
             if s == isa.SREG_CTAID_X:
                 if one_row:
                     return V.make_lin(b0 % gx, 0, 1, 32)
-                return ((b0 + q) % gx).astype(np.uint32)
+                return ((b0 + geo.tq()[1]) % gx).astype(np.uint32)
             k = s - isa.SREG_CTAID_X
             div = gx if k == 1 else gx * gy
             mod = gy if k == 1 else gz
             if one_row or (b0 // div == (b0 + nb - 1) // div):
                 return (b0 // div) % mod
-            return (((b0 + q) // div) % mod).astype(np.uint32)
+            return (((b0 + geo.tq()[1]) // div) % mod).astype(np.uint32)
         if s == isa.SREG_LANEID:
             return V.make_lin(0, 1, 0, 32) if T <= isa.WARP_SIZE else (
-                t % isa.WARP_SIZE).astype(np.uint32)
+                geo.tq()[0] % isa.WARP_SIZE).astype(np.uint32)
         if s == isa.SREG_WARPID:
-            return 0 if T <= isa.WARP_SIZE else (t // isa.WARP_SIZE).astype(np.uint32)
+            return 0 if T <= isa.WARP_SIZE else (geo.tq()[0] // isa.WARP_SIZE).astype(np.uint32)
         if s == isa.SREG_NWARPID:
             return -(-T // isa.WARP_SIZE)
         if s == isa.SREG_SMID:
             if nb == 1:
                 return b0 % isa.SM_COUNT
-            return ((b0 + q) % isa.SM_COUNT).astype(np.uint32)
+            return ((b0 + geo.tq()[1]) % isa.SM_COUNT).astype(np.uint32)
         if s == isa.SREG_NSMID:
             return isa.SM_COUNT
         if s in (isa.SREG_LANEMASK_EQ, isa.SREG_LANEMASK_LE, isa.SREG_LANEMASK_LT,
                  isa.SREG_LANEMASK_GE, isa.SREG_LANEMASK_GT):
-            lane = (t % isa.WARP_SIZE).astype(np.uint64)
+            lane = (geo.tq()[0] % isa.WARP_SIZE).astype(np.uint64)
             bit = np.uint64(1) << lane
             full = np.uint64(0xFFFFFFFF)
             m = {isa.SREG_LANEMASK_EQ: bit, isa.SREG_LANEMASK_LE: (bit << np.uint64(1)) - np.uint64(1),
@@ -343,18 +375,13 @@ class Batch:
                  isa.SREG_LANEMASK_GE: full & ~(bit - np.uint64(1)),
                  isa.SREG_LANEMASK_GT: full & ~((bit << np.uint64(1)) - np.uint64(1))}[s]
             return (m & full).astype(np.uint32)
-        if s == isa.SREG_DYNAMIC_SMEM_SIZE:
-            return self.launch.dyn_shared
-        if s == isa.SREG_TOTAL_SMEM_SIZE:
-            return self.launch.shared_bytes
-        if s == isa.SREG_GRIDID:
-            return self.launch.gridid
         raise ValueError(f"special register {s}")  # isa_check refuses unknown ones
 
     # ------------------------------------------------------------ scheduling
     def _active(self) -> Active:
-        full = self.gk == self.live
-        return Active(self.gmask, self.gk, full, self.N)
+        if self.gmask is None:  # every lane of the batch: one Active for the whole run
+            return self.every
+        return Active(self.gmask, self.gk, self.gk == self.live, self.N)
 
     def _pcs(self) -> np.ndarray:
         if self.pc_arr is None:
@@ -474,6 +501,11 @@ class Batch:
     def run(self, ctl) -> None:
         prog = self.prog
         decoded = prog.decoded
+        prio = prog.prio
+        cnt = self.cnt
+        launch = self.launch
+        lag = None  # while every runnable lane steps on together, cnt still counts them
+        # at pc `lag`: it is brought up to date before anything reads it
         from pvgpu.host.hw.sm.decode import decode
         with np.errstate(all="ignore"), running(ctl):
             while True:
@@ -483,18 +515,31 @@ class Batch:
                 ins = decoded[pc]
                 if ins is None:
                     ins = decoded[pc] = decode(prog, pc)
-                act = self._active()
+                act = self.every if self.gmask is None else self._active()
                 self.steps += 1
-                self.launch.lane_instructions += act.k
+                launch.lane_instructions += act.k
                 sub = act
                 if ins.guard is not None:
                     sub = self._guarded(act, ins.guard)
                 if ins.control:
+                    if lag is not None:
+                        cnt[prio[lag]] -= self.gk
+                        cnt[prio[pc]] += self.gk
+                        lag = None
                     out = ins.control_run(self, act, sub)
                 else:
                     if sub is not None:
                         ins.run(self, sub)
+                    if self.nwait == 0 and self.gk == self.live:  # (_advance's first case)
+                        if lag is None:
+                            lag = pc
+                        self.gpc = pc + 1
+                        continue
                     out = NEXT
+                if lag is not None:
+                    cnt[prio[lag]] -= self.gk
+                    cnt[prio[pc]] += self.gk
+                    lag = None
                 if out == NEXT:
                     ok = self._advance(pc + 1)
                 elif out == JUMP:

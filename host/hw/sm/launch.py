@@ -6,7 +6,8 @@ StreamingMultiprocessors.launch(vmid, launch, ctl), called by the command proces
   2. check it, or take the checked Program of the same bytes from the cache
      (COBJ-VALID-2, -5): a CodeFault names the offending record;
   3. check the launch against the entry (COBJ-VALID-3): threads per block, shared memory,
-     parameter bytes -- else CodeFault(entry address, COBJ_ERR_LAUNCH);
+     parameter bytes -- else CodeFault(entry address, COBJ_ERR_LAUNCH); the object's cache
+     entry remembers the shapes (entry, block, shared memory, parameter bytes) that passed;
   4. read the parameter buffer through the MMU with READ into a private copy;
   5. run the grid's blocks in batches (executor.Batch), in linear block order.
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -50,10 +51,10 @@ from pvgpu.spec.kernels import ACCESS_READ
 
 BATCH_THREADS = 1 << 18  # threads of one batch (at most; at least one block)
 BATCH_BYTES = 256 << 20  # register and local memory of one batch (estimate, at most)
+SHAPE_LANES = 1 << 20  # lanes of the batch shapes kept between launches (index arrays)
 
 
-@dataclass(frozen=True)
-class CodeLaunch:
+class CodeLaunch(NamedTuple):
     """The fields of a PKT_LAUNCH_CODE (host/hw/packets.py)."""
     object_va: int
     entry_va: int
@@ -79,7 +80,6 @@ class LaunchState:
         self.cycles = sm.cycles
         self.gridid = sm.next_gridid()
         self.lane_instructions = 0
-        self.shapes: dict = {}  # nb -> executor.Shape
 
 
 class StreamingMultiprocessors:
@@ -87,6 +87,8 @@ class StreamingMultiprocessors:
         self.mmu = mmu
         self.clock = clock
         self.cache = ModuleCache()
+        self.shapes: dict = {}  # (block, nb) -> executor.Shape, shared by launches
+        self._shape_lanes = 0
         self._lock = threading.Lock()
         self._gridid = 0
         self._last_cycle = 0
@@ -117,15 +119,19 @@ class StreamingMultiprocessors:
     def program(self, vmid: int, launch: CodeLaunch) -> Program:
         """Fetch and check the object and the entry (steps 1-3); raises MmuFault or
         CodeFault."""
-        raw = fetch(self.mmu, vmid, launch.object_va)
-        mod = self.cache.module(raw)
+        mod = self.cache.module(fetch(self.mmu, vmid, launch.object_va))
+        key = (launch.entry_va - launch.object_va, launch.block, launch.dyn_shared,
+               launch.params_size)
+        prog = mod.checked.get(key)  # passed every check before
+        if prog is not None:
+            return prog
         if mod.fault is not None:
             raise mod.fault.at(launch.object_va)
         index = entry_index(mod.header, launch.object_va, launch.entry_va)
         with mod.lock:
             prog = mod.entries.get(index)
             if prog is None:
-                prog = mod.entries[index] = _check_program(raw, mod.header, index)
+                prog = mod.entries[index] = _check_program(mod.raw, mod.header, index)
         if isinstance(prog, _RelFault):
             raise prog.at(launch.object_va)
         threads = math.prod(launch.block)
@@ -138,6 +144,10 @@ class StreamingMultiprocessors:
             why = f"{launch.params_size} parameter bytes, the entry takes {prog.param_size}"
         if why:
             raise CodeFault(launch.entry_va, isa.COBJ_ERR_LAUNCH, why)
+        with mod.lock:
+            if len(mod.checked) >= mod.MAX_CHECKED:
+                mod.checked.clear()
+            mod.checked[key] = prog
         return prog
 
     def launch(self, vmid: int, launch: CodeLaunch, ctl) -> None:
@@ -169,6 +179,16 @@ class StreamingMultiprocessors:
             with self._lock:
                 self.lane_instructions += state.lane_instructions
 
+    def _new_shape(self, block, nb: int) -> Shape:
+        shape = Shape(block, nb)
+        with self._lock:
+            if self._shape_lanes + shape.N > SHAPE_LANES:
+                self.shapes.clear()
+                self._shape_lanes = 0
+            self.shapes[block, nb] = shape
+            self._shape_lanes += shape.N
+        return shape
+
     def _run(self, state, prog, launch, ctl) -> None:
         gx, gy, gz = launch.grid
         total = gx * gy * gz
@@ -183,9 +203,9 @@ class StreamingMultiprocessors:
             end = min(start + nb, total)
             if nb <= gx:  # keep a batch inside one row of the grid
                 end = min(end, (start // gx + 1) * gx)
-            shape = state.shapes.get(end - start)
+            shape = self.shapes.get((launch.block, end - start))
             if shape is None:
-                shape = state.shapes[end - start] = Shape(launch.block, end - start)
+                shape = self._new_shape(launch.block, end - start)
             geo = Geometry(shape, launch.grid, start)
             Batch(state, prog, geo).run(ctl)
             with self._lock:

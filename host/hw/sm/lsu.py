@@ -52,7 +52,7 @@ def address(b, act, ins):
             if w is None:
                 return b.at(v, act.idx).astype(U64) + U64(off & _M64)
             v = w
-        return V.lin_add(v, off, 64)
+        return V.lin_add(v, off, 64) if off else v
     return (int(v) + off) & _M64
 
 
@@ -180,8 +180,8 @@ def load(b, act, ins) -> None:
             and isinstance(addr, V.Lin)):
         run = _contiguous(b, act, addr, w)
         if run is not None:  # a view of memory, copied only if memory changes under it
-            vals = b.launch.gmem.read_range(run[0], run[1], dt, copy=False)
-            b.put_view(*ins.d, vals.view(ins.fdt))
+            vals = b.launch.gmem.read_range(run[0], run[1], ins.fdt, copy=False)
+            b.put_view(*ins.d, vals)
             return
     if space == SPACE_GENERIC:
         vals = _generic(b, act, addr, w, lambda sp, a, a_act: _load_space(b, a_act, sp, a, dt))
@@ -282,12 +282,11 @@ def store(b, act, ins) -> None:
     addr = address(b, act, ins)
     dt = ins.dtype
     val = b.val(ins.value)
-    if isinstance(val, V.Lin):
-        val = b.at(val, act.idx)
-    elif isinstance(val, np.ndarray):
+    if isinstance(val, (V.Lin, np.ndarray)) and not (act.all and type(val) is np.ndarray):
         val = b.at(val, act.idx)
     typed = V.typed(val, ins.type) if isinstance(val, np.ndarray) else V.scalar(val, ins.type)
-    typed = np.asarray(typed).astype(dt, copy=False)
+    if type(typed) is not np.ndarray or typed.dtype != dt:
+        typed = np.asarray(typed).astype(dt, copy=False)
     if ins.space == SPACE_GENERIC:
         def fn(space, a, sub):
             part = typed if typed.ndim == 0 or sub is act else typed[_sub_positions(b, act, sub)]

@@ -41,6 +41,18 @@ from pvgpu.spec.kernels import ACCESS_READ, ACCESS_WRITE
 
 _PAGE_MASK = PAGE_SIZE - 1
 BITMAP_PAGES = 1 << 16  # spans up to this many pages find their runs with a bitmap
+HOLD_GIL_BYTES = 1 << 16  # copies up to this size keep the GIL (copy_bytes)
+
+
+def copy_bytes(dst: np.ndarray, src: np.ndarray) -> None:
+    """dst[:] = src, both contiguous uint8 arrays of one length. A copy of up to
+    HOLD_GIL_BYTES keeps the GIL: numpy lets it go for any copy of more than a few hundred
+    elements, and taking it back can mean waiting behind a busy thread of the host for a
+    whole switch interval, far longer than the copy."""
+    if dst.shape[0] <= HOLD_GIL_BYTES:
+        memoryview(dst)[:] = memoryview(src)
+    else:
+        dst[:] = src
 
 
 def root_of(view: np.ndarray):
@@ -67,19 +79,23 @@ class GlobalMemory:
         """count elements at va (consecutive) -> a new array (or, copy=False, a view of
         the memory when the range is one extent)."""
         dtype = np.dtype(dtype)
-        ext = self.extents(va, count * dtype.itemsize, ACCESS_READ)
-        if len(ext) == 1:
-            v = ext[0].view(dtype)
-            return v.copy() if copy else v
-        return np.concatenate(ext).view(dtype)
+        ext = self.mmu.translate(self.vmid, va, count * dtype.itemsize, ACCESS_READ)
+        if len(ext) == 1 and not copy:
+            return ext[0].view(dtype)
+        out = np.empty(count * dtype.itemsize, dtype=np.uint8)
+        off = 0
+        for e in ext:
+            copy_bytes(out[off:off + e.shape[0]], e)
+            off += e.shape[0]
+        return out.view(dtype)
 
     def write_range(self, va: int, values, count: int, dtype) -> None:
         """values (an array of count, or a scalar) at va, consecutive."""
         dtype = np.dtype(dtype)
-        ext = self.extents(va, count * dtype.itemsize, ACCESS_WRITE)
+        ext = self.mmu.translate(self.vmid, va, count * dtype.itemsize, ACCESS_WRITE)
         if self.on_write is not None:
             self.on_write(ext)
-        if np.ndim(values) == 0:
+        if getattr(values, "ndim", 0) == 0:  # (a Python or numpy scalar, a 0-d array)
             fill = np.asarray(values, dtype)
             for e in ext:
                 e.view(dtype)[:] = fill
@@ -88,7 +104,7 @@ class GlobalMemory:
         off = 0
         for e in ext:
             n = e.shape[0]
-            e[:] = raw[off:off + n]
+            copy_bytes(e, raw[off:off + n])
             off += n
 
     def read_one(self, va: int, dtype):

@@ -9,7 +9,6 @@ running(ctl) binds the token of the launch running on this thread.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 
 CHECK_EVERY = 256  # iterations of a per-lane or per-round loop between checks
@@ -21,14 +20,20 @@ class Stopped(Exception):
     """The engine stopped the launch (reset, shutdown, job timeout)."""
 
 
-@contextlib.contextmanager
-def running(ctl):
-    previous = getattr(_current, "ctl", None)
-    _current.ctl = ctl
-    try:
-        yield
-    finally:
-        _current.ctl = previous
+class running:
+    """with running(ctl): the launch of token ctl runs on this thread."""
+
+    __slots__ = ("ctl", "previous")
+
+    def __init__(self, ctl):
+        self.ctl = ctl
+
+    def __enter__(self):
+        self.previous = getattr(_current, "ctl", None)
+        _current.ctl = self.ctl
+
+    def __exit__(self, *exc):
+        _current.ctl = self.previous
 
 
 def check() -> None:

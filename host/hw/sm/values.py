@@ -179,7 +179,8 @@ def _parts(v):
 
 
 def lin_add(x, y, bits):
-    a, b = _parts(x), _parts(y)
+    a = (x.c0, x.ct, x.cq) if isinstance(x, Lin) else (x, 0, 0)  # (_parts, inline)
+    b = (y.c0, y.ct, y.cq) if isinstance(y, Lin) else (y, 0, 0)
     return make_lin(a[0] + b[0], a[1] + b[1], a[2] + b[2], bits)
 
 
@@ -189,8 +190,9 @@ def lin_sub(x, y, bits):
 
 
 def lin_mul(x, s: int, bits):
-    a = _parts(x)
-    return make_lin(a[0] * s, a[1] * s, a[2] * s, bits)
+    if isinstance(x, Lin):
+        return make_lin(x.c0 * s, x.ct * s, x.cq * s, bits)
+    return (x * s) & ((1 << bits) - 1)
 
 
 def lin_widen(geo, x, signed: bool, src_bits: int, dst_bits: int):
@@ -218,11 +220,23 @@ def lin_narrow(x, bits):
 # ------------------------------------------------------------------ typed views
 def scalar(bits_value, t: int):
     """A uniform register value (int bits, or bool) as a numpy scalar of type t."""
-    dt = TYPE_DTYPES[t]
-    if t == isa.TYPE_PRED:
-        return np.bool_(bits_value)
-    u = _UNSIGNED_OF[dt.itemsize]
-    return u.type(int(bits_value) & mask_of(8 * dt.itemsize)).view(dt)
+    key = (bits_value, t)
+    v = _SCALARS.get(key)
+    if v is None:
+        dt = TYPE_DTYPES[t]
+        if t == isa.TYPE_PRED:
+            v = np.bool_(bits_value)
+        else:
+            u = _UNSIGNED_OF[dt.itemsize]
+            v = u.type(int(bits_value) & mask_of(8 * dt.itemsize)).view(dt)
+        if len(_SCALARS) >= SCALARS_KEPT:
+            _SCALARS.clear()
+        _SCALARS[key] = v
+    return v
+
+
+SCALARS_KEPT = 4096  # recent uniform values as numpy scalars (immutable: shared freely)
+_SCALARS: dict = {}
 
 
 def typed(arr: np.ndarray, t: int) -> np.ndarray:
@@ -239,7 +253,8 @@ def typed(arr: np.ndarray, t: int) -> np.ndarray:
 def bits(res, t: int, file_dtype: np.dtype):
     """A typed result (array, numpy scalar or 0-d array) -> the register representation:
     a fresh-or-owned array of file_dtype, or an int/bool for a scalar."""
-    res = np.asarray(res)
+    if type(res) is not np.ndarray:
+        res = np.asarray(res)
     dt = TYPE_DTYPES[t]
     if res.dtype != dt:
         res = res.astype(dt)

@@ -357,9 +357,9 @@ def test_the_cache_is_bounded():
     from pvgpu.host.hw.sm.codeobject import ModuleCache
     cache = ModuleCache(max_modules=3, max_bytes=1 << 20)
     for k in range(10):
-        cache.module(np.frombuffer(bytes([k]) * 200, np.uint8))
+        cache.module(bytes([k]) * 200)
     assert len(cache) == 3
     cache = ModuleCache(max_modules=100, max_bytes=1000)
     for k in range(10):
-        cache.module(np.frombuffer(bytes([k]) * 400, np.uint8))
+        cache.module(bytes([k]) * 400)
     assert len(cache) == 2
