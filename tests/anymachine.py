@@ -2,7 +2,9 @@
 
 Python-level work. `python_calls` counts the function calls (Python and C) a call makes,
 for checks that work is done in bulk rather than per element: a count, unlike a
-duration, does not depend on the machine or its load. (Longer and longer burns, for
+duration, does not depend on the machine or its load. `python_calls_per_run` counts the
+calls of Python functions only, averaged over repeated runs: the call budgets of a hot
+path. (Longer and longer burns, for
 checks that need a kernel still running when they look, are pvgpu/conformance/burns.py:
 the conformance checks use them too.)
 """
@@ -28,3 +30,20 @@ def python_calls(fn) -> int:
     finally:
         sys.setprofile(None)
     return calls - 1  # fn itself
+
+
+def python_calls_per_run(fn, n: int) -> float:
+    """The calls of Python functions (not C ones) that fn() makes, averaged over n runs."""
+    count = 0
+
+    def profile(_frame, event, _arg):
+        nonlocal count
+        if event == "call":
+            count += 1
+    sys.setprofile(profile)
+    try:
+        for _ in range(n):
+            fn()
+    finally:
+        sys.setprofile(None)
+    return count / n

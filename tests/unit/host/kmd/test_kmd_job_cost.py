@@ -6,6 +6,7 @@ sys.setprofile sees it."""
 import sys
 
 import pytest
+from anymachine import python_calls_per_run
 
 from pvgpu.spec import kernels
 
@@ -59,22 +60,6 @@ def dev(make_dev):
     return make_dev()
 
 
-def _python_calls(fn, n: int) -> float:
-    count = 0
-
-    def profile(_frame, event, _arg):
-        nonlocal count
-        if event == "call":
-            count += 1
-    sys.setprofile(profile)
-    try:
-        for _ in range(n):
-            fn()
-    finally:
-        sys.setprofile(None)
-    return count / n
-
-
 def test_a_short_launch_stays_within_its_call_budget(dev):
     ctx = dev.create_context()
 
@@ -84,7 +69,7 @@ def test_a_short_launch_stays_within_its_call_budget(dev):
 
     for _ in range(5):  # first-use paths (entities, pools) out of the way
         launch()
-    calls = _python_calls(launch, 20)
+    calls = python_calls_per_run(launch, 20)
     assert dev.stats["jobs_inline"] == 25
     assert calls <= CALLS_PER_JOB, f"{calls} Python calls per job (budget {CALLS_PER_JOB})"
 
@@ -100,7 +85,7 @@ def test_a_short_fill_stays_within_its_call_budget(dev):
 
     for _ in range(5):
         launch()
-    calls = _python_calls(launch, 20)
+    calls = python_calls_per_run(launch, 20)
     assert dev.stats["jobs_inline"] == 25
     assert calls <= CALLS_PER_FILL, f"{calls} Python calls per fill (budget {CALLS_PER_FILL})"
 
@@ -117,7 +102,7 @@ def test_a_short_fill_in_a_submission_batch_stays_within_its_call_budget(dev):
 
     for _ in range(5):
         kick()
-    calls = _python_calls(kick, 20)
+    calls = python_calls_per_run(kick, 20)
     assert dev.stats["jobs_inline"] == 25
     assert calls <= CALLS_PER_BATCHED_FILL, \
         f"{calls} Python calls per batched fill (budget {CALLS_PER_BATCHED_FILL})"

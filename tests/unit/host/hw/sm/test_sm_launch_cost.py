@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from anymachine import python_calls_per_run
 from smtest import Env, VMID
 
 from pvgpu.host.hw.kernels import NEVER_STOP
@@ -56,22 +57,6 @@ def env():
     return Env(64 << 20)
 
 
-def _python_calls(fn, n: int) -> float:
-    count = 0
-
-    def profile(_frame, event, _arg):
-        nonlocal count
-        if event == "call":
-            count += 1
-    sys.setprofile(profile)
-    try:
-        for _ in range(n):
-            fn()
-    finally:
-        sys.setprofile(None)
-    return count / n
-
-
 def test_a_small_launch_stays_within_its_call_budget(env):
     mod = env.load(SCALE)
     x = env.buffer(np.ones(256, np.float32))
@@ -82,7 +67,7 @@ def test_a_small_launch_stays_within_its_call_budget(env):
 
     for _ in range(3):  # first-use paths (checking, decoding) out of the way
         run()
-    calls = _python_calls(run, 10)
+    calls = python_calls_per_run(run, 10)
     assert (env.read(x, 256, np.float32) == 2.0 ** 13).all()
     assert calls <= CALLS_PER_LAUNCH, \
         f"{calls} Python calls per launch (budget {CALLS_PER_LAUNCH})"
