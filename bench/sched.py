@@ -387,6 +387,16 @@ def _pct(x) -> str:
     return "—" if x is None else f"{x * 100:.1f}%"
 
 
+def gap_bound(b_alone: float) -> dict:
+    """The fairest split any policy can reach when B, alone on the device, uses only
+    `b_alone` of it (the device idles in B's gaps, which no scheduler can fill for B): A
+    at its 50 % share, B at 50 % x b_alone. -> {"jain", "mean_abs_error"} over U/share."""
+    share = {"A": 0.5, "B": 0.5}
+    best = {"A": 0.5, "B": 0.5 * min(1.0, b_alone)}
+    return {"jain": fairness.jain_over_shares(best, share),
+            "mean_abs_error": fairness.mean_abs_error(best, share)}
+
+
 def print_unfair(runs: dict, alone=None, out=print, short_us: int = 1000) -> None:
     cols = list(runs) + [f"Gdev {p}" for p in GDEV]
     w = 12
@@ -407,14 +417,17 @@ def print_unfair(runs: dict, alone=None, out=print, short_us: int = 1000) -> Non
         lambda g: f"{fairness.mean_abs_error(g, share) * 100:.1f} pp")
     row("  per 1 s sample", lambda r: f"{(r['mean_abs_error_samples'] or 0) * 100:.1f} pp",
         lambda g: "")
-    row("B's turnaround p90", lambda r: "—" if r.get("turnaround_us", {}).get("B") is None
+    row("B's hold (turnaround)", lambda r: "—" if r.get("turnaround_us", {}).get("B") is None
         else f"{r['turnaround_us']['B']} µs", lambda g: "")
     row("copy util A / B", lambda r: f"{r['copy_util']['A'] * 100:.0f}/{r['copy_util']['B'] * 100:.0f}%",
         lambda g: "")
     row("guests verified", lambda r: "yes" if r["verified"] else "NO", lambda g: "")
     if alone:
+        bound = gap_bound(alone["B"]["util"]["B"])
         out(f"(B alone on the device uses {_pct(alone['B']['util']['B'])}: between its kernels "
-            f"the device idles; a scheduler that holds the device for B cannot give it more)")
+            f"the device idles; a scheduler that holds the device for B cannot give it more: "
+            f"the best any policy can do here is Jain {bound['jain']:.3f}, "
+            f"{bound['mean_abs_error'] * 100:.1f} pp)")
     out("(Gdev: means from the paper's raw data; its short-kernel vGPU is the one FIFO starves)")
 
 
@@ -506,6 +519,8 @@ def _run_parts(result, runs, overlap: bool, quick: bool, short_us: int, out, hos
             r = result["unfair"][policy] = shared(k)
             out(f"{policy}: A {_pct(r['util']['A'])}  B {_pct(r['util']['B'])}  Jain {r['jain']:.3f}  "
                 f"mean |U-share| {r['mean_abs_error'] * 100:.1f} pp")
+        if "alone" in result:
+            result["unfair_bound"] = gap_bound(result["alone"]["B"]["util"]["B"])
         print_unfair(result["unfair"], result.get("alone"), out, short_us)
     for k in index["fair"]:
         out(f"\nfair load under band: {FAIR_N} vGPUs of {100 // FAIR_N} %, every guest `long`, "

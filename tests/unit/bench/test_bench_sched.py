@@ -125,3 +125,24 @@ def test_a_short_run_still_prints_progress(monkeypatch):
     lines = []
     sched._measure(dev, dev.stats(), ["A"], 1.0, lines.append)
     assert len(lines) == 2 and "0.5s of 1s  A 50.0%" in lines[0] and "1.0s of 1s" in lines[1]
+
+
+def test_the_gap_bound_is_a_at_its_share_and_b_at_its_share_of_what_it_uses_alone():
+    """B alone uses 65 % of the device: the fairest split leaves A at 50 % and B at
+    32.5 %, Jain 0.958 and 8.75 pp; a B that can use the whole device reaches 1.0 and 0."""
+    b = sched.gap_bound(0.65)
+    assert b["jain"] == pytest.approx(1.65 ** 2 / (2 * (1 + 0.65 ** 2)))
+    assert b["mean_abs_error"] == pytest.approx(0.0875)
+    assert sched.gap_bound(1.0) == {"jain": pytest.approx(1.0), "mean_abs_error": pytest.approx(0.0)}
+    assert sched.gap_bound(1.2) == sched.gap_bound(1.0)  # (a sampling overshoot)
+
+
+def test_print_unfair_states_the_gap_bound_beside_the_runs():
+    run = {"util": {"A": 0.501, "B": 0.32}, "jain": 0.954, "mean_abs_error": 0.091,
+           "mean_abs_error_samples": 0.09, "turnaround_us": {"B": 900},
+           "copy_util": {"A": 0.0, "B": 0.0}, "verified": True}
+    lines = []
+    sched.print_unfair({"band": run}, {"B": {"util": {"B": 0.652}}}, lines.append)
+    text = "\n".join(lines)
+    assert "B's hold (turnaround)" in text and "900 µs" in text
+    assert "the best any policy can do here is Jain 0.958, 8.7 pp" in text
