@@ -286,7 +286,7 @@ class DriverQueue(_SplitRing):
             if not free:
                 raise QueueFull("no free descriptor for the indirect chain")
             table_len = n * VIRTQ_DESC_SIZE
-            if not (0 <= indirect_table <= size - table_len):  # mem.check_range
+            if not mem.check_range(indirect_table, table_len):
                 raise ValueError(f"indirect table at {indirect_table:#x} outside guest memory")
             mv = mem.mv
             last = n - 1

@@ -380,10 +380,7 @@ class Function(ApiObject):
         module._check()
         ctx = module.context
         s = ctx.default_stream if stream is None else ctx._stream(stream)
-        g = (grid, 1, 1) if type(grid) is int and 0 < grid < wire.MAX_GRID_DIM \
-            else _launch_dims(grid, "grid")
-        b = (block, 1, 1) if type(block) is int and 0 < block <= wire.MAX_BLOCK_THREADS \
-            else _launch_dims(block, "block")
+        g, b = _launch_dims(grid, "grid"), _launch_dims(block, "block")
         threads = b[0] * b[1] * b[2]
         entry = self._entry
         limit = entry.max_threads or isa.MAX_BLOCK_THREADS
@@ -457,6 +454,9 @@ class _Configured:
 
 def _launch_dims(v, what: str) -> tuple:
     """An int or a 1- to 3-tuple of positive ints -> (x, y, z)."""
+    limit = wire.MAX_GRID_DIM - 1 if what == "grid" else wire.MAX_BLOCK_THREADS
+    if type(v) is int and 1 <= v <= limit:  # the common case
+        return v, 1, 1
     dims = (v,) if isinstance(v, (int, np.integer)) else v
     try:
         dims = tuple(dims)
@@ -469,7 +469,6 @@ def _launch_dims(v, what: str) -> tuple:
     if any(d < 1 for d in dims):
         raise errors.InvalidParameterError(f"{what} {dims} has a dimension below 1",
                                            code=wire.RESP_ERR_INVALID_PARAMETER)
-    limit = wire.MAX_GRID_DIM - 1 if what == "grid" else wire.MAX_BLOCK_THREADS
     if any(d > limit for d in dims) or (what == "block" and
                                         dims[0] * dims[1] * dims[2] > wire.MAX_BLOCK_THREADS):
         raise errors.InvalidParameterError(f"{what} {dims} exceeds the device's limits",

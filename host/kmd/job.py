@@ -214,7 +214,7 @@ class JobMixin:
             if ctx.evicted_bos or ctx.moves:  # restores, and moves to wait for (evict.py)
                 deps += self._placement_deps(ctx)
             sched = self.schedulers[engine]
-            ent = ctx._entities.get((engine, timeline)) or ctx._entity(sched, timeline)
+            ent = ctx._entity(sched, timeline)
             now = self.clock_ns()
             if not (ctx.shared and touches):
                 resvs = ()

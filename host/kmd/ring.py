@@ -196,9 +196,8 @@ class Ring:
         written: the caller publishes and runs it in one write (RB_KICK_SYNC_WPTR)."""
         assert self._wptr_old is not None, "ring commit() without alloc()"
         pad_dw = (-(self._pos // 4)) % ALIGN_DW
-        if pad_dw:  # (_write_raw)
-            self._staged.append(_PADS[pad_dw])
-            self._pos = (self._pos + 4 * pad_dw) % self.size
+        if pad_dw:
+            self._write_raw(_PADS[pad_dw])
         self._flush()
         self.wptr = self._pos
         self._wptr_old = None

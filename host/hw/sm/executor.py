@@ -268,9 +268,7 @@ class Batch:
         """Write a result computed for all N lanes (or uniform) to the group's lanes."""
         f, i = dst
         if act.full:
-            self.files[f][i] = v  # (_put)
-            if self.views:
-                self.views.discard((f, i))
+            self._put(f, i, v)
             return
         o = self.own(f, i)
         if isinstance(v, V.Lazy):
@@ -283,9 +281,7 @@ class Batch:
         """Write a result computed at the group's lanes (act.idx order, or uniform)."""
         f, i = dst
         if act.all:
-            self.files[f][i] = v  # (_put)
-            if self.views:
-                self.views.discard((f, i))
+            self._put(f, i, v)
             return
         if not isinstance(v, np.ndarray):
             if act.full:

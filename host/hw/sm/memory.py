@@ -79,7 +79,7 @@ class GlobalMemory:
         """count elements at va (consecutive) -> a new array (or, copy=False, a view of
         the memory when the range is one extent)."""
         dtype = np.dtype(dtype)
-        ext = self.mmu.translate(self.vmid, va, count * dtype.itemsize, ACCESS_READ)
+        ext = self.extents(va, count * dtype.itemsize, ACCESS_READ)
         if len(ext) == 1 and not copy:
             return ext[0].view(dtype)
         out = np.empty(count * dtype.itemsize, dtype=np.uint8)
@@ -92,7 +92,7 @@ class GlobalMemory:
     def write_range(self, va: int, values, count: int, dtype) -> None:
         """values (an array of count, or a scalar) at va, consecutive."""
         dtype = np.dtype(dtype)
-        ext = self.mmu.translate(self.vmid, va, count * dtype.itemsize, ACCESS_WRITE)
+        ext = self.extents(va, count * dtype.itemsize, ACCESS_WRITE)
         if self.on_write is not None:
             self.on_write(ext)
         if getattr(values, "ndim", 0) == 0:  # (a Python or numpy scalar, a 0-d array)

@@ -24,8 +24,9 @@ from pvgpu.spec import isa
 # ALU operands read in place; 167 with a store's copy kept under the GIL (copy_bytes); 157
 # with the special registers of a batch's place kept by its Shape, and the per-PC counts
 # brought up to date only when the group may change; 150 with an address without an
-# offset taken as it is
-CALLS_PER_LAUNCH = 152
+# offset taken as it is; 164 with a register write and a memory range each through its one
+# helper (_put, GlobalMemory.extents) instead of inlined copies (2 to spare)
+CALLS_PER_LAUNCH = 166
 
 SCALE = """
 .entry scale
