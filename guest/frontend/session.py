@@ -12,6 +12,9 @@ and wakes waiters; `config_changed` fails that device's pending requests with
 DeviceNeedsReset). The channel underneath sends heartbeats and turns a silent host into
 HostLost.
 
+With $PVGPU_GUEST_TRACE set, the session stamps its kicks and the ends of its waits and
+writes them at close (guest/frontend/latency_log.py), the guest's half of a host trace.
+
 The endpoint is the one given, else $PVGPU_ENDPOINT, else the default (`resolve_endpoint`,
 spec CTL-ENDPOINT-2). The session logs to the `pvgpu.guest` logger: its start and end at
 INFO, a lost host at WARNING; it installs no handler (the application configures logging).
@@ -26,6 +29,7 @@ import time
 from pvgpu.spec import wire
 from pvgpu.guest.frontend.driver import DeviceNeedsReset, VirtioGpuDriver
 from pvgpu.guest.frontend.heap import GuestHeap
+from pvgpu.guest.frontend.latency_log import LatencyLog
 from pvgpu.transport.channel import GuestChannel, default_endpoint
 from pvgpu.transport.curve import guest_keys
 from pvgpu.transport.codec import encode
@@ -64,6 +68,7 @@ class FrontendSession:
     POLL_NAP = 100e-6  # between two looks at the rings near a long wait's end
     BLOCK_SLICE = 0.05  # while blocked, re-check the rings at least this often
     session_id = None  # the host's name of the session, from its hello reply
+    latency_log = None  # a LatencyLog with $PVGPU_GUEST_TRACE set (latency_log.py)
     def __init__(self, endpoint: str | None = None, *, memory: str = wire.MEMORY_SHARED,
                  mem_size: int = wire.DEFAULT_GUEST_MEM_SIZE, name: str | None = None,
                  heartbeat_ms: int | None = None, timeout: float = 10.0,
@@ -86,6 +91,7 @@ class FrontendSession:
         self._wait_ewma = 0.0  # seconds: how long recent waits took (shared model)
         self._kind_waits: dict = {}  # ... waits of each `kind` (wait_for)
         self._kicks: dict[tuple[int, int], list] = {}  # (dev, queue) -> the encoded kick
+        self.latency_log = LatencyLog.from_env(self.name)
         self.host_lost = False
         heartbeat_ms = heartbeat_ms or wire.DEFAULT_HEARTBEAT_MS
         server, client = guest_keys(self.endpoint, server_key, client_key)  # tcp: CURVE
@@ -166,6 +172,8 @@ class FrontendSession:
         return reply
 
     def kick(self, dev: int, queue: int = wire.CONTROLQ) -> None:
+        if self.latency_log is not None:
+            self.latency_log.kicked()
         if self.inline:
             dirty = self.mem.take_dirty()
             if dirty:
@@ -256,6 +264,8 @@ class FrontendSession:
             for d in devices:
                 d.reap()
             if cond():
+                if self.latency_log is not None:
+                    self.latency_log.wait_done()
                 if first_look and waits is not None:
                     return  # done before the wait: says nothing of how long its kind takes
                 took = min(time.monotonic() - start, 1.0)
@@ -360,6 +370,16 @@ class FrontendSession:
             pass
         finally:
             self._close_quietly()
+            self._write_latency_log()
+
+    def _write_latency_log(self) -> None:
+        if self.latency_log is None:
+            return
+        try:
+            path = self.latency_log.write()
+            log.info("session %s: latency log written to %s", self.session_id, path)
+        except OSError as e:  # the application's close must not fail for it
+            log.warning("session %s: cannot write the latency log: %s", self.session_id, e)
 
     def _close_quietly(self) -> None:
         self.closed = True

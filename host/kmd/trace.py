@@ -20,7 +20,9 @@ job submitted -> job started -> job ended -> request completed -> the guest's ne
 
 Records go to a bounded deque (the oldest are dropped beyond max_records; the file says
 how many). write(path) drains it into the trace-event JSON format
-({"traceEvents": [...], "displayTimeUnit": "ms"}, timestamps in µs):
+({"traceEvents": [...], "displayTimeUnit": "ms"}, timestamps in µs; "otherData" holds
+"monotonic_ns_at_0", the host's CLOCK_MONOTONIC in ns at timestamp 0, so that a guest's
+own stamps on the same machine line up with the trace: guest/frontend/latency_log.py):
 
 - one process per device ("gpu0 <name>"), one thread per track: "submit" and one per
   engine (compute, copy0, copy1);
@@ -154,6 +156,7 @@ class TraceRecorder:
                  clock=time.monotonic_ns):
         self.devices = list(devices)
         self.start_ns = clock()  # the device clock's base (host monotonic ns)
+        self.base_ns = self.start_ns  # the written events' timestamp 0 (events())
         self._records = collections.deque(maxlen=max_records)
         self.dropped = 0  # records lost to the bound (devices may race on it: a lower bound)
         self._vram_used = {}  # device index -> the last VRAM sample recorded
@@ -243,12 +246,14 @@ class TraceRecorder:
                 return out
 
     def events(self) -> list:
-        """Drain the records into trace events (metadata first)."""
+        """Drain the records into trace events (metadata first); `base_ns` is then the host
+        monotonic time of their timestamp 0."""
         records = self._drain()
         base = self.start_ns
         for r in records:
             if r[0] == "job" and r[4] is not None:
                 base = min(base, r[4])
+        self.base_ns = base
 
         def us(ns: int) -> float:
             return round((ns - base) / 1000, 3)
@@ -322,7 +327,8 @@ class TraceRecorder:
         """Write the trace to `path` (atomically: a temporary file, then a rename);
         -> the number of job slices written."""
         events = self.events()
-        other = {"producer": "pvgpu host", "dropped_records": self.dropped}
+        other = {"producer": "pvgpu host", "dropped_records": self.dropped,
+                 "monotonic_ns_at_0": self.base_ns}
         tmp = f"{path}.tmp"
         with open(tmp, "w") as f:
             # json.dumps of a chunk runs in C; json.dump to a file would encode in Python

@@ -103,3 +103,36 @@ def test_ctrl_c_writes_the_trace_too(host_factory, tmp_endpoint, tmp_path):
     assert host.proc.wait(60) == 0
     events = json.loads(path.read_text())["traceEvents"]
     assert [e["pid"] for e in events if e["ph"] == "X" and e["name"] == "burn"] == [2]
+
+
+def test_a_guests_latency_log_splits_its_part_of_each_request(host_factory, tmp_endpoint,
+                                                               tmp_path, monkeypatch, capsys):
+    """PVGPU_GUEST_TRACE: the guest's stamps line up with the host's trace (one monotonic
+    clock: each kick sent before the host received it), so that each synchronous request's
+    completed -> next kick splits into the guest and the transport."""
+    from pvgpu import trace_latency
+
+    trace = tmp_path / "host.trace.json"
+    monkeypatch.setenv("PVGPU_GUEST_TRACE", str(tmp_path / "guest-{name}.json"))
+    host = host_factory([tmp_endpoint], extra_args=["--trace", str(trace)])
+    with guest.connect(host.endpoint, mem_size=8 * MiB, name="timed") as conn:
+        ctx = conn.devices[0].create_context()
+        for _ in range(20):
+            ctx.launch("burn", 1, 1, (200,))
+            ctx.synchronize()
+    assert host.stop() == 0
+    log = tmp_path / "guest-timed.json"
+    doc = json.loads(trace.read_text())
+    stamps = trace_latency.guest_stamps(json.loads(log.read_text()),
+                                        doc["otherData"]["monotonic_ns_at_0"])
+    # every kick the guest sent, the host received, in order and after it was sent
+    received = sorted(e["ts"] for e in doc["traceEvents"] if e["ph"] == "i"
+                      and e["name"] == "kick" and e["args"]["session_name"] == "timed")
+    assert len(received) == len(stamps["kicks"]) >= 20
+    assert all(sent <= got for sent, got in zip(stamps["kicks"], received))
+    session = trace_latency._sessions(doc["traceEvents"])[(1, "timed")]
+    rows = trace_latency._synchronous_steps(session, stamps)
+    assert len(rows) >= 15
+    assert sum("kick_transit" in r for r in rows) >= len(rows) - 2  # split: the first may not be
+    assert trace_latency.main([str(trace), "--guest", str(log), "--session", "timed"]) == 0
+    assert "the kick's way to the host's I/O loop" in capsys.readouterr().out
