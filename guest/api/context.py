@@ -352,11 +352,20 @@ class Context(DestroyedOnExit, ApiObject):
 
     def synchronize(self) -> None:
         """Wait for all work of this context, on every stream (CTX_SYNC); raises the first
-        error of earlier asynchronous work on any of them."""
+        error of earlier asynchronous work on any of them. A context whose only stream is
+        its default one has one timeline: the default stream's launches still gathered in
+        the driver's open batch, sent fenced, are then its sync point, if there are some
+        (guest/frontend/launch_batch.py). (A destroyed stream was synchronized: its timeline
+        holds neither work nor an error.)"""
         self._check_live()
         err = None
         try:
-            self._driver.call(self._sync_command)
+            driver = self._driver
+            req = driver.fenced_batch(self.ctx_id, 0) if len(self._streams) == 1 else None
+            if req is None:
+                driver.call(self._sync_command)
+            else:
+                driver.wait(req)
         except Exception as e:
             err = e
         streams = self._live_streams()  # (the property would take the API lock again)

@@ -428,6 +428,18 @@ class VirtioGpuDriver:
         is called with the batch's request when it completes. Needs `batcher`."""
         self.batcher.add(ctx_id, ring_idx, record, values, on_done)  # type: ignore[union-attr]
 
+    def fenced_batch(self, ctx_id: int, ring_idx: int):
+        """Send the open launch batch of timeline (ctx_id, ring_idx), if one is open, with
+        FLAG_FENCE: a sync point of that timeline (launch_batch.py); -> its Request, or None
+        (no batch of that timeline open, or it could not be sent)."""
+        batcher = self.batcher
+        if batcher is None:
+            return None
+        b = batcher.open
+        if b is None or b.ctx_id != ctx_id or b.ring_idx != ring_idx:
+            return None
+        return batcher.flush(fence=True)
+
     def kick(self) -> None:
         """Send the open launch batch, then notify the device of every chain published
         since the last kick, if it asked for a notification (VQ-NOTIFY-1/2; inline: always,

@@ -13,6 +13,12 @@ the request slot, its records as a second readable descriptor -- when
   - a launch of another context or ring_idx comes;
   - it holds MAX_BATCH_LAUNCHES records, or the next record does not fit its buffer.
 
+A synchronize that finds its timeline's launches still in the open batch sends that batch
+with FLAG_FENCE (`flush(fence=True)`, VirtioGpuDriver.fenced_batch) and waits for it in
+place of its own sync command: a fenced LAUNCH_BATCH is answered when its last launch and
+everything before it on the timeline have completed ([FENCE-SIGNAL-1]), and reports the
+timeline's first error ([FENCE-ERROR-2]), as the fenced NOP would; one chain instead of two.
+
 A buffer belongs to its batch until the device has returned the chain. A batch that cannot
 be sent because the device needs a reset fails like the requests in flight did. The batch's
 request completes once for all its launches: `on_done` (the stream's) is called once per
@@ -81,9 +87,9 @@ class LaunchBatcher:
                               on_done)
         return self.open
 
-    def flush(self):
-        """Send the open batch as one LAUNCH_BATCH chain (deferred kick); -> its Request,
-        or None when no batch was open."""
+    def flush(self, fence: bool = False):
+        """Send the open batch as one LAUNCH_BATCH chain (deferred kick), with FLAG_FENCE if
+        `fence`; -> its Request, or None when no batch was open."""
         b, self.open = self.open, None
         if b is None:
             return None
@@ -91,7 +97,10 @@ class LaunchBatcher:
         if driver.mem.tracks_dirty:  # the inline model: the kick carries the records
             driver.mem.mark_dirty(b.gpa, b.used)
         flags = wire.FLAG_INFO_RING_IDX if b.ring_idx else 0
-        cmd = _HDR_BODY.pack(wire.CMD_LAUNCH_BATCH, flags, 0, b.ctx_id, b.ring_idx, b.count)
+        if fence:
+            flags |= wire.FLAG_FENCE
+        cmd = _HDR_BODY.pack(wire.CMD_LAUNCH_BATCH, flags, int(fence), b.ctx_id, b.ring_idx,
+                             b.count)
         try:
             req = driver.submit(cmd, readable=[(b.gpa, b.used)], kick=False)
         except Exception as e:

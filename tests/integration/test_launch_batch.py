@@ -2,7 +2,9 @@
 guest/frontend/launch_batch.py): a run of asynchronous launches of one stream is one
 request, any other request or a wait sends the open batch first so the device sees the
 API's order, an error of a batched launch surfaces at the stream's next synchronizing
-call, and a device without PVGPU_F_LAUNCH_BATCH gets one LAUNCH per launch."""
+call, a synchronize sends its timeline's open batch fenced as its sync point (a context's
+only while it has one stream), and a device without PVGPU_F_LAUNCH_BATCH gets one LAUNCH
+per launch."""
 
 import numpy as np
 import pytest
@@ -80,3 +82,87 @@ def test_without_the_feature_each_launch_is_a_launch_request(shared_host):
         assert drv.deferred == 10  # ten chains, kicked by the next wait
         np.testing.assert_array_equal(arr.to_host(), np.full(N, 9.0, np.float32))
         ctx.destroy()
+
+
+# ------------------------------------------- a synchronize that sends the batch fenced
+def _recorded(monkeypatch, drv) -> list:
+    """(type, flags) of each request the driver submits from now on, in the order their
+    chains go out (a submit sends the open batch first, from inside)."""
+    sent = []
+    submit = drv.submit
+
+    def recording(command, *args, **kwargs):
+        req = submit(command, *args, **kwargs)
+        sent.append((int.from_bytes(command[:4], "little"), int.from_bytes(command[4:8], "little")))
+        return req
+    monkeypatch.setattr(drv, "submit", recording)
+    return sent
+
+
+def test_a_streams_synchronize_sends_its_open_batch_fenced_instead_of_a_nop(conn, monkeypatch):
+    # [FENCE-SIGNAL-1]: a fenced LAUNCH_BATCH is answered when it and everything before it
+    # on its timeline have completed; one chain, no separate NOP
+    drv = conn.devices[0].driver
+    ctx = conn.devices[0].create_context()
+    arr = ctx.zeros(N, np.float32)
+    st = ctx.create_stream()
+    st.launch("burn", 1, 1, (20_000,))  # 20 ms before the fills: the fence must wait for it
+    for i in range(3):
+        st.launch("fill", 1, N, (arr, float(i), N))
+    sent = _recorded(monkeypatch, drv)
+    st.synchronize()
+    assert sent == [(wire.CMD_LAUNCH_BATCH, wire.FLAG_INFO_RING_IDX | wire.FLAG_FENCE)]
+    np.testing.assert_array_equal(arr.to_host(), np.full(N, 2.0, np.float32))
+    sent.clear()
+    st.synchronize()  # nothing gathered: the fenced NOP
+    assert sent == [(wire.CMD_NOP, wire.FLAG_INFO_RING_IDX | wire.FLAG_FENCE)]
+    ctx.destroy()
+
+
+def test_a_context_of_one_stream_synchronizes_on_its_fenced_batch(conn, monkeypatch):
+    drv = conn.devices[0].driver
+    ctx = conn.devices[0].create_context()
+    arr = ctx.zeros(N, np.float32)
+    with ctx.create_stream() as st:  # used, then destroyed (synchronized): one timeline again
+        st.launch("fill", 1, N, (arr, 3.0, N))
+    sent = _recorded(monkeypatch, drv)
+    ctx.launch("fill", 1, N, (arr, 7.0, N))
+    ctx.synchronize()
+    assert sent == [(wire.CMD_LAUNCH_BATCH, wire.FLAG_FENCE)]
+    np.testing.assert_array_equal(arr.to_host(), np.full(N, 7.0, np.float32))
+    ctx.destroy()
+
+
+def test_a_context_with_another_stream_keeps_ctx_sync(conn, monkeypatch):
+    # [CMD-CTX-SYNC-1]: the other stream's work is waited for too, which the default
+    # stream's fence alone would not do
+    drv = conn.devices[0].driver
+    ctx = conn.devices[0].create_context()
+    a, b = ctx.zeros(N, np.float32), ctx.zeros(N, np.float32)
+    other = ctx.create_stream()
+    other.launch("burn", 1, 1, (200_000,))  # 200 ms, then a fill on that stream
+    other.launch("fill", 1, N, (b, 5.0, N))
+    sent = _recorded(monkeypatch, drv)
+    ctx.launch("fill", 1, N, (a, 1.0, N))
+    ctx.synchronize()
+    assert sent[-2:] == [(wire.CMD_LAUNCH_BATCH, 0), (wire.CMD_CTX_SYNC, 0)]
+    # a synchronous copy on the default stream is not ordered behind the other stream:
+    # it sees the other stream's fill only because CTX_SYNC waited for it
+    np.testing.assert_array_equal(b.to_host(), np.full(N, 5.0, np.float32))
+    ctx.destroy()
+
+
+def test_a_fault_reported_by_the_fenced_batch_raises_once(conn, monkeypatch):
+    # [FENCE-ERROR-2]: the fenced batch reports the timeline's first error, as CTX_SYNC did
+    drv = conn.devices[0].driver
+    ctx = conn.devices[0].create_context()
+    arr = ctx.zeros(N, np.float32)
+    ctx.launch("fill", 1, N, (0x3000_0000_0000, 5.0, N))  # no memory there
+    sent = _recorded(monkeypatch, drv)
+    with pytest.raises(guest.PageFaultError):
+        ctx.synchronize()
+    assert sent == [(wire.CMD_LAUNCH_BATCH, wire.FLAG_FENCE)]
+    ctx.launch("fill", 1, N, (arr, 2.0, N))
+    ctx.synchronize()  # reported once: the next sync point is clean
+    np.testing.assert_array_equal(arr.to_host(), np.full(N, 2.0, np.float32))
+    ctx.destroy()

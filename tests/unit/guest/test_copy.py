@@ -67,6 +67,9 @@ class FakeDriver:
         self.max_in_flight = max(self.max_in_flight, len(self.queue))
         return req
 
+    def fenced_batch(self, ctx_id, ring_idx):
+        return None  # no launch batches here: a synchronize sends its own sync command
+
     def call(self, cmd, readable=(), writable=()):
         req = self.submit(cmd, readable, writable)
         self.session.wait_for(lambda: req.done)

@@ -146,3 +146,17 @@ def test_a_reset_drops_the_open_batch_and_frees_every_buffer():
     with pytest.raises(RuntimeError, match="reset"):
         got[0].response()
     assert launch_batch.BATCH_BUFFER_SIZE >= wire.MAX_BATCH_LAUNCHES * FILL.size
+
+
+def test_a_batch_sent_as_a_sync_point_carries_a_fence():
+    # [FENCE-SIGNAL-1] the synchronize's sync point (VirtioGpuDriver.fenced_batch)
+    drv = Driver()
+    b = LaunchBatcher(drv, BASE)
+    b.add(7, 2, FILL, values(0), None)
+    assert b.flush(fence=True) is not None
+    typ, flags, fence_id, ctx_id, ring_idx = HDR.unpack_from(drv.sent[0][0])
+    assert (typ, ctx_id, ring_idx) == (wire.CMD_LAUNCH_BATCH, 7, 2)
+    assert flags == wire.FLAG_FENCE | wire.FLAG_INFO_RING_IDX and fence_id == 1
+    b.add(7, 0, FILL, values(1), None)
+    b.flush()
+    assert HDR.unpack_from(drv.sent[1][0])[1:3] == (0, 0)  # unfenced: flags 0, fence_id 0

@@ -30,7 +30,9 @@ from test_kick_policy import MEM, OK, LoopbackChannel
 SYNC_NOP_CALLS = 58  # 73 before issue 12's guest pass
 # the API's, all of it, from the public call to its return
 API_NOP_CALLS = 62  # dev.nop(); 81 before issue 12's guest pass
-API_LAUNCH_SYNC_CALLS = 128  # ctx.launch("fill", ...) + ctx.synchronize(); 167 before
+# ctx.launch("fill", ...) + ctx.synchronize(), its batch sent fenced as the sync point
+# (launch_batch.py); 167 before, 126 with the batch and a CTX_SYNC
+API_LAUNCH_SYNC_CALLS = 112
 API_H2D_4K_CALLS = 94  # ctx.copy_h2d of 4 KiB (one bounce chunk); 113 before
 
 
