@@ -353,15 +353,15 @@ class Context(DestroyedOnExit, ApiObject):
     def synchronize(self) -> None:
         """Wait for all work of this context, on every stream (CTX_SYNC); raises the first
         error of earlier asynchronous work on any of them. A context whose only stream is
-        its default one has one timeline: the default stream's launches still gathered in
-        the driver's open batch, sent fenced, are then its sync point, if there are some
-        (guest/frontend/launch_batch.py). (A destroyed stream was synchronized: its timeline
-        holds neither work nor an error.)"""
+        its default one has one timeline: what the driver still holds back of the default
+        stream (its launches gathered in the open batch or its latest code launch), sent
+        fenced, is then its sync point, if there is some (guest/frontend/launch_batch.py).
+        (A destroyed stream was synchronized: its timeline holds neither work nor an error.)"""
         self._check_live()
         err = None
         try:
             driver = self._driver
-            req = driver.fenced_batch(self.ctx_id, 0) if len(self._streams) == 1 else None
+            req = driver.send_fenced(self.ctx_id, 0) if len(self._streams) == 1 else None
             if req is None:
                 driver.call(self._sync_command)
             else:

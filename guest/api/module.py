@@ -403,21 +403,17 @@ class Function(ApiObject):
         head = _LAUNCH_CODE.pack(wire.CMD_LAUNCH_CODE, wire.FLAG_INFO_RING_IDX if ring_idx else 0,
                                  0, ctx.ctx_id, ring_idx, self._object_va, self._entry_va, *g, *b,
                                  int(shared_mem), len(raw))
+        driver = ctx._driver
+        # held back by the driver until something else goes out, or sent fenced as the
+        # sync point of a synchronize that comes first (VirtioGpuDriver.hold)
         if len(head) + len(raw) <= SLOT_CMD:  # small parameters travel in the command
-            req = ctx._driver.submit(head + raw, kick=False)
-            req.on_done = s._async_done
+            driver.hold(head + raw, (), ctx.ctx_id, ring_idx, s._async_done)
             return
         # larger ones in a buffer of guest memory, free again once the device answered
         # (it copied them when it took the command, spec CMD-LAUNCH-CODE-3)
         device = ctx.device
         heap = device.connection.session.heap
         gpa = heap.alloc(len(raw))
-        try:
-            ctx._driver.mem.write(gpa, raw)
-            req = ctx._driver.submit(head, readable=[(gpa, len(raw))], kick=False)
-        except BaseException:
-            heap.free(gpa)
-            raise
 
         def done(r) -> None:
             if r.failed is None:
@@ -425,7 +421,12 @@ class Function(ApiObject):
             else:  # never answered: the device may read it until reset (Device.reset)
                 device._staging.quarantine([gpa])
             s._async_done(r)
-        req.on_done = done
+        try:
+            driver.mem.write(gpa, raw)
+            driver.hold(head, ((gpa, len(raw)),), ctx.ctx_id, ring_idx, done)
+        except BaseException:
+            heap.free(gpa)
+            raise
 
     def __getitem__(self, config) -> "_Configured":
         """fn[grid, block], fn[grid, block, stream] or fn[grid, block, stream, shared_mem]

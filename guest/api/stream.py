@@ -95,14 +95,15 @@ class Stream(ApiObject):
 
     def synchronize(self) -> None:
         """Wait for all work submitted to this stream (and the events it waits for); raises
-        the first error of its earlier asynchronous work. The sync point is the stream's
-        launches still gathered in the driver's open batch, sent fenced, if there are some
-        (guest/frontend/launch_batch.py); else a fenced NOP."""
+        the first error of its earlier asynchronous work. The sync point is what the driver
+        still holds back of the stream, sent fenced: its launches gathered in the open batch
+        or its latest code launch (guest/frontend/launch_batch.py), if there are some; else a
+        fenced NOP."""
         self.context._check_stream(self)
         err = None
         try:
             driver = self._driver
-            req = driver.fenced_batch(self.context.ctx_id, self.ring_idx)
+            req = driver.send_fenced(self.context.ctx_id, self.ring_idx)
             if req is None:
                 driver.call(self._sync_command)
             else:

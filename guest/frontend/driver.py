@@ -40,7 +40,7 @@ import collections
 import struct
 from typing import Callable, NamedTuple
 
-from pvgpu.guest.frontend.launch_batch import LaunchBatcher
+from pvgpu.guest.frontend.launch_batch import LaunchBatcher, _Failed
 from pvgpu.spec import isa, wire
 from pvgpu.transport.errors import PvgpuError, VirtqError
 from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
@@ -213,6 +213,8 @@ class VirtioGpuDriver:
         self.event_handler: Callable[[DeviceEvent], None] | None = None  # called from reap()
         # the open LAUNCH_BATCH (launch_batch.py); None without PVGPU_F_LAUNCH_BATCH
         self.batcher: LaunchBatcher | None = None
+        # the held request (`hold`): (command, readable, ctx_id, ring_idx, on_done), or None
+        self._held: tuple | None = None
 
     @staticmethod
     def _layout_offsets() -> tuple:
@@ -239,6 +241,7 @@ class VirtioGpuDriver:
         dev = self.index
         if self._by_head:  # DEV-RESET-4: whatever was outstanding is lost to the reset
             self.fail_all(DeviceNeedsReset(f"device {dev} was reset"))
+        self._drop_held(DeviceNeedsReset(f"device {dev} was reset"))  # ... and a held launch
         if self.batcher is not None:  # ... and so are launches not yet sent
             self.batcher.drop(DeviceNeedsReset(f"device {dev} was reset"))
             self.batcher = None
@@ -329,8 +332,8 @@ class VirtioGpuDriver:
         if self.needs_reset:
             raise DeviceNeedsReset(f"device {self.index} needs a reset")
         batcher = self.batcher
-        if batcher is not None and batcher.open is not None:
-            batcher.flush()  # the launches before this request go first (launch_batch.py)
+        if self._held is not None or batcher is not None and batcher.open is not None:
+            self._send_unsent()  # the launches before this request go first
         queue = self.queue
         while not self._free_slots or queue.num_free < 1:
             self.session.wait_for(lambda: self._free_slots and queue.num_free >= 1)
@@ -417,21 +420,80 @@ class VirtioGpuDriver:
 
     @property
     def deferred(self) -> int:
-        """Chains published since the last kick (deferred by `submit(kick=False)`), and an
-        open launch batch."""
+        """Chains published since the last kick (deferred by `submit(kick=False)`), and a
+        held request or an open launch batch."""
         batcher = self.batcher
-        return self._unkicked + (batcher is not None and batcher.open is not None)
+        return self._unkicked + (self._held is not None) \
+            + (batcher is not None and batcher.open is not None)
 
     def launch(self, ctx_id: int, ring_idx: int, record: struct.Struct, values, on_done) -> None:
         """An asynchronous built-in launch, as a record (`record` packs its LAUNCH body and
         argument slots from `values`) in the open LAUNCH_BATCH of its timeline; `on_done`
         is called with the batch's request when it completes. Needs `batcher`."""
+        if self._held is not None:
+            self._send_held()  # the held launch came first
         self.batcher.add(ctx_id, ring_idx, record, values, on_done)  # type: ignore[union-attr]
 
-    def fenced_batch(self, ctx_id: int, ring_idx: int):
-        """Send the open launch batch of timeline (ctx_id, ring_idx), if one is open, with
-        FLAG_FENCE: a sync point of that timeline (launch_batch.py); -> its Request, or None
-        (no batch of that timeline open, or it could not be sent)."""
+    def hold(self, command: bytes, readable=(), ctx_id: int = 0, ring_idx: int = 0,
+             on_done=None) -> None:
+        """An asynchronous request of timeline (ctx_id, ring_idx) nobody waits for (a code
+        launch, guest/api/module.py), held back instead of published: it goes out, as
+        `submit(command, readable, kick=False)` with `on_done` attached, before anything
+        else does (any other request, a built-in launch joining a batch, the next held
+        request) and at the next kick; or fenced, as its timeline's sync point
+        (`send_fenced`). At most one is held, and never with an open launch batch."""
+        if self.needs_reset:
+            raise DeviceNeedsReset(f"device {self.index} needs a reset")
+        if self._held is not None:  # the common case: a run of launches
+            self._send_held()
+        else:
+            self._send_unsent()
+        self._held = (command, readable, ctx_id, ring_idx, on_done)
+
+    def _send_unsent(self) -> None:
+        """Send the held request or the open launch batch (there is never both): what the
+        API made before whatever goes out next (launch_batch.py)."""
+        if self._held is not None:
+            self._send_held()
+        else:
+            batcher = self.batcher
+            if batcher is not None and batcher.open is not None:
+                batcher.flush()
+
+    def _send_held(self, fence: bool = False):
+        """Submit the held request (deferred kick), with FLAG_FENCE if `fence`; -> its
+        Request, or None if the device needs a reset: then it fails as the requests in
+        flight did, reported to its on_done (as an unsent launch batch is)."""
+        held, self._held = self._held, None
+        command, readable, _ctx_id, _ring_idx, on_done = held  # type: ignore[misc]
+        try:
+            req = self.submit(fenced(command) if fence else command, readable, kick=False)
+        except Exception as e:
+            if not self.needs_reset:
+                raise
+            if on_done is not None:
+                on_done(_Failed(e))
+            return None
+        req.on_done = on_done
+        return req
+
+    def _drop_held(self, exc: BaseException) -> None:
+        """The device was reset before the held request was sent: it fails with `exc`,
+        reported to its on_done as a failed request would be."""
+        held, self._held = self._held, None
+        if held is not None and held[4] is not None:
+            held[4](_Failed(exc))
+
+    def send_fenced(self, ctx_id: int, ring_idx: int):
+        """Send what timeline (ctx_id, ring_idx) has not sent yet -- its held request or
+        its open launch batch -- with FLAG_FENCE, as a sync point of that timeline
+        (launch_batch.py); -> its Request, or None (nothing of that timeline held back, or
+        it could not be sent)."""
+        held = self._held
+        if held is not None:
+            if held[2] == ctx_id and held[3] == ring_idx:
+                return self._send_held(fence=True)
+            return None
         batcher = self.batcher
         if batcher is None:
             return None
@@ -441,12 +503,10 @@ class VirtioGpuDriver:
         return batcher.flush(fence=True)
 
     def kick(self) -> None:
-        """Send the open launch batch, then notify the device of every chain published
-        since the last kick, if it asked for a notification (VQ-NOTIFY-1/2; inline: always,
-        the kick carries the memory)."""
-        batcher = self.batcher
-        if batcher is not None and batcher.open is not None:
-            batcher.flush()
+        """Send the held request or the open launch batch, then notify the device of every
+        chain published since the last kick, if it asked for a notification (VQ-NOTIFY-1/2;
+        inline: always, the kick carries the memory)."""
+        self._send_unsent()
         if not self._unkicked:
             return
         self._unkicked = 0
@@ -541,6 +601,14 @@ def command(type_: int, body=(), *, ctx_id: int = 0, ring_idx: int = 0, fence_id
         flags |= wire.FLAG_FENCE
     cmd = _COMMANDS[type_].pack(type_, flags, fence_id, ctx_id, ring_idx, *body)
     return cmd + extra if extra else cmd
+
+
+def fenced(command: bytes, fence_id: int = 1) -> bytes:
+    """`command` with FLAG_FENCE and a nonzero `fence_id` in its header: a sync point
+    ([FENCE-SIGNAL-1])."""
+    type_, flags, _fence_id, ctx_id, ring_idx = _HDR.unpack_from(command)
+    return _HDR.pack(type_, flags | wire.FLAG_FENCE, fence_id, ctx_id, ring_idx) \
+        + command[_HDR.size:]
 
 
 # header + body of each command type, one struct each (both little-endian, unpadded)

@@ -67,7 +67,7 @@ class FakeDriver:
         self.max_in_flight = max(self.max_in_flight, len(self.queue))
         return req
 
-    def fenced_batch(self, ctx_id, ring_idx):
+    def send_fenced(self, ctx_id, ring_idx):
         return None  # no launch batches here: a synchronize sends its own sync command
 
     def call(self, cmd, readable=(), writable=()):

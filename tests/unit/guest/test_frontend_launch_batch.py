@@ -149,7 +149,7 @@ def test_a_reset_drops_the_open_batch_and_frees_every_buffer():
 
 
 def test_a_batch_sent_as_a_sync_point_carries_a_fence():
-    # [FENCE-SIGNAL-1] the synchronize's sync point (VirtioGpuDriver.fenced_batch)
+    # [FENCE-SIGNAL-1] the synchronize's sync point (VirtioGpuDriver.send_fenced)
     drv = Driver()
     b = LaunchBatcher(drv, BASE)
     b.add(7, 2, FILL, values(0), None)
