@@ -20,7 +20,9 @@ A launch (CMD_LAUNCH_CODE, spec §6.5.32) names the entry by the VA of its recor
 carries the parameter bytes, marshalled by the entry's parameter table (guest/api/params.py).
 The block size and the shared memory are checked against the entry and the device first
 (InvalidParameterError), so a bad configuration fails at the call, not at the next
-synchronize. Launches are asynchronous, like built-in ones.
+synchronize. Launches are asynchronous, like built-in ones: the driver holds the latest
+back until anything else goes out, and a synchronize of its stream sends it fenced as its
+sync point, one chain (VirtioGpuDriver.hold, guest/frontend/launch_batch.py).
 
 Lifetime: a Module owns its three allocations; `unload()` frees them, and so does dropping
 the last reference to the module (its Functions and global arrays hold it), through the

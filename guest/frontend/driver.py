@@ -23,6 +23,12 @@ kicked (`kick()`) as soon as
     descriptors run low;
   - the session is about to wait for anything (`FrontendSession.wait_for` flushes every
     device first), or the session closes.
+Before that, the latest asynchronous code launch is not even published: the driver holds
+it (`hold`) until the next request, built-in launch joining a batch, held launch or kick,
+whichever comes first, or sends it fenced as its timeline's sync point (`send_fenced`), as
+it does an open launch batch (launch_batch.py); there is never both. Either counts in
+`deferred`, so every wait sends it first.
+
 A kick is sent only if the device asked for one (EVENT_IDX `avail_event` crossed by the
 deferred run, or `used.flags` without NO_NOTIFY); in the inline model always, since it
 carries the memory the chains point at. Nothing stays unkicked past the next wait:

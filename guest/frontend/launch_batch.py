@@ -14,10 +14,17 @@ the request slot, its records as a second readable descriptor -- when
   - it holds MAX_BATCH_LAUNCHES records, or the next record does not fit its buffer.
 
 A synchronize that finds its timeline's launches still in the open batch sends that batch
-with FLAG_FENCE (`flush(fence=True)`, VirtioGpuDriver.fenced_batch) and waits for it in
+with FLAG_FENCE (`flush(fence=True)`, VirtioGpuDriver.send_fenced) and waits for it in
 place of its own sync command: a fenced LAUNCH_BATCH is answered when its last launch and
 everything before it on the timeline have completed ([FENCE-SIGNAL-1]), and reports the
 timeline's first error ([FENCE-ERROR-2]), as the fenced NOP would; one chain instead of two.
+
+Code launches (LAUNCH_CODE, guest/api/module.py) are not batched, but the driver holds the
+latest one back the same way (VirtioGpuDriver.hold): unpublished, sent before anything
+else goes out -- another request, a launch joining a batch, the next held launch -- and at
+a kick, never while a batch is open; a synchronize of its timeline sends it fenced as its
+sync point. One that cannot be sent because the device needs a reset, or is dropped by a
+reset, fails as an unsent batch does (`_Failed`).
 
 A buffer belongs to its batch until the device has returned the chain. A batch that cannot
 be sent because the device needs a reset fails like the requests in flight did. The batch's
