@@ -5,6 +5,7 @@ record written into the open LAUNCH_BATCH, and one of a loaded module's kernels
 test_sync_request_cost's in-process device."""
 
 import numpy as np
+import pytest
 
 from anymachine import python_calls
 
@@ -41,8 +42,11 @@ def test_an_asynchronous_launch_costs_few_calls(shared_session):  # noqa: F811
 CODE_LAUNCH_CALLS = 51
 
 
-def _scale(ctx):
-    """A loaded module's `scale` kernel (a trap: the device is a loopback) and an array for it."""
+@pytest.fixture
+def scale(shared_session):  # noqa: F811
+    """A context, a loaded module's `scale` kernel in it (a trap: the device is a loopback)
+    and an array for it."""
+    ctx = Context(Connection(shared_session).devices[0], 1)
     cobj = CodeObject(codeobj.build([codeobj.Entry(
         "scale", codeobj.trap_code(), params=((0, 8, 8, isa.TYPE_U64), (8, 4, 4, isa.TYPE_F32),
                                               (12, 4, 4, isa.TYPE_U32)), param_size=16)]))
@@ -50,14 +54,12 @@ def _scale(ctx):
     module.context, module._conn_lock, module._releases = ctx, ctx._conn_lock, ctx._releases
     module._cobj, module.loaded = cobj, True
     module._object = DeviceArray(ctx, 0, 1 << 20, (4096,), np.uint8)
-    return Function(module, cobj.entries["scale"]), DeviceArray(ctx, 0, 2 << 20, (256,),
-                                                                 np.float32)
+    return ctx, Function(module, cobj.entries["scale"]), DeviceArray(ctx, 0, 2 << 20, (256,),
+                                                                      np.float32)
 
 
-def test_an_asynchronous_code_launch_costs_few_calls(shared_session):  # noqa: F811
-    dev = Connection(shared_session).devices[0]
-    ctx = Context(dev, 1)
-    fn, x = _scale(ctx)
+def test_an_asynchronous_code_launch_costs_few_calls(scale):
+    ctx, fn, x = scale
 
     def launch():
         fn.launch(1, 256, (x, 2.0, 256))
@@ -73,10 +75,8 @@ def test_an_asynchronous_code_launch_costs_few_calls(shared_session):  # noqa: F
 CODE_LAUNCH_SYNC_CALLS = 115
 
 
-def test_a_code_launch_and_synchronize_cost_few_calls(shared_session):  # noqa: F811
-    dev = Connection(shared_session).devices[0]
-    ctx = Context(dev, 1)
-    fn, x = _scale(ctx)
+def test_a_code_launch_and_synchronize_cost_few_calls(scale):
+    ctx, fn, x = scale
 
     def launch_sync():
         fn.launch(1, 256, (x, 2.0, 256))
