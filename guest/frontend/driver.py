@@ -46,7 +46,7 @@ import collections
 import struct
 from typing import Callable, NamedTuple
 
-from pvgpu.guest.frontend.launch_batch import LaunchBatcher, _Failed
+from pvgpu.guest.frontend.launch_batch import LaunchBatcher, NeverSent
 from pvgpu.spec import isa, wire
 from pvgpu.transport.errors import PvgpuError, VirtqError
 from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
@@ -478,7 +478,7 @@ class VirtioGpuDriver:
             if not self.needs_reset:
                 raise
             if on_done is not None:
-                on_done(_Failed(e))
+                on_done(NeverSent(e))
             return None
         req.on_done = on_done
         return req
@@ -488,7 +488,7 @@ class VirtioGpuDriver:
         reported to its on_done as a failed request would be."""
         held, self._held = self._held, None
         if held is not None and held[4] is not None:
-            held[4](_Failed(exc))
+            held[4](NeverSent(exc))
 
     def send_fenced(self, ctx_id: int, ring_idx: int):
         """Send what timeline (ctx_id, ring_idx) has not sent yet -- its held request or

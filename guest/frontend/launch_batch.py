@@ -24,7 +24,7 @@ latest one back the same way (VirtioGpuDriver.hold): unpublished, sent before an
 else goes out -- another request, a launch joining a batch, the next held launch -- and at
 a kick, never while a batch is open; a synchronize of its timeline sends it fenced as its
 sync point. One that cannot be sent because the device needs a reset, or is dropped by a
-reset, fails as an unsent batch does (`_Failed`).
+reset, fails as an unsent batch does (`NeverSent`).
 
 A buffer belongs to its batch until the device has returned the chain. A batch that cannot
 be sent because the device needs a reset fails like the requests in flight did. The batch's
@@ -117,7 +117,7 @@ class LaunchBatcher:
             # the device needs a reset: its launches fail as the requests in flight did,
             # at their stream's next sync, not in whichever call happened to send them
             if b.on_done is not None:
-                b.on_done(_Failed(e))
+                b.on_done(NeverSent(e))
             return None
         on_done, free, buffer = b.on_done, self.free, b.buffer
 
@@ -135,11 +135,12 @@ class LaunchBatcher:
         b, self.open = self.open, None
         self.free = list(range(BATCH_BUFFERS - 1, -1, -1))  # nothing is in flight any more
         if b is not None and b.on_done is not None:
-            b.on_done(_Failed(exc))
+            b.on_done(NeverSent(exc))
 
 
-class _Failed:
-    """What on_done gets for a batch that was never sent."""
+class NeverSent:
+    """What on_done gets for a batch or a held launch that was never sent: a failed
+    request, its error that of the device (it needs a reset, or was reset)."""
 
     __slots__ = ("failed", "done")
 
