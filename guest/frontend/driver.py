@@ -47,6 +47,7 @@ import struct
 from typing import Callable, NamedTuple
 
 from pvgpu.guest.frontend.launch_batch import LaunchBatcher, NeverSent
+from pvgpu.guest.frontend.timelines import TYPES as _LEDGER_TYPES, TimelineLedger
 from pvgpu.spec import isa, wire
 from pvgpu.transport.errors import PvgpuError, VirtqError
 from pvgpu.transport.virtqueue import DriverQueue, VirtqLayout
@@ -63,6 +64,7 @@ EVENTQ_SIZE = 16  # event buffers kept posted
 KICK_BATCH = 32  # deferred chains that make the driver kick unasked (16..64 measured alike)
 LOW_WATER = QUEUE_SIZE // 8  # free slots or descriptors below which deferred chains are kicked
 _HDR = struct.Struct(wire.CTRL_HDR_FORMAT)
+_UNPACK_HDR = _HDR.unpack_from
 _TYPE = struct.Struct("<I").unpack_from  # a command's type: the header's first field
 _EVTQ_BODY = struct.Struct(wire.EVTQ_BODY_FORMAT)
 _ERR = struct.Struct(wire.RESP_ERROR_FORMAT)
@@ -134,7 +136,7 @@ class DeviceEvent(NamedTuple):
 
 class Request:
     __slots__ = ("driver", "slot", "head", "command", "done", "used_len", "writable",
-                 "failed", "on_done", "bounce")
+                 "failed", "on_done", "bounce", "ledger")
 
     def __init__(self, driver, slot, command, writable):
         self.driver, self.slot, self.command, self.writable = driver, slot, command, writable
@@ -144,6 +146,7 @@ class Request:
         self.used_len = 0
         self.on_done = None
         self.bounce = None
+        self.ledger = None  # the token its answer goes to the driver's timelines with
 
     def response(self):
         """-> (resp_type, body bytes); raises DeviceResponseError for an error response."""
@@ -221,6 +224,8 @@ class VirtioGpuDriver:
         self.batcher: LaunchBatcher | None = None
         # the held request (`hold`): (command, readable, ctx_id, ring_idx, on_done), or None
         self._held: tuple | None = None
+        # which timelines are known clean, from what was submitted and answered
+        self.timelines = TimelineLedger()
 
     @staticmethod
     def _layout_offsets() -> tuple:
@@ -251,6 +256,7 @@ class VirtioGpuDriver:
         if self.batcher is not None:  # ... and so are launches not yet sent
             self.batcher.drop(DeviceNeedsReset(f"device {dev} was reset"))
             self.batcher = None
+        self.timelines.forget()  # ... and whatever the device had on its timelines
         s.control(wire.OP_SET_STATUS, dev=dev, status=0)
         # DEV-RESET-5: calls that came before the reply carry the device's writes of before
         # the reset; they must land now, not in the rings set up below
@@ -292,6 +298,7 @@ class VirtioGpuDriver:
             self._setup_eventq(self.base + eventq_off, self.base + bufs_off)
         if self.has(wire.PVGPU_F_LAUNCH_BATCH) and self.has(wire.PVGPU_F_COMPUTE):
             self.batcher = LaunchBatcher(self, self.base + batches_off)
+        self.timelines.rings = self.has(wire.PVGPU_F_CONTEXT_INIT)
         status |= wire.STATUS_DRIVER_OK
         s.control(wire.OP_SET_STATUS, dev=dev, status=status)
         self.needs_reset = False
@@ -367,9 +374,15 @@ class VirtioGpuDriver:
         else:
             head, wr = self._chain_with_extents(slot, base, size, tuple(readable),
                                                 tuple(writable))
-        req = Request(self, slot, _TYPE(command)[0] if size >= _HDR.size else 0, wr)
+        if size >= _HDR.size:
+            type_, flags, _fence_id, ctx_id, ring_idx = _UNPACK_HDR(command)
+        else:
+            type_ = flags = ctx_id = ring_idx = 0
+        req = Request(self, slot, type_, wr)
         req.head = head
         self._by_head[head] = req
+        if type_ in _LEDGER_TYPES or flags & wire.FLAG_FENCE:
+            req.ledger = self.timelines.submitted(type_, flags, ctx_id, ring_idx)
         self._unkicked += 1
         if kick or self._unkicked >= self.kick_batch or len(self._free_slots) < LOW_WATER \
                 or queue.num_free < LOW_WATER:
@@ -508,6 +521,27 @@ class VirtioGpuDriver:
             return None
         return batcher.flush(fence=True)
 
+    def send_fenced_for_context(self, ctx_id: int):
+        """Send what the driver has not sent yet -- the held request or the open launch
+        batch -- with FLAG_FENCE, as the sync point of the whole context ctx_id: when it is
+        work of a timeline of that context and every other timeline of it that work was
+        seen on is clean (`timelines`), so that what a CTX_SYNC would wait for and report
+        is on that one timeline. -> its Request, or None (nothing of the context held back,
+        another of its timelines not known clean, or it could not be sent)."""
+        held = self._held
+        if held is not None:
+            if held[2] != ctx_id or not self.timelines.others_clean(ctx_id, held[3]):
+                return None
+            return self._send_held(fence=True)
+        batcher = self.batcher
+        if batcher is None:
+            return None
+        b = batcher.open
+        if b is None or b.ctx_id != ctx_id or not self.timelines.others_clean(ctx_id,
+                                                                              b.ring_idx):
+            return None
+        return batcher.flush(fence=True)
+
     def kick(self) -> None:
         """Send the held request or the open launch batch, then notify the device of every
         chain published since the last kick, if it asked for a notification (VQ-NOTIFY-1/2;
@@ -543,6 +577,9 @@ class VirtioGpuDriver:
             req.used_len = length
             req.done = True
             self._free_slots.append(req.slot)
+            if req.ledger is not None and length >= wire.CTRL_HDR_SIZE:
+                self.timelines.answered(req.ledger, _TYPE(
+                    self.mem.mv, self._slots_base + req.slot * SLOT_SIZE + SLOT_CMD)[0])
             if req.on_done is not None:
                 req.on_done(req)
         return len(done)
@@ -576,8 +613,10 @@ class VirtioGpuDriver:
                                        f"([{e.clause}] {e.message}); reset it to continue"))
 
     def fail_all(self, exc: Exception) -> None:
-        """DEVICE_NEEDS_RESET: every pending request fails with `exc`."""
+        """DEVICE_NEEDS_RESET: every pending request fails with `exc`; what the device had
+        on its timelines is unknown until it is reset."""
         self.needs_reset = True
+        self.timelines.forget()
         for req in self._by_head.values():
             req.failed = exc
             req.done = True

@@ -37,8 +37,9 @@ def test_an_asynchronous_launch_costs_few_calls(shared_session):  # noqa: F811
 
 # an asynchronous launch of one's own kernel (guest/api/module.py, params.py): a pointer, a
 # float and a count marshalled by the entry's parameter table, one LAUNCH_CODE chain, held
-# by the driver while the one before it goes out (VirtioGpuDriver.hold): 49 counted and 2
-# to spare (47 when each was submitted at once; 123 before issue 12's pass)
+# by the driver while the one before it goes out (VirtioGpuDriver.hold): 50 counted and 1
+# to spare, 1 of them telling the driver's timelines about it (timelines.py; 49 before, 47
+# when each was submitted at once; 123 before issue 12's pass)
 CODE_LAUNCH_CALLS = 51
 
 
@@ -70,9 +71,11 @@ def test_an_asynchronous_code_launch_costs_few_calls(scale):
 
 
 # a code launch + ctx.synchronize() (cuLaunchKernel + cuCtxSynchronize), the launch held by
-# the driver and sent fenced as the sync point (VirtioGpuDriver.hold): one chain, 113
-# counted and 2 to spare (136 with the LAUNCH_CODE and a CTX_SYNC)
-CODE_LAUNCH_SYNC_CALLS = 115
+# the driver and sent fenced as the sync point (VirtioGpuDriver.hold): one chain, 116
+# counted and 2 to spare: 3 of them the driver's timelines (timelines.py) being told of the
+# launch and of its answer, which lets a context with other, clean streams sync on it too
+# (113 before; 136 with the LAUNCH_CODE and a CTX_SYNC)
+CODE_LAUNCH_SYNC_CALLS = 118
 
 
 def test_a_code_launch_and_synchronize_cost_few_calls(scale):

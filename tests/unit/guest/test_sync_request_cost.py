@@ -31,9 +31,14 @@ SYNC_NOP_CALLS = 58  # 73 before issue 12's guest pass
 # the API's, all of it, from the public call to its return
 API_NOP_CALLS = 62  # dev.nop(); 81 before issue 12's guest pass
 # ctx.launch("fill", ...) + ctx.synchronize(), its batch sent fenced as the sync point
-# (launch_batch.py); 167 before, 126 with the batch and a CTX_SYNC
-API_LAUNCH_SYNC_CALLS = 112
-API_H2D_4K_CALLS = 94  # ctx.copy_h2d of 4 KiB (one bounce chunk); 113 before
+# (launch_batch.py); 167 before, 126 with the batch and a CTX_SYNC; +3 (112 before) for the
+# driver's timelines (timelines.py): told of the fenced batch, then of its answer (the
+# response type read and handed over), so that a context whose other streams are clean
+# syncs on its fenced batch too
+API_LAUNCH_SYNC_CALLS = 115
+# ctx.copy_h2d of 4 KiB (one bounce chunk); 113 before; +3 (94 before) for the driver's
+# timelines: a COPY_H2D is work and a sync point of its timeline, told of both ways
+API_H2D_4K_CALLS = 97
 
 
 class SharedLoopback(LoopbackChannel):
