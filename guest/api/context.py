@@ -352,16 +352,17 @@ class Context(DestroyedOnExit, ApiObject):
 
     def synchronize(self) -> None:
         """Wait for all work of this context, on every stream (CTX_SYNC); raises the first
-        error of earlier asynchronous work on any of them. A context whose only stream is
-        its default one has one timeline: what the driver still holds back of the default
-        stream (its launches gathered in the open batch or its latest code launch), sent
-        fenced, is then its sync point, if there is some (guest/frontend/launch_batch.py).
-        (A destroyed stream was synchronized: its timeline holds neither work nor an error.)"""
+        error of earlier asynchronous work on any of them. When the driver still holds back
+        work of one of its streams (launches gathered in the open batch, or the latest code
+        launch; guest/frontend/launch_batch.py) and knows every other stream's timeline
+        clean -- each work on it covered by a sync point answered OK, so it holds neither
+        work nor an error (guest/frontend/timelines.py) -- that work, sent fenced, is the
+        sync point instead: it waits for and reports what a CTX_SYNC would."""
         self._check_live()
         err = None
         try:
             driver = self._driver
-            req = driver.send_fenced(self.ctx_id, 0) if len(self._streams) == 1 else None
+            req = driver.send_fenced_for_context(self.ctx_id)
             if req is None:
                 driver.call(self._sync_command)
             else:

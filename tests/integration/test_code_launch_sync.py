@@ -1,9 +1,11 @@
 """A code launch held back by the driver until its stream synchronizes, through a host
 process (guest/frontend/driver.py `hold`, `send_fenced`; spec note under
 [CMD-LAUNCH-BATCH-5]): the synchronize sends it with FLAG_FENCE as its sync point, one
-LAUNCH_CODE chain instead of the launch and a NOP or CTX_SYNC; a context's only while it has
-just its default stream; its fault surfaces there once; large parameters still travel in a
-buffer given back when answered; anything else the API does sends it first, in order."""
+LAUNCH_CODE chain instead of the launch and a NOP or CTX_SYNC; a context's only while its
+other streams are known clean (guest/frontend/timelines.py: not with unsynchronized work, a
+remembered error or an event wait there); its fault surfaces there once; large parameters
+still travel in a buffer given back when answered; anything else the API does sends it
+first, in order."""
 
 import numpy as np
 import pytest
@@ -134,3 +136,64 @@ def test_a_held_launch_keeps_its_place_among_built_in_launches_and_copies(conn, 
     assert [t for t, _f in sent][:4] == [wire.CMD_LAUNCH_BATCH, wire.CMD_LAUNCH_CODE,
                                          wire.CMD_LAUNCH_BATCH, wire.CMD_LAUNCH_CODE]
     assert all(f & wire.FLAG_FENCE == 0 for _t, f in sent[:4])
+
+
+# ------------------- a context whose other timelines are known clean (guest/frontend/timelines.py)
+def test_a_context_whose_other_stream_was_synchronized_syncs_on_its_held_launch(conn, ctx,
+                                                                                monkeypatch):
+    drv = conn.devices[0].driver
+    saxpy = _saxpy(ctx)
+    x = np.ones(N, np.float32)
+    dx, dy, b = ctx.to_device(x), ctx.zeros(N, np.float32), ctx.zeros(N, np.float32)
+    other = ctx.create_stream()
+    saxpy.launch(4, 256, (np.float32(3.0), dx, b, N), stream=other)
+    other.synchronize()
+    sent = _recorded(monkeypatch, drv)
+    ctx.launch("burn", 1, 1, (BURN_US,))
+    saxpy.launch(4, 256, (np.float32(2.0), dx, dy, N))
+    ctx.synchronize()
+    assert sent == [(wire.CMD_LAUNCH_BATCH, 0), (wire.CMD_LAUNCH_CODE, wire.FLAG_FENCE)]
+    np.testing.assert_array_equal(dy.to_host(), np.full(N, 2.0, np.float32))
+    np.testing.assert_array_equal(b.to_host(), np.full(N, 3.0, np.float32))
+    other.destroy()
+
+
+def test_an_error_remembered_on_another_stream_keeps_ctx_sync_for_a_held_launch(conn, ctx,
+                                                                              monkeypatch):
+    drv = conn.devices[0].driver
+    mod = ctx.load_module(PTX)
+    saxpy = mod.get_function("saxpy")
+    x = np.ones(N, np.float32)
+    dx, dy = ctx.to_device(x), ctx.zeros(N, np.float32)
+    other = ctx.create_stream()
+    other.synchronize()
+    bad = 0x7E00_0000_0000  # in the user range, never mapped
+    mod.get_function("store_at").launch(1, 1, (bad, 7), stream=other)
+    sent = _recorded(monkeypatch, drv)
+    saxpy.launch(4, 256, (np.float32(2.0), dx, dy, N))
+    with pytest.raises(guest.PageFaultError) as e:
+        ctx.synchronize()
+    assert e.value.address == bad
+    assert sent[-2:] == [(wire.CMD_LAUNCH_CODE, 0), (wire.CMD_CTX_SYNC, 0)]
+    np.testing.assert_array_equal(dy.to_host(), np.full(N, 2.0, np.float32))
+    other.destroy()
+
+
+def test_a_stream_that_waits_for_an_event_keeps_ctx_sync_for_a_held_launch(conn, ctx,
+                                                                         monkeypatch):
+    drv = conn.devices[0].driver
+    saxpy = _saxpy(ctx)
+    x = np.ones(N, np.float32)
+    dx, dy = ctx.to_device(x), ctx.zeros(N, np.float32)
+    other = ctx.create_stream()
+    with conn.devices[0].create_context("busy") as busy:
+        busy.launch("burn", 1, 1, (200_000,))  # 200 ms on another context, then its event
+        ev = busy.default_stream.record_event()
+        other.wait_event(ev)
+        sent = _recorded(monkeypatch, drv)
+        saxpy.launch(4, 256, (np.float32(2.0), dx, dy, N))
+        ctx.synchronize()
+        assert sent[-2:] == [(wire.CMD_LAUNCH_CODE, 0), (wire.CMD_CTX_SYNC, 0)]
+        assert ev.query()  # complete: the CTX_SYNC waited for it
+        ev.destroy()
+    other.destroy()

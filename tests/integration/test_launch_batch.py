@@ -3,8 +3,9 @@ guest/frontend/launch_batch.py): a run of asynchronous launches of one stream is
 request, any other request or a wait sends the open batch first so the device sees the
 API's order, an error of a batched launch surfaces at the stream's next synchronizing
 call, a synchronize sends its timeline's open batch fenced as its sync point (a context's
-only while it has one stream), and a device without PVGPU_F_LAUNCH_BATCH gets one LAUNCH
-per launch."""
+only while every other stream of it is known clean: its work covered by a sync point
+answered OK, guest/frontend/timelines.py; else CTX_SYNC), and a device without
+PVGPU_F_LAUNCH_BATCH gets one LAUNCH per launch."""
 
 import numpy as np
 import pytest
@@ -165,4 +166,81 @@ def test_a_fault_reported_by_the_fenced_batch_raises_once(conn, monkeypatch):
     ctx.launch("fill", 1, N, (arr, 2.0, N))
     ctx.synchronize()  # reported once: the next sync point is clean
     np.testing.assert_array_equal(arr.to_host(), np.full(N, 2.0, np.float32))
+    ctx.destroy()
+
+
+# ------------------- a context whose other timelines are known clean (guest/frontend/timelines.py)
+def test_a_context_whose_other_stream_was_synchronized_syncs_on_its_fenced_batch(conn,
+                                                                                  monkeypatch):
+    # every other timeline's work is covered by a sync point answered OK: nothing there for
+    # CTX_SYNC to wait for or report ([CMD-CTX-SYNC-1], [CMD-CTX-SYNC-2])
+    drv = conn.devices[0].driver
+    ctx = conn.devices[0].create_context()
+    a, b = ctx.zeros(N, np.float32), ctx.zeros(N, np.float32)
+    other = ctx.create_stream()
+    other.launch("fill", 1, N, (b, 5.0, N))
+    other.synchronize()
+    sent = _recorded(monkeypatch, drv)
+    ctx.launch("burn", 1, 1, (20_000,))  # 20 ms before the fill: the fence must wait for it
+    ctx.launch("fill", 1, N, (a, 1.0, N))
+    ctx.synchronize()
+    assert sent == [(wire.CMD_LAUNCH_BATCH, wire.FLAG_FENCE)]  # no CTX_SYNC
+    # a launch on the other stream, then the context's: its batch is the sync point
+    sent.clear()
+    ctx.launch("fill", 1, N, (b, 6.0, N), stream=other)
+    ctx.synchronize()
+    assert sent == [(wire.CMD_LAUNCH_BATCH, wire.FLAG_INFO_RING_IDX | wire.FLAG_FENCE)]
+    np.testing.assert_array_equal(a.to_host(), np.full(N, 1.0, np.float32))
+    np.testing.assert_array_equal(b.to_host(), np.full(N, 6.0, np.float32))
+    other.destroy()
+    ctx.destroy()
+
+
+def test_an_error_remembered_on_another_stream_keeps_ctx_sync_which_raises_it(conn,
+                                                                               monkeypatch):
+    # [CMD-CTX-SYNC-2]: CTX_SYNC reports the remembered errors of every timeline; the
+    # other stream was synchronized once, then its last work failed at execution
+    drv = conn.devices[0].driver
+    ctx = conn.devices[0].create_context()
+    a = ctx.zeros(N, np.float32)
+    other = ctx.create_stream()
+    other.launch("fill", 1, N, (a, 5.0, N))
+    other.synchronize()
+    other.launch("fill", 1, N, (0x3000_0000_0000, 5.0, N))  # no memory there
+    sent = _recorded(monkeypatch, drv)
+    ctx.launch("fill", 1, N, (a, 1.0, N))
+    with pytest.raises(guest.PageFaultError):
+        ctx.synchronize()
+    assert sent[-2:] == [(wire.CMD_LAUNCH_BATCH, 0), (wire.CMD_CTX_SYNC, 0)]
+    # an error answer cleans nothing in the driver's eyes (timelines.py): one more CTX_SYNC,
+    # answered OK, then the fenced batch
+    for flags, tail in ((0, [(wire.CMD_CTX_SYNC, 0)]), (wire.FLAG_FENCE, [])):
+        sent.clear()
+        ctx.launch("fill", 1, N, (a, 2.0, N))
+        ctx.synchronize()
+        assert sent == [(wire.CMD_LAUNCH_BATCH, flags)] + tail
+    np.testing.assert_array_equal(a.to_host(), np.full(N, 2.0, np.float32))
+    other.destroy()
+    ctx.destroy()
+
+
+def test_a_stream_that_waits_for_an_event_keeps_ctx_sync(conn, monkeypatch):
+    # [FENCE-EVENT-4], [CMD-CTX-SYNC-1]: CTX_SYNC waits for the events a timeline was told
+    # to wait for, even with nothing after the wait on it
+    drv = conn.devices[0].driver
+    ctx, busy = conn.devices[0].create_context(), conn.devices[0].create_context()
+    a = ctx.zeros(N, np.float32)
+    other = ctx.create_stream()
+    other.synchronize()
+    busy.launch("burn", 1, 1, (200_000,))  # 200 ms on another context, then its event
+    ev = busy.default_stream.record_event()
+    other.wait_event(ev)
+    sent = _recorded(monkeypatch, drv)
+    ctx.launch("fill", 1, N, (a, 1.0, N))
+    ctx.synchronize()
+    assert sent[-2:] == [(wire.CMD_LAUNCH_BATCH, 0), (wire.CMD_CTX_SYNC, 0)]
+    assert ev.query()  # complete: the CTX_SYNC waited for it
+    ev.destroy()
+    other.destroy()
+    busy.destroy()
     ctx.destroy()
