@@ -38,6 +38,13 @@ With PVGPU_F_EVENTQ negotiated the driver also sets up the event queue (spec §5
 keeps EVENTQ_SIZE device-writable buffers posted, and `reap` turns each returned one into
 a `DeviceEvent` (a page fault or a lost context), hands it to `event_handler` and
 re-posts the buffer.
+
+Timelines. `submit` tells `timelines` (a TimelineLedger, timelines.py) of every request of
+a timeline's work, CTX_SYNC, CTX_DESTROY and every fenced one, in the order the chains go
+out; `reap` gives it the response type of each sync point's answer; a reset forgets. So the
+driver knows which timelines are clean -- all their work covered by a sync point answered
+OK -- and `send_fenced_for_context` lets the held-back work, sent fenced, be a whole
+context's sync point when every other timeline of the context is.
 """
 
 from __future__ import annotations

@@ -18,6 +18,10 @@ with FLAG_FENCE (`flush(fence=True)`, VirtioGpuDriver.send_fenced) and waits for
 place of its own sync command: a fenced LAUNCH_BATCH is answered when its last launch and
 everything before it on the timeline have completed ([FENCE-SIGNAL-1]), and reports the
 timeline's first error ([FENCE-ERROR-2]), as the fenced NOP would; one chain instead of two.
+A context's synchronize does so in place of CTX_SYNC when the batch is of one of the
+context's timelines and the driver knows every other one clean (guest/frontend/timelines.py,
+VirtioGpuDriver.send_fenced_for_context): then CTX_SYNC would find nothing else to wait for
+or report.
 
 Code launches (LAUNCH_CODE, guest/api/module.py) are not batched, but the driver holds the
 latest one back the same way (VirtioGpuDriver.hold): unpublished, sent before anything
