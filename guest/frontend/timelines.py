@@ -83,8 +83,8 @@ class TimelineLedger:
             return _DESTROY, ctx_id, seq
         if type_ == wire.CMD_NOP and flags & wire.FLAG_FENCE:
             # a sync point with no work seen before it on its timeline covers nothing
-            tl = self._timelines.get(ctx_id, {}).get(ring_idx if self.rings else 0)
-            return None if tl is None else (_TIMELINE, tl, seq)
+            seen = self._timelines.get(ctx_id, {}).get(ring_idx if self.rings else 0)
+            return None if seen is None else (_TIMELINE, seen, seq)
         return None
 
     def answered(self, token: tuple, resp_type: int) -> None:
