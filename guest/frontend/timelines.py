@@ -42,7 +42,10 @@ TYPES = WORK | {wire.CMD_CTX_SYNC, wire.CMD_CTX_DESTROY}
 
 # what an answer is to settle (the first field of `submitted`'s token)
 _TIMELINE, _CONTEXT, _DESTROY = 0, 1, 2
-_OK_FIRST, _OK_LAST = 0x1100, 0x11FF  # RESP_OK_*
+
+
+# RESP_OK_* are 0x11xx, the errors from 0x1200 on (spec/wire/cmd.py)
+_OK_FIRST, _ERR_FIRST = wire.RESP_OK_NODATA, wire.RESP_ERR_UNSPEC
 
 
 class TimelineLedger:
@@ -89,7 +92,7 @@ class TimelineLedger:
 
     def answered(self, token: tuple, resp_type: int) -> None:
         """The request `submitted` gave `token` for was answered `resp_type`."""
-        if not _OK_FIRST <= resp_type <= _OK_LAST:
+        if not _OK_FIRST <= resp_type < _ERR_FIRST:
             return
         what, which, seq = token
         if what == _TIMELINE:  # `which`: the timeline (a list dropped by forgetting is inert)
