@@ -470,21 +470,28 @@ class VirtioGpuDriver:
         (`send_fenced`). At most one is held, and never with an open launch batch."""
         if self.needs_reset:
             raise DeviceNeedsReset(f"device {self.index} needs a reset")
+        batcher = self.batcher
         if self._held is not None:  # the common case: a run of launches
             self._send_held()
-        else:
-            self._send_unsent()
+        elif batcher is not None and batcher.open is not None:
+            batcher.flush()
         self._held = (command, readable, ctx_id, ring_idx, on_done)
 
-    def _send_unsent(self) -> None:
+    def _send_unsent(self, fence: bool = False):
         """Send the held request or the open launch batch (there is never both): what the
-        API made before whatever goes out next (launch_batch.py)."""
-        if self._held is not None:
-            self._send_held()
-        else:
-            batcher = self.batcher
-            if batcher is not None and batcher.open is not None:
-                batcher.flush()
+        API made before whatever goes out next (launch_batch.py), with FLAG_FENCE if
+        `fence`; -> its Request, or None (nothing unsent, or it could not be sent)."""
+        unsent = self._unsent()
+        return None if unsent is None else unsent[2](fence)
+
+    def _unsent(self) -> tuple | None:
+        """What the driver has not sent yet: (ctx_id, ring_idx, send) of the held request
+        or the open launch batch, `send(fence)` sending it; or None."""
+        held = self._held
+        if held is not None:
+            return held[2], held[3], self._send_held
+        b = self.batcher.open if self.batcher is not None else None
+        return None if b is None else (b.ctx_id, b.ring_idx, self.batcher.flush)
 
     def _send_held(self, fence: bool = False):
         """Submit the held request (deferred kick), with FLAG_FENCE if `fence`; -> its
@@ -515,18 +522,10 @@ class VirtioGpuDriver:
         its open launch batch -- with FLAG_FENCE, as a sync point of that timeline
         (launch_batch.py); -> its Request, or None (nothing of that timeline held back, or
         it could not be sent)."""
-        held = self._held
-        if held is not None:
-            if held[2] == ctx_id and held[3] == ring_idx:
-                return self._send_held(fence=True)
+        unsent = self._unsent()
+        if unsent is None or unsent[0] != ctx_id or unsent[1] != ring_idx:
             return None
-        batcher = self.batcher
-        if batcher is None:
-            return None
-        b = batcher.open
-        if b is None or b.ctx_id != ctx_id or b.ring_idx != ring_idx:
-            return None
-        return batcher.flush(fence=True)
+        return unsent[2](True)
 
     def send_fenced_for_context(self, ctx_id: int):
         """Send what the driver has not sent yet -- the held request or the open launch
@@ -535,25 +534,19 @@ class VirtioGpuDriver:
         seen on is clean (`timelines`), so that what a CTX_SYNC would wait for and report
         is on that one timeline. -> its Request, or None (nothing of the context held back,
         another of its timelines not known clean, or it could not be sent)."""
-        held = self._held
-        if held is not None:
-            if held[2] != ctx_id or not self.timelines.others_clean(ctx_id, held[3]):
-                return None
-            return self._send_held(fence=True)
-        batcher = self.batcher
-        if batcher is None:
+        unsent = self._unsent()
+        if unsent is None or unsent[0] != ctx_id \
+                or not self.timelines.others_clean(ctx_id, unsent[1]):
             return None
-        b = batcher.open
-        if b is None or b.ctx_id != ctx_id or not self.timelines.others_clean(ctx_id,
-                                                                              b.ring_idx):
-            return None
-        return batcher.flush(fence=True)
+        return unsent[2](True)
 
     def kick(self) -> None:
         """Send the held request or the open launch batch, then notify the device of every
         chain published since the last kick, if it asked for a notification (VQ-NOTIFY-1/2;
         inline: always, the kick carries the memory)."""
-        self._send_unsent()
+        batcher = self.batcher
+        if self._held is not None or batcher is not None and batcher.open is not None:
+            self._send_unsent()
         if not self._unkicked:
             return
         self._unkicked = 0
@@ -585,8 +578,8 @@ class VirtioGpuDriver:
             req.done = True
             self._free_slots.append(req.slot)
             if req.ledger is not None and length >= wire.CTRL_HDR_SIZE:
-                self.timelines.answered(req.ledger, _TYPE(
-                    self.mem.mv, self._slots_base + req.slot * SLOT_SIZE + SLOT_CMD)[0])
+                # the response's type, where Request.response reads it
+                self.timelines.answered(req.ledger, _TYPE(self.mem.mv, req.writable[0][0])[0])
             if req.on_done is not None:
                 req.on_done(req)
         return len(done)

@@ -204,9 +204,7 @@ class FenceDriver:
         The fence is pending before the doorbell rings, so its interrupt cannot be missed.
         Call with the lock held; cancel() it if the ring transaction is undone."""
         seq = self.next_seq
-        stamps = self.stamps
-        stamp = None if stamps is None else stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
-        packet = packets.fence(self.wb_addr, seq, flags, stamp)
+        packet = self._packet(seq, flags)
         self._last_packet = (ring.write(packet), packet)
         self.next_seq = seq + 1
         fence = Fence(self.engine, seq, self)
@@ -220,15 +218,18 @@ class FenceDriver:
         fence = Fence(self.engine, seq, self)
         self.pending.append(fence)
         self.next_seq = seq + 1
-        stamps = self.stamps
-        stamp = None if stamps is None else stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
         try:
-            ring.emit(data + packets.fence(self.wb_addr, seq, packets.FENCE_IRQ, stamp), doorbell,
-                      publish)
+            ring.emit(data + self._packet(seq, packets.FENCE_IRQ), doorbell, publish)
         except BaseException:
             self.cancel(fence)
             raise
         return fence
+
+    def _packet(self, seq: int, flags: int) -> bytes:
+        """The FENCE packet of `seq`, with its stamp slot when the ring has stamps."""
+        stamps = self.stamps
+        stamp = None if stamps is None else stamps + STAMP_SLOT_SIZE * (seq % STAMP_SLOTS)
+        return packets.fence(self.wb_addr, seq, flags, stamp)
 
     def irq_on_last(self, ring) -> None:
         """Make the last fence emitted into the ring's open transaction raise IRQ_FENCE:
