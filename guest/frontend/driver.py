@@ -490,8 +490,9 @@ class VirtioGpuDriver:
         held = self._held
         if held is not None:
             return held[2], held[3], self._send_held
-        b = self.batcher.open if self.batcher is not None else None
-        return None if b is None else (b.ctx_id, b.ring_idx, self.batcher.flush)
+        batcher = self.batcher
+        b = batcher.open if batcher is not None else None
+        return None if b is None else (b.ctx_id, b.ring_idx, batcher.flush)  # type: ignore[union-attr]
 
     def _send_held(self, fence: bool = False):
         """Submit the held request (deferred kick), with FLAG_FENCE if `fence`; -> its

@@ -519,7 +519,7 @@ class GpuScheduler:
         v.last_active = now
         if v.in_flight == 0:
             if not v.queued:
-                v.turnaround.idle(end)
+                v.turnaround.idle_since = end  # (Turnaround.idle, in place: a call per job)
             if self.policy != "fifo":
                 self._complete_owner(ent.vgpu, now)
         if ent.closed:
